@@ -1,0 +1,54 @@
+SHELL := /bin/bash
+# pipefail: a failing pip stays a failure even though its output is filtered below.
+.SHELLFLAGS := -o pipefail -ec
+# `make demo` and `make test` work on a fresh machine: each sets up .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+LATTE  := $(VENV)/bin/latte
+# nvidia-pytriton carries a real tritonserver 2.51 and its Python backend; its Python
+# API (and its numpy<2 pin chain) is not needed, hence --no-deps.
+PYTRITON := nvidia-pytriton==0.7.0
+
+DEPS_STAMP  := $(VENV)/.deps-stamp
+LATTE_STAMP := $(VENV)/.latte-stamp
+SOURCES := $(shell find csrc src backend generator model_repository_templates -type f -not -name '*.pyc' 2>/dev/null) pyproject.toml CMakeLists.txt
+
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-unit test-integration test-cpp sanitize clean help
+
+help:
+	@echo "make demo   - set up .venv and run Latte end to end on the bundled examples"
+	@echo "make test   - set up .venv and run the test suite"
+
+setup: $(LATTE_STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(DEPS_STAMP): requirements.txt | $(PY)
+	$(PY) -m pip install -q --upgrade pip 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(PY) -m pip install -q -r requirements.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(PY) -m pip install -q --no-deps $(PYTRITON) 2>&1 | { grep -v "^WARNING: Location" || true; }
+	touch $@
+
+$(LATTE_STAMP): $(DEPS_STAMP) $(SOURCES)
+	$(PY) -m pip install -q --no-deps --no-build-isolation . 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(LATTE) install-backend
+	touch $@
+
+demo: setup
+	$(LATTE) demo
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: setup
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+clean:
+	rm -rf build $(VENV) .latte

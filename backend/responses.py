@@ -1,0 +1,43 @@
+"""Building Triton responses; `pb` is the stub's triton_python_backend_utils, passed in."""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+
+from latte.backend.config import ConfigError
+from latte.backend.engine import ModelError
+from latte.backend.requests import RequestError
+
+
+class ResponseBuilder:
+    def __init__(self, pb, output_names) -> None:
+        self.pb = pb
+        self.output_names = list(output_names)
+
+    def success(self, outputs: Dict[str, np.ndarray]):
+        tensors = [self.pb.Tensor(name, np.ascontiguousarray(outputs[name])) for name in self.output_names]
+        return self.pb.InferenceResponse(output_tensors=tensors)
+
+    def error(self, exc: Exception):
+        return self.pb.InferenceResponse(output_tensors=[], error=self.triton_error(exc))
+
+    def triton_error(self, exc: Exception):
+        TritonError = self.pb.TritonError
+        code = None
+        if isinstance(exc, (RequestError, ConfigError)):
+            code = getattr(TritonError, "INVALID_ARG", None)
+        elif isinstance(exc, MemoryError):
+            code = getattr(TritonError, "UNAVAILABLE", None)
+        elif isinstance(exc, ModelError):
+            code = getattr(TritonError, "INTERNAL", None)
+        message = str(exc) or type(exc).__name__
+        if code is None:
+            return TritonError(message)
+        return TritonError(message, code)
+
+    def build(self, outcome):
+        if isinstance(outcome, Exception):
+            return self.error(outcome)
+        return self.success(outcome)

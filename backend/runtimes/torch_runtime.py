@@ -1,0 +1,79 @@
+"""TorchScript (`torch.jit.save`) and torch.export (`torch.export.save`, .pt2) programs."""
+
+from __future__ import annotations
+
+from typing import Dict, Sequence
+
+import numpy as np
+
+from latte.backend.runtimes.base import Runtime, RuntimeLoadError
+
+_threads_set = False
+
+
+def set_torch_threads(intra: int, inter: int) -> None:
+    """Apply the thread budget once per process (torch allows inter-op only once)."""
+    global _threads_set
+    import torch
+
+    torch.set_num_threads(intra)
+    if not _threads_set:
+        try:
+            torch.set_num_interop_threads(inter)
+        except RuntimeError:
+            pass  # inter-op pool already started by earlier work in this process
+        _threads_set = True
+
+
+class TorchRuntime(Runtime):
+    def __init__(self, kind: str, path, input_names: Sequence[str], output_names: Sequence[str],
+                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu") -> None:
+        super().__init__(input_names, output_names)
+        import torch
+
+        self.kind = kind
+        self._torch = torch
+        set_torch_threads(intra_op_threads, inter_op_threads)
+        self.device = torch.device(device)
+        try:
+            if kind == "torchscript":
+                module = torch.jit.load(str(path), map_location=self.device)
+                module.eval()
+            else:
+                module = torch.export.load(str(path)).module()
+                module.to(self.device)
+        except Exception as exc:
+            raise RuntimeLoadError(f"torch could not load {path}: {exc}") from exc
+        self.module = module
+        self._arg_order = self._argument_order(module, list(input_names))
+
+    @staticmethod
+    def _argument_order(module, names):
+        # Map config input names onto forward()'s parameters when they match by name;
+        # otherwise feed them positionally in config order.
+        try:
+            schema = module.forward.schema  # TorchScript
+            params = [a.name for a in schema.arguments][1:]
+        except AttributeError:
+            import inspect
+
+            try:
+                params = [p for p in inspect.signature(module.forward).parameters]
+            except (TypeError, ValueError):
+                params = []
+        if set(names) <= set(params):
+            return [p for p in params if p in names]
+        return names
+
+    def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        torch = self._torch
+        args = [torch.from_numpy(np.ascontiguousarray(feed[name])).to(self.device) for name in self._arg_order]
+        with torch.inference_mode():
+            result = self.module(*args)
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        elif isinstance(result, dict):
+            result = tuple(result[name] for name in self.output_names)
+        if len(result) != len(self.output_names):
+            raise RuntimeError(f"model returned {len(result)} outputs; the config declares {len(self.output_names)}")
+        return {name: t.detach().to("cpu").numpy() for name, t in zip(self.output_names, result)}

@@ -1,0 +1,1 @@
+"""Latte's generator: render Triton model repositories from templates and check them."""

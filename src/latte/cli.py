@@ -1,0 +1,60 @@
+"""The `latte` command line.
+
+Each feature module contributes its subcommands through `register(subparsers)`;
+heavy imports (torch, onnxruntime, tritonclient) happen inside the handlers so that
+`latte --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import List, Optional
+
+# Modules that add subcommands, in the order `latte --help` lists them.
+COMMAND_MODULES = [
+    "latte.commands.serving",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="latte",
+        description="Latte: a Triton backend with a buddy-allocator arena and a locality-aware "
+        "scheduler, plus a generator for Triton model repositories.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and the native build's features")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from latte import __version__
+        from latte import _native
+
+        info = _native.build_info()
+        print(f"latte {__version__} (native core {info['version']}, {info['compiler']}, "
+              f"cuda={'yes' if info['cuda'] else 'no'}, debug_checks={'yes' if info['debug_checks'] else 'no'})")
+        return 0
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # the CLI's last line of defence: one clear line, no traceback
+        if getattr(args, "debug", False):
+            raise
+        print(f"latte {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the `latte` CLI; each module has `register(subparsers)`."""

@@ -1,0 +1,110 @@
+"""`latte install-backend`, `latte serve`, `latte examples`, `latte demo`."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+def _add_triton_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tritonserver", metavar="PATH",
+                   help="an existing tritonserver binary or install root (e.g. /opt/tritonserver); "
+                        "default: the one bundled in nvidia-pytriton")
+    p.add_argument("--backend-directory", metavar="DIR",
+                   help="the folder holding Triton's python/ backend for --tritonserver "
+                        "(default: <install root>/backends)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("install-backend", help="lay out a Triton backend directory that serves backend: \"latte\"",
+                       description="Copy Triton's Python backend, the stub for this interpreter and latte's "
+                                   "model.py into DIR, ready for `tritonserver --backend-directory DIR`.")
+    p.add_argument("dir", nargs="?", help="destination (default: <venv>/share/latte/backends)")
+    _add_triton_args(p)
+    p.set_defaults(handler=_install_backend)
+
+    p = sub.add_parser("serve", help="start tritonserver on a model repository and wait for Ctrl-C",
+                       description="Start a real tritonserver on REPO with latte's backend, print the "
+                                   "endpoints once every model is ready, and stop cleanly on Ctrl-C or SIGTERM.")
+    p.add_argument("repo", help="model repository folder")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--log", metavar="FILE", help="server log file (default: a temporary file)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for readiness")
+    _add_triton_args(p)
+    p.set_defaults(handler=_serve)
+
+    p = sub.add_parser("examples", help="build the example models (MLP, CNN, sequence) and their repository",
+                       description="Build small example models locally (no downloads), export each to "
+                                   "TorchScript and ONNX, and write a model repository serving them with "
+                                   "backend: \"latte\".")
+    p.add_argument("dir", help="output folder for the model repository")
+    p.set_defaults(handler=_examples)
+
+    p = sub.add_parser("demo", help="run Latte end to end: examples, server, requests, a short benchmark",
+                       description="Build the examples, start tritonserver, answer real HTTP and gRPC "
+                                   "requests, run a short perf_analyzer measurement and stop the server.")
+    p.add_argument("--workdir", default=".latte/demo", help="where the demo repository is written")
+    _add_triton_args(p)
+    p.set_defaults(handler=_demo)
+
+
+def _install(args):
+    from latte.triton import find_triton
+
+    return find_triton(args.tritonserver, args.backend_directory)
+
+
+def _install_backend(args) -> int:
+    from latte.triton import install_backend
+    from latte.triton.server import default_backend_directory
+
+    dest = install_backend(Path(args.dir) if args.dir else default_backend_directory(), _install(args))
+    print(f"backend directory ready: {dest}")
+    print(f"  tritonserver --backend-directory {dest} --model-repository REPO")
+    return 0
+
+
+def _serve(args) -> int:
+    from latte.triton import TritonServer
+
+    server = TritonServer(args.repo, install=_install(args), http_port=args.http_port,
+                          grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log)
+    stop = {"now": False}
+
+    def _on_signal(signum, _frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    print(f"starting tritonserver on {server.repository} (log: {server.log_path})", flush=True)
+    server.start(timeout=args.timeout)
+    print(f"ready  http://{server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}", flush=True)
+    try:
+        while not stop["now"]:
+            if not server.is_alive():
+                print(f"tritonserver exited unexpectedly; log: {server.log_path}", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+    finally:
+        code = server.stop()
+        print(f"tritonserver stopped (exit code {code})", flush=True)
+    return 0
+
+
+def _examples(args) -> int:
+    from latte.examples import build_examples
+
+    repo = build_examples(Path(args.dir))
+    print(f"example repository written to {repo}")
+    return 0
+
+
+def _demo(args) -> int:
+    from latte.demo import run_demo
+
+    return run_demo(Path(args.workdir), _install(args))

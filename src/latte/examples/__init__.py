@@ -1,0 +1,164 @@
+"""Example models built locally (no downloads) and a repository serving them.
+
+`build_examples(DIR)` trains nothing: it seeds, builds three small networks, exports
+each as TorchScript and ONNX, and renders a model repository with backend "latte".
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+
+SEED = 20261121
+
+
+@dataclass(frozen=True)
+class ExampleTensor:
+    name: str
+    data_type: str               # Triton type, e.g. TYPE_FP32
+    dims: Tuple[int, ...]        # without the batch dimension
+    ragged: bool = False
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    description: str
+    inputs: Tuple[ExampleTensor, ...]
+    outputs: Tuple[ExampleTensor, ...]
+    max_batch_size: int
+    max_sequence_length: int = 0
+
+    def sample(self, rows: int, rng: np.random.Generator, length: int = 0) -> Dict[str, np.ndarray]:
+        """Inputs for one request of `rows` rows (sequence length `length`, or random)."""
+        feed = {}
+        for t in self.inputs:
+            if t.data_type == "TYPE_INT64":
+                n = length or int(rng.integers(1, self.max_sequence_length + 1))
+                feed[t.name] = rng.integers(1, 1000, size=(rows, n), dtype=np.int64)
+            else:
+                feed[t.name] = rng.standard_normal((rows, *t.dims)).astype(np.float32)
+        return feed
+
+
+EXAMPLES: Dict[str, Example] = {
+    "mlp": Example(
+        "mlp", "16 features -> 8 class logits (MLP)",
+        (ExampleTensor("features", "TYPE_FP32", (16,)),), (ExampleTensor("logits", "TYPE_FP32", (8,)),),
+        max_batch_size=64,
+    ),
+    "cnn": Example(
+        "cnn", "3x32x32 image -> 10 class logits (small CNN)",
+        (ExampleTensor("image", "TYPE_FP32", (3, 32, 32)),), (ExampleTensor("logits", "TYPE_FP32", (10,)),),
+        max_batch_size=32,
+    ),
+    "sequence": Example(
+        "sequence", "token ids of length 1..128 -> pooled 32-d embedding (attention encoder)",
+        (ExampleTensor("tokens", "TYPE_INT64", (-1,), ragged=True),),
+        (ExampleTensor("embedding", "TYPE_FP32", (32,)),),
+        max_batch_size=32, max_sequence_length=128,
+    ),
+}
+FORMATS = {"torchscript": "model.pt", "onnx": "model.onnx"}
+
+
+def _module(name: str):
+    from latte.examples import models
+
+    return {"mlp": models.MLP, "cnn": models.SmallCNN, "sequence": models.SequenceEncoder}[name]()
+
+
+def export(example: Example, out_dir: Path) -> Dict[str, Path]:
+    """Export one example as TorchScript and ONNX into out_dir; returns format -> file."""
+    import torch
+
+    torch.manual_seed(SEED)
+    module = _module(example.name).eval()
+    rng = np.random.default_rng(SEED)
+    sample = {k: torch.from_numpy(v) for k, v in example.sample(2, rng, length=7 if example.max_sequence_length else 0).items()}
+    args = tuple(sample[t.name] for t in example.inputs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(module, args)
+        files["torchscript"] = out_dir / FORMATS["torchscript"]
+        traced.save(str(files["torchscript"]))
+        dynamic = {t.name: {0: "batch", **({1: "length"} if t.ragged else {})} for t in example.inputs}
+        dynamic.update({t.name: {0: "batch"} for t in example.outputs})
+        files["onnx"] = out_dir / FORMATS["onnx"]
+        # The TorchScript-based exporter handles these graphs offline and in well under a second.
+        torch.onnx.export(module, args, str(files["onnx"]), input_names=[t.name for t in example.inputs],
+                          output_names=[t.name for t in example.outputs], dynamic_axes=dynamic,
+                          opset_version=17, dynamo=False)
+    return files
+
+
+def model_context(example: Example, runtime: str, model_file: str) -> dict:
+    """What the latte model template needs to render this example's config.pbtxt."""
+    return {
+        "name": f"{example.name}_{runtime}",
+        "backend": "latte",
+        "max_batch_size": example.max_batch_size,
+        "inputs": [{"name": t.name, "data_type": t.data_type, "dims": list(t.dims), "allow_ragged_batch": t.ragged}
+                   for t in example.inputs],
+        "outputs": [{"name": t.name, "data_type": t.data_type, "dims": list(t.dims)} for t in example.outputs],
+        "dynamic_batching": {"max_queue_delay_microseconds": 500},
+        "instance_groups": [{"count": 1, "kind": "KIND_CPU"}],
+        "parameters": {
+            "model_file": model_file,
+            "runtime": runtime,
+            "intra_op_threads": "1",
+            "inter_op_threads": "1",
+            **({"max_sequence_length": str(example.max_sequence_length), "pad_value": "0"}
+               if example.max_sequence_length else {}),
+        },
+    }
+
+
+def build_examples(repo: Path, names: List[str] = None) -> Path:
+    """Write the example repository (6 models: 3 networks x {torchscript, onnx}) into repo."""
+    from latte.generator.render import write_model
+
+    repo = Path(repo)
+    build = repo.parent / (repo.name + "-build")
+    manifest = {}
+    for name in names or list(EXAMPLES):
+        example = EXAMPLES[name]
+        files = export(example, build / name)
+        for runtime, path in files.items():
+            context = model_context(example, runtime, path.name)
+            write_model(repo, context, {path.name: path})
+            manifest[context["name"]] = {"example": name, "runtime": runtime}
+    (repo / "examples.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return repo
+
+
+def reference_runner(repo: Path, model: str) -> Callable[[Dict[str, np.ndarray]], Dict[str, np.ndarray]]:
+    """Run one repository model in-process, request by request, with its own runtime library."""
+    info = json.loads((Path(repo) / "examples.json").read_text())[model]
+    example = EXAMPLES[info["example"]]
+    path = Path(repo) / model / "1" / FORMATS[info["runtime"]]
+    outputs = [t.name for t in example.outputs]
+    if info["runtime"] == "torchscript":
+        import torch
+
+        module = torch.jit.load(str(path)).eval()
+
+        def run(feed):
+            with torch.inference_mode():
+                out = module(*[torch.from_numpy(feed[t.name]) for t in example.inputs])
+            return {outputs[0]: out.numpy()}
+        return run
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    return lambda feed: dict(zip(outputs, session.run(outputs, feed)))

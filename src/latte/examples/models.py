@@ -1,0 +1,65 @@
+"""The bundled example networks. Small on purpose: they build in seconds on 2 cores."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    """Tabular features -> class logits."""
+
+    def __init__(self, features: int = 16, hidden: int = 64, classes: int = 8) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class SmallCNN(nn.Module):
+    """3x32x32 images -> 10 class logits."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+        )
+        self.head = nn.Linear(32, classes)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(image).mean(dim=(2, 3)))
+
+
+class SequenceEncoder(nn.Module):
+    """Token ids of any length (0 = padding) -> one pooled embedding per sequence.
+
+    Padding is masked out of attention and of the pooling, so a sequence padded to a
+    longer batch gives the same output as the sequence alone.
+    """
+
+    def __init__(self, vocab: int = 1000, width: int = 32, max_len: int = 128) -> None:
+        super().__init__()
+        self.width = width
+        self.embed = nn.Embedding(vocab, width, padding_idx=0)
+        self.position = nn.Embedding(max_len, width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.ff = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+        self.norm1 = nn.LayerNorm(width)
+        self.norm2 = nn.LayerNorm(width)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        valid = tokens != 0                                        # [B, L]
+        positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
+        h = self.embed(tokens) + self.position(positions)
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        scores = torch.matmul(q, k.transpose(1, 2)) / (self.width ** 0.5)
+        scores = scores.masked_fill(~valid.unsqueeze(1), -1e9)
+        h = self.norm1(h + self.proj(torch.matmul(torch.softmax(scores, dim=-1), v)))
+        h = self.norm2(h + self.ff(h))
+        weights = valid.unsqueeze(-1).to(h.dtype)
+        return (h * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)

@@ -1,0 +1,172 @@
+"""Start, watch and stop a real tritonserver process."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from latte.triton.backend_dir import install_backend
+from latte.triton.locate import TritonInstall, find_triton
+
+
+class ServerStartError(RuntimeError):
+    """tritonserver exited or never became ready; the message carries its error lines."""
+
+
+def default_backend_directory() -> Path:
+    # Tied to the interpreter: the stub copied there must match its Python version.
+    return Path(sys.prefix) / "share" / "latte" / "backends"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# Lines of a Triton log that explain a failed start (model load errors, bad flags).
+_ERROR_LINE = re.compile(r"^E\d{4} |error:|failed to load|UNAVAILABLE|Traceback|Error", re.IGNORECASE)
+
+
+def error_lines(log: str, limit: int = 20) -> List[str]:
+    lines = [line for line in log.splitlines() if _ERROR_LINE.search(line)]
+    return lines[-limit:]
+
+
+class TritonServer:
+    """A tritonserver serving one model repository on loopback ports.
+
+    >>> with TritonServer("repo") as server:
+    ...     print(server.http_url, server.grpc_url)
+    """
+
+    def __init__(
+        self,
+        repository: os.PathLike,
+        install: Optional[TritonInstall] = None,
+        backend_directory: Optional[os.PathLike] = None,
+        http_port: Optional[int] = None,
+        grpc_port: Optional[int] = None,
+        metrics_port: Optional[int] = None,
+        log_path: Optional[os.PathLike] = None,
+        extra_args: Sequence[str] = (),
+        log_verbose: int = 0,
+    ) -> None:
+        self.repository = Path(repository).resolve()
+        if not self.repository.is_dir():
+            raise FileNotFoundError(f"model repository {self.repository} does not exist")
+        self.install = install or find_triton()
+        self.backend_directory = Path(backend_directory or default_backend_directory())
+        self.http_port = http_port or free_port()
+        self.grpc_port = grpc_port or free_port()
+        self.metrics_port = metrics_port or free_port()
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+        self.extra_args = list(extra_args)
+        self.log_verbose = log_verbose
+        self.process: Optional[subprocess.Popen] = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def command(self) -> List[str]:
+        return [
+            str(self.install.server),
+            f"--model-repository={self.repository}",
+            f"--backend-directory={self.backend_directory}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--http-address=127.0.0.1",
+            "--grpc-address=127.0.0.1",
+            # A model that fails to load stops the server, so the failure is reported, not hidden.
+            "--exit-on-error=true",
+            "--strict-readiness=true",
+            f"--log-verbose={self.log_verbose}",
+            *self.extra_args,
+        ]
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def start(self, timeout: float = 120.0) -> "TritonServer":
+        install_backend(self.backend_directory, self.install)
+        log = open(self.log_path, "wb")
+        # Own process group: the Python backend's stub processes go down with the server.
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT,
+            env=self.install.environment(), start_new_session=True,
+            # Not the caller's folder: the stub puts its working directory first on
+            # sys.path, where a source checkout would shadow the installed package.
+            cwd=str(self.log_path.parent),
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise ServerStartError(self._failure(f"tritonserver exited with code {code}"))
+            if self.is_ready():
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise ServerStartError(self._failure(f"tritonserver was not ready after {timeout:.0f} s"))
+
+    def _failure(self, headline: str) -> str:
+        lines = error_lines(self.log())
+        detail = "\n  ".join(lines) if lines else "(no error lines; see the log)"
+        return f"{headline}; log: {self.log_path}\n  {detail}"
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1.0) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, grace: float = 30.0) -> Optional[int]:
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        # Whatever is left of the group (a stub that ignored the shutdown) is killed.
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        code = self.process.wait()
+        return code
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
