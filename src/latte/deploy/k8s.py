@@ -125,13 +125,17 @@ def manifest_context(options: K8sOptions, facts: RepositoryFacts) -> Dict:
     }
 
 
-def render_dockerfile(triton_image: str = DEFAULT_TRITON_IMAGE,
-                      runtime_packages: Optional[List[str]] = None) -> str:
+def render_dockerfile(triton_image: str = DEFAULT_TRITON_IMAGE, runtime_packages: Optional[List[str]] = None,
+                      dockerfile_path: str = "deploy/Dockerfile", context_path: str = ".") -> str:
     """The Latte-on-Triton Dockerfile; deploy/Dockerfile in the source tree is this with the defaults."""
     from latte.generator.templates import render
 
-    return render("k8s/Dockerfile.j2", {"triton_image": triton_image,
-                                        "runtime_packages": list(runtime_packages or DEFAULT_RUNTIME_PACKAGES)})
+    return render("k8s/Dockerfile.j2", {
+        "triton_image": triton_image,
+        "runtime_packages": list(runtime_packages or DEFAULT_RUNTIME_PACKAGES),
+        "dockerfile_path": dockerfile_path,
+        "context_path": context_path,
+    })
 
 
 def _write(path: Path, text: str, written: List[Path]) -> Path:
@@ -163,7 +167,9 @@ def render_k8s(repo: Path, out_dir: Path, options: K8sOptions, validate: bool = 
         adapter.unlink(missing_ok=True)
     else:
         _write(adapter, render("k8s/prometheus-adapter-values.yaml.j2", ctx), written)
-    _write(out_dir / "image" / "Dockerfile", render_dockerfile(options.triton_image, ctx["runtime_packages"]), written)
+    dockerfile = render_dockerfile(options.triton_image, ctx["runtime_packages"],
+                                   str(out_dir / "image" / "Dockerfile"), "/path/to/latte-checkout")
+    _write(out_dir / "image" / "Dockerfile", dockerfile, written)
     _write(out_dir / "image" / "Dockerfile.dockerignore", render("k8s/Dockerfile.dockerignore.j2", ctx), written)
     _write(out_dir / "README.md", render("k8s/README.md.j2", {**ctx, "out_dir": str(out_dir),
                                                                "repo": str(facts.path)}), written)

@@ -52,8 +52,9 @@ class K8sOptions:
     def checked(self) -> "K8sOptions":
         if not self.image:
             raise DeployError(
-                "an image is required (--image REGISTRY/NAME:TAG): build it from the Dockerfile this "
-                "command writes to OUT/image/Dockerfile, push it, and pass its reference"
+                "an image is required: pass --image REGISTRY/NAME:TAG, the reference you push the Latte "
+                "image to (built from deploy/Dockerfile of a latte checkout, the same file this command "
+                "writes to OUT/image/Dockerfile)"
             )
         for what, ref in (("--image", self.image), ("--triton-image", self.triton_image)):
             if not _IMAGE.match(ref):
