@@ -20,15 +20,22 @@ KSERVE_SCHEMA = Path(__file__).resolve().parent / "schemas" / "inferenceservice-
 _OLDEST_SCHEMAS = 25  # kubernetes-validate 1.37 ships schemas for 1.25 .. 1.37
 
 
-def supported_kubernetes_versions() -> List[str]:
-    import kubernetes_validate.utils as kv
+def _kubernetes_validate():
+    try:
+        import kubernetes_validate
+    except ImportError:
+        raise DeployError("validating manifests needs kubernetes-validate and jsonschema: "
+                          "pip install 'kubernetes-validate==1.37.0' 'jsonschema>=4.23' (or latte[deploy])") from None
+    return kubernetes_validate
 
-    return [v for v in kv.all_versions() if int(v.split(".")[1]) >= _OLDEST_SCHEMAS]
+
+def supported_kubernetes_versions() -> List[str]:
+    kv = _kubernetes_validate()
+    return [v for v in kv.utils.all_versions() if int(v.split(".")[1]) >= _OLDEST_SCHEMAS]
 
 
 def _check_version(version: str) -> None:
-    import kubernetes_validate
-
+    kubernetes_validate = _kubernetes_validate()
     match = re.match(r"^1\.([0-9]+)\.[0-9]+$", version)
     newest = kubernetes_validate.latest_version()
     # Compared as numbers: the library compares "1.9" and "1.37" as strings.
@@ -47,6 +54,7 @@ def validate_resource(resource: Mapping, kubernetes_version: str, source: str = 
         raise ManifestInvalid(f"{source}: not a Kubernetes object (apiVersion and kind are required)")
     label = f"{source}: {resource['kind']}/{(resource.get('metadata') or {}).get('name', '?')}"
     if str(resource["apiVersion"]).startswith("serving.kserve.io/"):
+        _kubernetes_validate()  # brings jsonschema along
         import jsonschema
 
         schema = json.loads(KSERVE_SCHEMA.read_text())
@@ -56,8 +64,7 @@ def validate_resource(resource: Mapping, kubernetes_version: str, source: str = 
             raise ManifestInvalid(f"{label} does not match KServe's InferenceService v1beta1 schema at "
                                   f"{_where(errors[0])}: {errors[0].message}")
         return
-    import kubernetes_validate
-
+    kubernetes_validate = _kubernetes_validate()
     _check_version(kubernetes_version)
     try:
         kubernetes_validate.validate(dict(resource), kubernetes_version, strict=True)
