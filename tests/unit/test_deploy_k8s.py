@@ -112,6 +112,15 @@ def test_example_repository_renders_a_validated_kserve_inference_service(example
     assert not (out / "prometheus-adapter" / "values.yaml").exists()
 
 
+def test_every_manifest_lands_in_the_namespace_given(examples_repo, tmp_path):
+    render_k8s(examples_repo, tmp_path / "k8s", K8sOptions(image=IMAGE, namespace="serving", name="ranker"))
+    render_k8s(examples_repo, tmp_path / "kserve", K8sOptions(image=IMAGE, namespace="serving", kserve=True))
+    docs = [*by_kind(tmp_path / "k8s").values(), *by_kind(tmp_path / "kserve").values()]
+    assert len(docs) == 5
+    assert {d["metadata"]["namespace"] for d in docs} == {"serving"}
+    assert "namespaces/serving/pods/*/" in (tmp_path / "k8s" / "prometheus-adapter" / "values.yaml").read_text()
+
+
 def test_switching_to_kserve_removes_the_manifests_it_replaces(examples_repo, tmp_path):
     render_k8s(examples_repo, tmp_path, K8sOptions(image=IMAGE))
     render_k8s(examples_repo, tmp_path, K8sOptions(image=IMAGE, kserve=True))
@@ -168,6 +177,11 @@ def test_kind_gpu_models_get_gpu_requests_and_tolerations(tmp_path):
     assert deployment["spec"]["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert result.cpu == "4"  # two models x one instance x intra_op_threads 2
 
+    render_k8s(repo, tmp_path / "kserve", K8sOptions(image=IMAGE, kserve=True, gpus=4, gpu_resource="amd.com/gpu"))
+    predictor = by_kind(tmp_path / "kserve")["InferenceService"]["spec"]["predictor"]
+    assert predictor["model"]["resources"]["limits"]["amd.com/gpu"] == "4"
+    assert predictor["tolerations"][0]["key"] == "amd.com/gpu"
+
 
 def test_too_few_gpus_for_the_kind_gpu_groups_is_an_error(tmp_path):
     repo = tmp_path / "repo"
@@ -215,6 +229,9 @@ def test_a_claim_with_a_sub_path_is_mounted_read_only(tmp_path):
     (K8sOptions(image=IMAGE, min_replicas=3, max_replicas=2), "must be >= --min-replicas"),
     (K8sOptions(image=IMAGE, target_queue_us=50), "not above the longest dynamic-batching delay"),
     (K8sOptions(image=IMAGE, storage_secret="creds"), "pvc:// volume needs no credentials"),
+    (K8sOptions(image=IMAGE, kserve=True, model_uri="s3://b/m", storage_secret="creds"), "from the ServiceAccount"),
+    (K8sOptions(image=IMAGE, gpu_resource="gpu"), "not an extended resource name"),
+    (K8sOptions(image=IMAGE, scale_metric="cpu"), "expected one of queue-time, pending"),
 ])
 def test_bad_options_name_what_is_wrong(tmp_path, options, message):
     repo = tmp_path / "repo"
@@ -253,6 +270,23 @@ def test_deploy_dockerfile_in_the_source_tree_is_the_rendered_default():
     if not checked_in.exists():
         pytest.skip("runs from a source checkout")
     assert checked_in.read_text() == render_dockerfile(), "re-render deploy/Dockerfile with render_dockerfile()"
+
+
+def test_dockerfile_copies_every_folder_the_wheel_is_assembled_from():
+    """Stage 1 must see every source folder pyproject.toml packs into the wheel, and nothing missing."""
+    tomllib = pytest.importorskip("tomllib")
+    if not (SOURCE_TREE / "pyproject.toml").exists():
+        pytest.skip("runs from a source checkout")
+    copied = set()
+    for line in render_dockerfile().splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            copied.update(line.split()[1:-1])
+    pyproject = tomllib.loads((SOURCE_TREE / "pyproject.toml").read_text())
+    packed = pyproject["tool"]["scikit-build"]["wheel"]["packages"].values()
+    top_level = {path.split("/")[0] for path in packed}
+    assert top_level <= copied, f"Dockerfile misses {sorted(top_level - copied)}"
+    assert {"pyproject.toml", "CMakeLists.txt", "README.md", "csrc"} <= copied
+    assert all((SOURCE_TREE / path).exists() for path in copied)
 
 
 # --- sizing -------------------------------------------------------------------------------------------------

@@ -61,7 +61,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     deploy = sub.add_parser("deploy", help="deploy a model repository beyond one machine (Kubernetes, KServe)",
                             description="Deploy a latte model repository beyond one machine.")
     targets = deploy.add_subparsers(dest="target", metavar="TARGET")
-    deploy.set_defaults(handler=lambda args: (deploy.print_help(), 2)[1])
+
+    def _usage(_args) -> int:
+        deploy.print_help()
+        return 2
+
+    deploy.set_defaults(handler=_usage)
 
     from latte.deploy.options import DEFAULT_TRITON_IMAGE, SCALE_METRICS
 

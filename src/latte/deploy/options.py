@@ -79,6 +79,9 @@ class K8sOptions:
             raise DeployError("KServe's storage initializer reads Azure blobs as "
                               "https://ACCOUNT.blob.core.windows.net/CONTAINER/PATH, not as://; "
                               "use that form or drop --kserve")
+        if self.kserve and self.storage_secret:
+            raise DeployError("with --kserve, KServe's storage initializer takes credentials from the ServiceAccount "
+                              "(--service-account) whose secrets carry them; --storage-secret is for the Deployment")
         if self.gpus is not None and (isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0):
             raise DeployError(f"--gpus must be a whole number >= 0, got {self.gpus!r}")
         if not _RESOURCE_NAME.match(self.gpu_resource):
