@@ -330,3 +330,14 @@ def test_cli_explains_a_missing_image(examples_repo, tmp_path, capsys):
     assert main(["deploy", "k8s", str(examples_repo), "-o", str(tmp_path / "out"), "--image", IMAGE,
                  "--target-rps", "100"]) == 1
     assert "--replica-throughput RPS or --profile FILE" in capsys.readouterr().err
+
+
+def test_cli_validates_edited_manifests(examples_repo, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["deploy", "k8s", str(examples_repo), "-o", str(out), "--image", IMAGE]) == 0
+    assert main(["deploy", "validate", str(out), "--kubernetes-version", "1.37.0"]) == 0
+    assert "4 object(s) in 4 file(s) are valid" in capsys.readouterr().out
+    edited = (out / "hpa.yaml").read_text().replace("maxReplicas:", "maxReplica:")
+    (out / "hpa.yaml").write_text(edited)
+    assert main(["deploy", "validate", str(out / "hpa.yaml")]) == 1
+    assert "HorizontalPodAutoscaler/latte" in capsys.readouterr().err

@@ -133,6 +133,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Kubernetes release whose schemas validate the manifests (default: %(default)s)")
     p.set_defaults(handler=_k8s)
 
+    p = targets.add_parser("validate", help="check manifests (e.g. after editing them) against the API schemas",
+                           description="Validate Kubernetes manifests offline: core kinds against the strict "
+                                       "schemas of --kubernetes-version, KServe InferenceServices against "
+                                       "latte's v1beta1 schema. A folder means its *.yaml files.")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="manifest files or folders")
+    p.add_argument("--kubernetes-version", default="1.33.0", metavar="X.Y.Z",
+                   help="Kubernetes release whose schemas apply (default: %(default)s)")
+    p.set_defaults(handler=_validate)
+
 
 def _min_replicas(args) -> int:
     from latte.deploy import DeployError, replicas_for_rate
@@ -178,4 +187,24 @@ def _k8s(args) -> int:
     print(f"validated {len(result.manifests)} manifest(s) against "
           f"{'KServe v1beta1' if opts.kserve else 'Kubernetes ' + opts.kubernetes_version}")
     print(f"next: follow {result.out_dir / 'README.md'}")
+    return 0
+
+
+def _validate(args) -> int:
+    from latte.deploy import DeployError
+    from latte.deploy.validation import validate_files
+
+    files = []
+    for name in args.paths:
+        path = Path(name)
+        if path.is_dir():
+            files.extend(sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml")))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise DeployError(f"{path} does not exist")
+    if not files:
+        raise DeployError(f"no *.yaml manifests in {', '.join(args.paths)}")
+    count = validate_files(files, args.kubernetes_version)
+    print(f"{count} object(s) in {len(files)} file(s) are valid")
     return 0
