@@ -1,4 +1,4 @@
-"""`latte deploy k8s`: manifests and an image recipe that serve a repository on Kubernetes."""
+"""`latte deploy k8s` (manifests and an image recipe serving a repository on Kubernetes), `latte deploy validate`."""
 
 from __future__ import annotations
 
