@@ -264,6 +264,13 @@ def test_dockerfile_installs_latte_and_the_runtimes_the_models_use(tmp_path):
     assert "latte install-backend /opt/tritonserver/backends --tritonserver /opt/tritonserver" in dockerfile
     assert '"numpy<2"' in dockerfile
 
+    other = tmp_path / "other"
+    write_model(other, {"name": "plain_python", "backend": "python", "max_batch_size": 0,
+                        "inputs": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+                        "outputs": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}, files={})
+    render_k8s(other, tmp_path / "other-out", K8sOptions(image=IMAGE))
+    assert 'ARG RUNTIME_PACKAGES=""' in (tmp_path / "other-out" / "image" / "Dockerfile").read_text()
+
 
 def test_deploy_dockerfile_in_the_source_tree_is_the_rendered_default():
     checked_in = SOURCE_TREE / "deploy" / "Dockerfile"

@@ -119,7 +119,7 @@ def manifest_context(options: K8sOptions, facts: RepositoryFacts) -> Dict:
         "ports": PORTS,
         "exit_timeout_s": EXIT_TIMEOUT_S,
         "startup_failure_threshold": STARTUP_FAILURE_THRESHOLD,
-        "runtime_packages": facts.python_packages or list(DEFAULT_RUNTIME_PACKAGES),
+        "runtime_packages": facts.python_packages,
         "kserve": options.kserve,
         "kubernetes_version": options.kubernetes_version,
     }
@@ -132,7 +132,7 @@ def render_dockerfile(triton_image: str = DEFAULT_TRITON_IMAGE, runtime_packages
 
     return render("k8s/Dockerfile.j2", {
         "triton_image": triton_image,
-        "runtime_packages": list(runtime_packages or DEFAULT_RUNTIME_PACKAGES),
+        "runtime_packages": list(DEFAULT_RUNTIME_PACKAGES if runtime_packages is None else runtime_packages),
         "dockerfile_path": dockerfile_path,
         "context_path": context_path,
     })

@@ -18,6 +18,8 @@ RUNTIME_PACKAGES: Dict[str, Tuple[str, ...]] = {
     "torch_export": ("torch",),
     "onnx": ("onnxruntime",),
     "tensorrt": ("tensorrt",),
+    # No runtime parameter and no telling file name: the backend detects it at load time.
+    "unknown": ("onnxruntime", "torch"),
 }
 _EXTENSION_RUNTIMES = {".pt": "torchscript", ".ts": "torchscript", ".pt2": "torch_export",
                        ".onnx": "onnx", ".plan": "tensorrt", ".engine": "tensorrt"}
@@ -31,7 +33,7 @@ class ModelFacts:
     gpus_needed: int              # GPUs one pod must expose so every KIND_GPU group can be placed
     cpu_threads: int              # instances x intra_op_threads of latte models (0 for others)
     max_queue_delay_us: int       # the dynamic batcher's longest wait, 0 without one
-    runtime: str = ""             # latte runtime ("torchscript", "onnx", ...), "" for other backends
+    runtime: str = ""             # latte runtime ("torchscript", "onnx", ..., "unknown"), "" for other backends
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def _model_facts(config) -> ModelFacts:
     threads = 0
     if backend == "latte":
         runtime = _parameter(config, "runtime") or _EXTENSION_RUNTIMES.get(
-            Path(_parameter(config, "model_file")).suffix, "")
+            Path(_parameter(config, "model_file")).suffix, "unknown")
         try:
             intra = int(_parameter(config, "intra_op_threads") or 1)
         except ValueError:
