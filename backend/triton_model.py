@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import List
 
+from latte.backend import autocomplete
 from latte.backend.config import parse_args, parse_model_config
 from latte.backend.engine import BatchEngine
 from latte.backend.requests import RequestError, RequestReader
@@ -37,6 +38,8 @@ class LatteModel:
 
     @staticmethod
     def auto_complete_config(auto_complete_model_config, pb):
+        additions = autocomplete.complete(auto_complete_model_config.as_dict(), autocomplete.stub_version_dir())
+        autocomplete.apply(auto_complete_model_config, additions)
         return auto_complete_model_config
 
     def execute(self, requests) -> List:
