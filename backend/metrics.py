@@ -78,4 +78,4 @@ def outcome_label(exc: Optional[BaseException]) -> str:
         return "success"
     name = type(exc).__name__
     return {"RequestError": "bad_request", "DeadlineExceeded": "timeout", "MemoryError": "out_of_memory",
-            "ModelError": "model_error"}.get(name, "error")
+            "ModelError": "model_error", "RequestCancelled": "cancelled"}.get(name, "error")

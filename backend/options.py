@@ -1,7 +1,9 @@
 """Per-request options carried in Triton request parameters.
 
-    priority       int >= 0, higher runs first (default 0)
-    timeout_ms     the request fails instead of running once it has waited this long
+    priority_level int >= 0, higher runs first (default 0); "priority" itself is reserved by
+                   Triton for its own queue priority, which the dynamic batcher applies first
+    timeout_ms     the request fails instead of running once it has waited this long; without
+                   it, Triton's own request timeout (the client's `timeout`, in us) applies
     session_id     string; the request continues that session's state
     session_start  bool; create the session (an unknown session is otherwise an error)
     session_end    bool; drop the session's state after this request
@@ -14,7 +16,6 @@ from typing import Mapping, Optional
 
 from latte.backend.requests import RequestError
 
-_KNOWN = {"priority", "timeout_ms", "session_id", "session_start", "session_end"}
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,15 @@ def _bool(params: Mapping, key: str) -> bool:
     raise RequestError(f"parameter {key!r} must be a boolean, got {value!r}")
 
 
-def read_options(params: Mapping[str, object], max_priority: int = 15) -> RequestOptions:
-    priority = params.get("priority", 0)
+def read_options(params: Mapping[str, object], max_priority: int = 15, triton_timeout_us: int = 0) -> RequestOptions:
+    priority = params.get("priority_level", 0)
     if isinstance(priority, str) and priority.strip().lstrip("-").isdigit():
         priority = int(priority)
     if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= max_priority:
-        raise RequestError(f"parameter 'priority' must be an integer from 0 to {max_priority}, got {priority!r}")
+        raise RequestError(f"parameter 'priority_level' must be an integer from 0 to {max_priority}, got {priority!r}")
     timeout = params.get("timeout_ms")
+    if timeout is None and triton_timeout_us > 0:
+        timeout = triton_timeout_us / 1000.0
     if timeout is not None:
         try:
             timeout = float(timeout)

@@ -13,7 +13,7 @@ from latte.backend.config import parse_args, parse_model_config
 from latte.backend.engine import BatchEngine, BatchRecord
 from latte.backend.metrics import BackendMetrics, outcome_label
 from latte.backend.options import read_options
-from latte.backend.requests import RequestError, RequestReader
+from latte.backend.requests import RequestCancelled, RequestError, RequestReader
 from latte.backend.responses import ResponseBuilder
 from latte.backend.runtimes import load_runtime
 from latte.backend.sessions import SessionStore
@@ -78,9 +78,11 @@ class LatteModel:
         parsed, options = [], []
         for request in requests:
             try:
+                if request.is_cancelled():
+                    raise RequestCancelled("the client cancelled this request before it ran")
                 item = self.reader.read(request)
-                opts = read_options(item.parameters)
-            except RequestError as exc:
+                opts = read_options(item.parameters, triton_timeout_us=item.timeout_us)
+            except (RequestError, RequestCancelled) as exc:
                 item, opts = exc, None
             except Exception as exc:  # a reader bug must still answer this request alone
                 item, opts = RequestError(f"could not read request: {type(exc).__name__}: {exc}"), None

@@ -8,15 +8,15 @@ from latte.backend.sessions import SessionStore
 
 
 def test_request_parameters_become_options():
-    opts = read_options({"priority": 2, "timeout_ms": "50", "session_id": "chat-1", "session_start": "true"})
+    opts = read_options({"priority_level": 2, "timeout_ms": "50", "session_id": "chat-1", "session_start": "true"})
     assert (opts.priority, opts.timeout_ms, opts.session_id, opts.session_start, opts.session_end) == \
         (2, 50.0, "chat-1", True, False)
     assert read_options({}).priority == 0 and read_options({}).timeout_ms is None
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"priority": -1}, "'priority' must be an integer from 0 to 15"),
-    ({"priority": "high"}, "'priority' must be an integer"),
+    ({"priority_level": -1}, "'priority_level' must be an integer from 0 to 15"),
+    ({"priority_level": "high"}, "'priority_level' must be an integer"),
     ({"timeout_ms": 0}, "'timeout_ms' must be > 0"),
     ({"timeout_ms": "soon"}, "'timeout_ms' must be a number"),
     ({"session_end": True}, "need a session_id"),
@@ -79,3 +79,8 @@ def test_bucket_edges_default_to_powers_of_two_up_to_the_maximum():
     assert [plan.edge_for(n) for n in (1, 16, 17, 99, 100, 130)] == [16, 16, 32, 100, 100, 130]
     with pytest.raises(ValueError, match="comma-separated"):
         BucketPlan.parse("8,x")
+
+
+def test_tritons_own_request_timeout_applies_when_no_timeout_ms_is_given():
+    assert read_options({}, triton_timeout_us=2500).timeout_ms == 2.5
+    assert read_options({"timeout_ms": 7}, triton_timeout_us=2500).timeout_ms == 7.0
