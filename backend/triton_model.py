@@ -15,9 +15,9 @@ from latte.backend.metrics import BackendMetrics, outcome_label
 from latte.backend.options import read_options
 from latte.backend.requests import RequestCancelled, RequestError, RequestReader
 from latte.backend.responses import ResponseBuilder
-from latte.backend.runtimes import load_runtime
+from latte.backend.precision import load_at_precision
 from latte.backend.sessions import SessionStore
-from latte.backend.warmup import warmup_requests
+from latte.backend.warmup import warmup_requests, warmup_shapes
 
 
 def instance_device(args) -> str:
@@ -31,10 +31,9 @@ class LatteModel:
         self.pb = pb
         config, model_dir, version = parse_args(args)
         self.spec = spec = parse_model_config(config, model_dir, version, device=instance_device(args))
-        self.runtime = load_runtime(
-            spec.runtime, spec.model_path, [t.name for t in spec.inputs], [t.name for t in spec.outputs],
-            spec.intra_op_threads, spec.inter_op_threads, spec.device,
-        )
+        self.runtime, accuracy = load_at_precision(spec, warmup_shapes(spec))
+        if accuracy is not None:
+            pb.Logger.log_info(f"latte: {spec.name}: {accuracy.text()}")
         self.arena = self._make_arena()
         allocate = self.arena.empty if self.arena is not None else np.empty
         self.sessions = (SessionStore(spec.session_ttl_s, spec.max_sessions, spec.max_sequence_length, allocate)

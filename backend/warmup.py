@@ -25,3 +25,7 @@ def warmup_requests(spec: ModelSpec) -> List[ParsedRequest]:
             feed[t.name] = np.ones(shape, dtype=t.dtype)
         requests.append(ParsedRequest(inputs=feed, rows=rows))
     return requests
+
+
+def warmup_shapes(spec: ModelSpec) -> List[Dict[str, tuple]]:
+    return [{name: array.shape for name, array in r.inputs.items()} for r in warmup_requests(spec)]

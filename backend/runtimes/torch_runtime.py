@@ -27,7 +27,7 @@ def set_torch_threads(intra: int, inter: int) -> None:
 
 class TorchRuntime(Runtime):
     def __init__(self, kind: str, path, input_names: Sequence[str], output_names: Sequence[str],
-                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu") -> None:
+                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu", half: bool = False) -> None:
         super().__init__(input_names, output_names)
         import torch
 
@@ -44,6 +44,9 @@ class TorchRuntime(Runtime):
                 module.to(self.device)
         except Exception as exc:
             raise RuntimeLoadError(f"torch could not load {path}: {exc}") from exc
+        self.half = half
+        if half:
+            module = module.half()
         self.module = module
         self._arg_order = self._argument_order(module, list(input_names))
 
@@ -68,6 +71,8 @@ class TorchRuntime(Runtime):
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         torch = self._torch
         args = [torch.from_numpy(np.ascontiguousarray(feed[name])).to(self.device) for name in self._arg_order]
+        if self.half:
+            args = [a.half() if a.is_floating_point() else a for a in args]
         with torch.inference_mode():
             result = self.module(*args)
         if isinstance(result, torch.Tensor):
@@ -76,4 +81,5 @@ class TorchRuntime(Runtime):
             result = tuple(result[name] for name in self.output_names)
         if len(result) != len(self.output_names):
             raise RuntimeError(f"model returned {len(result)} outputs; the config declares {len(self.output_names)}")
-        return {name: t.detach().to("cpu").numpy() for name, t in zip(self.output_names, result)}
+        return {name: (t.float() if self.half and t.is_floating_point() else t).detach().to("cpu").numpy()
+                for name, t in zip(self.output_names, result)}
