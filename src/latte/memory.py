@@ -1,0 +1,109 @@
+"""Latte's memory arena: a buddy allocator over one pre-reserved region.
+
+Arrays from :meth:`BuddyArena.empty` are zero-copy views of arena blocks; a block goes back
+to the arena when the last reference to its array (or any view of it) dies. See
+docs/memory.md for the design and its trade-offs.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Sequence, Union
+
+import numpy as np
+
+from latte._native import BuddyArena as _NativeArena
+from latte._native import cuda_device_memory_compiled, cuda_runtime_available
+
+__all__ = ["BuddyArena", "cuda_device_memory_compiled", "cuda_runtime_available"]
+
+Shape = Union[int, Sequence[int]]
+
+
+def _normalize_shape(shape: Shape) -> tuple[int, ...]:
+    try:
+        dims = (operator.index(shape),)
+    except TypeError:
+        try:
+            dims = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
+    if any(d < 0 for d in dims):
+        raise ValueError(f"shape must not have negative dimensions, got {dims}")
+    return dims
+
+
+class BuddyArena:
+    """A fixed-capacity arena; allocation never touches the operating system.
+
+    capacity: bytes reserved up front (rounded down to ``min_block``).
+    device: ``"cpu"`` (mmap'd, pre-faulted, pinned when a CUDA device exists) or ``"cuda[:N]"``
+        (one cudaMalloc'd region; needs a CUDA build and device).
+    limit: optional byte limit below the capacity; requests beyond it raise MemoryError.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        device: str = "cpu",
+        *,
+        min_block: int = 256,
+        limit: int | None = None,
+        size_classes: bool = True,
+        prefault: bool = True,
+    ) -> None:
+        capacity = operator.index(capacity)
+        if capacity <= 0:
+            raise ValueError(f"capacity must be a positive number of bytes, got {capacity}")
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
+        if limit is not None and operator.index(limit) <= 0:
+            raise ValueError(f"limit must be a positive number of bytes or None, got {limit}")
+        self._native = _NativeArena(capacity, device, min_block, limit, size_classes, prefault)
+
+    @property
+    def capacity(self) -> int:
+        return self._native.capacity
+
+    @property
+    def device(self) -> str:
+        return self._native.device
+
+    def empty(self, shape: Shape, dtype: Any = np.float32) -> np.ndarray:
+        """An uninitialised C-contiguous array whose memory is an arena block."""
+        dims = _normalize_shape(shape)
+        dtype = np.dtype(dtype)
+        if dtype.hasobject:
+            raise TypeError(f"dtype {dtype} holds Python objects; arena arrays need plain data")
+        raw = self._native.allocate_array(math.prod(dims) * dtype.itemsize)
+        return raw.view(dtype).reshape(dims)
+
+    def empty_torch(self, shape: Shape, dtype: Any = None) -> Any:
+        """Like :meth:`empty` but a CPU torch tensor (sharing the block, no copy)."""
+        import torch
+
+        dtype = torch.float32 if dtype is None else dtype
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        dims = _normalize_shape(shape)
+        raw = self._native.allocate_array(math.prod(dims) * dtype.itemsize)
+        return torch.from_numpy(raw).view(dtype).reshape(dims)
+
+    def stats(self) -> dict:
+        """Capacity, reserved, live (requested) and allocated (rounded) bytes, peaks,
+        internal/external fragmentation and counts of allocations, frees and failures."""
+        return self._native.stats()
+
+    def check_invariants(self) -> None:
+        """Walk the arena's bookkeeping; raises ValueError naming a broken invariant.
+        Must not run concurrently with allocations from other threads."""
+        self._native.check_invariants()
+
+    def release_cached(self) -> None:
+        """Return cached empty slabs to the buddy lists (done automatically before failing)."""
+        self._native.release_cached()
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return f"BuddyArena(capacity={s['capacity']}, device={self.device!r}, live={s['live']})"
