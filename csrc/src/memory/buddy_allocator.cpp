@@ -18,11 +18,66 @@ unsigned trailing_zeros(std::uint64_t x) { return static_cast<unsigned>(__builti
 
 }  // namespace
 
+void IndexBitmap::reset(std::uint32_t n) {
+  levels_.clear();
+  std::size_t words = (std::size_t(n) + 63) / 64;
+  if (words == 0) words = 1;
+  while (true) {
+    levels_.emplace_back(words, 0);
+    if (words == 1) break;
+    words = (words + 63) / 64;
+  }
+}
+
+void IndexBitmap::insert(std::uint32_t i) noexcept {
+  for (auto& level : levels_) {
+    std::uint64_t& word = level[i >> 6];
+    const bool was_empty = word == 0;
+    word |= 1ull << (i & 63);
+    if (!was_empty) return;
+    i >>= 6;
+  }
+}
+
+void IndexBitmap::erase(std::uint32_t i) noexcept {
+  for (auto& level : levels_) {
+    std::uint64_t& word = level[i >> 6];
+    word &= ~(1ull << (i & 63));
+    if (word != 0) return;
+    i >>= 6;
+  }
+}
+
+std::uint32_t IndexBitmap::lowest() const noexcept {
+  std::uint32_t i = 0;
+  for (std::size_t l = levels_.size(); l-- > 0;) {
+    i = (i << 6) | trailing_zeros(levels_[l][i]);
+  }
+  return i;
+}
+
+std::uint32_t IndexBitmap::count() const noexcept {
+  std::uint32_t n = 0;
+  for (std::uint64_t word : levels_[0]) n += static_cast<std::uint32_t>(__builtin_popcountll(word));
+  return n;
+}
+
+bool IndexBitmap::summaries_consistent() const noexcept {
+  for (std::size_t l = 1; l < levels_.size(); ++l) {
+    for (std::size_t w = 0; w < levels_[l - 1].size(); ++w) {
+      const bool summary_bit = (levels_[l][w >> 6] >> (w & 63)) & 1u;
+      if (summary_bit != (levels_[l - 1][w] != 0)) return false;
+    }
+  }
+  return true;
+}
+
 BuddyAllocator::BuddyAllocator(std::uint32_t units)
-    : units_(units), tag_(units, kInterior), link_next_(units, npos), link_prev_(units, npos) {
+    : units_(units), tag_(units, kInterior), length_(units, 0) {
   LATTE_EXPECTS(units > 0 && units < npos, "buddy range must hold between 1 and 2^32-2 units");
-  free_heads_.fill(npos);
   max_order_ = floor_log2(units);
+  free_.resize(max_order_ + 1);
+  for (unsigned order = 0; order <= max_order_; ++order) free_[order].reset(units >> order);
   // A range that is not a power of two starts as the largest aligned blocks that tile it.
   std::uint32_t pos = 0;
   while (pos < units) {
@@ -36,28 +91,18 @@ BuddyAllocator::BuddyAllocator(std::uint32_t units)
 
 void BuddyAllocator::push_free(std::uint32_t head, unsigned order) noexcept {
   tag_[head] = static_cast<std::uint8_t>(kFree | order);
-  link_prev_[head] = npos;
-  link_next_[head] = free_heads_[order];
-  if (free_heads_[order] != npos) link_prev_[free_heads_[order]] = head;
-  free_heads_[order] = head;
+  free_[order].insert(head >> order);
   nonempty_orders_ |= 1ull << order;
 }
 
 void BuddyAllocator::unlink_free(std::uint32_t head, unsigned order) noexcept {
-  const std::uint32_t next = link_next_[head];
-  const std::uint32_t prev = link_prev_[head];
-  if (prev != npos) {
-    link_next_[prev] = next;
-  } else {
-    free_heads_[order] = next;
-  }
-  if (next != npos) link_prev_[next] = prev;
-  if (free_heads_[order] == npos) nonempty_orders_ &= ~(1ull << order);
+  free_[order].erase(head >> order);
+  if (free_[order].empty()) nonempty_orders_ &= ~(1ull << order);
   tag_[head] = kInterior;
 }
 
-std::uint32_t BuddyAllocator::pop_free(unsigned order) noexcept {
-  const std::uint32_t head = free_heads_[order];
+std::uint32_t BuddyAllocator::pop_lowest_free(unsigned order) noexcept {
+  const std::uint32_t head = free_[order].lowest() << order;
   unlink_free(head, order);
   return head;
 }
@@ -69,7 +114,7 @@ std::uint32_t BuddyAllocator::allocate(std::uint32_t units, bool trim) noexcept 
   const std::uint64_t fitting = nonempty_orders_ >> order;
   if (fitting == 0) return npos;
   unsigned found = order + trailing_zeros(fitting);
-  const std::uint32_t head = pop_free(found);
+  const std::uint32_t head = pop_lowest_free(found);
   // Split down: each upper half becomes a free block one order smaller.
   while (found > order) {
     --found;
@@ -90,8 +135,7 @@ std::uint32_t BuddyAllocator::allocate(std::uint32_t units, bool trim) noexcept 
     length = units;
   }
   tag_[head] = static_cast<std::uint8_t>(kAllocated | order);
-  link_next_[head] = length;
-  link_prev_[head] = npos;
+  length_[head] = length;
   free_units_ -= length;
   return head;
 }
@@ -112,7 +156,7 @@ void BuddyAllocator::free_block(std::uint32_t head, unsigned order) noexcept {
 }
 
 void BuddyAllocator::free(std::uint32_t head) noexcept {
-  const std::uint32_t length = link_next_[head];
+  const std::uint32_t length = length_[head];
   tag_[head] = kInterior;
   free_units_ += length;
   // A trimmed allocation is the binary decomposition of its length, largest piece first;
@@ -159,7 +203,7 @@ void BuddyAllocator::check_invariants() const {
       ++free_blocks_per_order[order];
       free_seen += length;
     } else if (tag & kAllocated) {
-      length = link_next_[pos];
+      length = length_[pos];
       if (length == 0 || length > (1u << order) || pos % (1u << order) != 0) {
         fail("allocated block at unit " + std::to_string(pos) + " has a bad length/order");
       }
@@ -176,16 +220,16 @@ void BuddyAllocator::check_invariants() const {
   if (used_seen + free_seen != units_) fail("used + free != capacity");
   if (free_seen != free_units_) fail("free unit counter disagrees with the blocks");
   for (unsigned order = 0; order < kMaxOrders; ++order) {
-    std::uint32_t count = 0;
-    std::uint32_t prev = npos;
-    for (std::uint32_t head = free_heads_[order]; head != npos; head = link_next_[head]) {
-      if (tag_[head] != (kFree | order)) fail("free list " + std::to_string(order) + " holds a non-free block");
-      if (link_prev_[head] != prev) fail("free list " + std::to_string(order) + " back link broken");
-      prev = head;
-      if (++count > free_blocks_per_order[order]) break;
-    }
-    if (count != free_blocks_per_order[order]) fail("free list " + std::to_string(order) + " length wrong");
+    const std::uint32_t count = order <= max_order_ ? free_[order].count() : 0;
+    if (count != free_blocks_per_order[order]) fail("free set " + std::to_string(order) + " size wrong");
     if (((nonempty_orders_ >> order) & 1u) != (count != 0)) fail("non-empty order mask wrong");
+    if (order > max_order_) continue;
+    if (!free_[order].summaries_consistent()) fail("free set " + std::to_string(order) + " summary bits wrong");
+    for (std::uint32_t pos2 = 0; pos2 < units_; pos2 += 1u << order) {
+      if (free_[order].contains(pos2 >> order) && tag_[pos2] != (kFree | order)) {
+        fail("free set " + std::to_string(order) + " holds a non-free block at unit " + std::to_string(pos2));
+      }
+    }
   }
 }
 
