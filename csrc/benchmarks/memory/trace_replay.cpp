@@ -203,6 +203,11 @@ int main(int argc, char** argv) {
               ops.size(), (unsigned long long)cfg.seed, (unsigned long long)peak_live,
               (unsigned long long)capacity);
   print_result("buddy_arena", replay_arena(ops, capacity, memory::ArenaOptions{}));
+  // A power-of-two capacity lets the whole arena coalesce into one block; same trace.
+  std::uint64_t pow2 = 1;
+  while (pow2 < capacity) pow2 <<= 1;
+  std::printf("  \"pow2_capacity\": %llu,\n", (unsigned long long)pow2);
+  print_result("buddy_arena_pow2_capacity", replay_arena(ops, pow2, memory::ArenaOptions{}));
   print_result("binary_buddy_no_trim", replay_arena(ops, capacity, memory::ArenaOptions{256, true, false}));
   print_result("caching_allocator_model", replay_caching_model(ops, capacity));
   const MallocResult m = replay_glibc(ops);
