@@ -5,6 +5,12 @@
 #include <nanobind/stl/optional.h>
 
 #include "latte/build_info.hpp"
+// --- memory (BuddyArena) ---
+// Arena arrays are built with the NumPy C API: a numpy.empty-like call must cost about what
+// numpy.empty costs, which a DLPack/buffer round trip does not.
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+// --- end memory ---
 #include "latte/memory/arena_stack.hpp"
 #include "latte/memory/error.hpp"
 #include "latte/memory/host_resource.hpp"
@@ -48,20 +54,58 @@ PyArena make_arena(std::size_t capacity, const std::string& device, std::size_t 
   return PyArena{std::make_shared<ArenaStack>(options)};
 }
 
-nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<1>> allocate_array(PyArena& self, std::size_t bytes) {
+// numpy.empty(shape, dtype) whose memory is an arena block; the block goes back to the arena
+// when numpy releases the array's base, a capsule owning the block.
+nb::object empty_array(PyArena& self, nb::handle shape, nb::handle dtype) {
   if (self.stack->options().device != latte::memory::Device::cpu) {
-    throw latte::memory::logic_error("allocate_array needs a 'cpu' arena; device memory is not addressable from numpy");
+    throw latte::memory::logic_error("empty() needs a 'cpu' arena; device memory is not addressable from numpy");
   }
+  PyArray_Descr* descr = nullptr;
+  if (!PyArray_DescrConverter(dtype.ptr(), &descr)) throw nb::python_error();
+  nb::object descr_ref = nb::steal(reinterpret_cast<PyObject*>(descr));
+  if (PyDataType_REFCHK(descr)) {
+    throw nb::type_error("dtype holds Python objects; arena arrays need plain data");
+  }
+  PyArray_Dims dims{nullptr, 0};
+  if (!PyArray_IntpConverter(shape.ptr(), &dims)) {
+    PyErr_Clear();
+    throw nb::type_error(("shape must be an int or a sequence of ints, got " +
+                          std::string(nb::str(nb::repr(shape)).c_str())).c_str());
+  }
+  std::size_t bytes = static_cast<std::size_t>(descr->elsize);
+  bool negative = false, overflow = false;
+  for (int i = 0; i < dims.len; ++i) {
+    if (dims.ptr[i] < 0) negative = true;
+    else if (__builtin_mul_overflow(bytes, static_cast<std::size_t>(dims.ptr[i]), &bytes)) overflow = true;
+  }
+  std::vector<npy_intp> dim_values(dims.ptr, dims.ptr + dims.len);
+  PyDimMem_FREE(dims.ptr);
+  if (negative) throw nb::value_error("shape must not have negative dimensions");
+  if (overflow) throw latte::memory::out_of_memory("BuddyArena: requested shape overflows the address space");
   // numpy needs a real address even for an empty array: a zero-byte request takes one byte.
   const std::size_t request = bytes == 0 ? 1 : bytes;
   void* ptr = self.stack->resource().allocate(request);
-  auto* owner = new BlockOwner{self.stack, ptr, request};
+  BlockOwner* owner = nullptr;
+  try {
+    owner = new BlockOwner{self.stack, ptr, request};
+  } catch (...) {
+    self.stack->resource().deallocate(ptr, request);
+    throw;
+  }
   nb::capsule capsule(owner, [](void* p) noexcept {
     auto* block = static_cast<BlockOwner*>(p);
     block->stack->resource().deallocate(block->ptr, block->bytes);
     delete block;
   });
-  return nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<1>>(ptr, {bytes}, capsule);
+  Py_INCREF(descr);  // PyArray_NewFromDescr steals one reference
+  PyObject* array = PyArray_NewFromDescr(&PyArray_Type, descr, static_cast<int>(dim_values.size()),
+                                         dim_values.data(), nullptr, ptr, NPY_ARRAY_CARRAY, nullptr);
+  if (array == nullptr) throw nb::python_error();
+  nb::object result = nb::steal(array);
+  if (PyArray_SetBaseObject(reinterpret_cast<PyArrayObject*>(array), capsule.release().ptr()) < 0) {
+    throw nb::python_error();
+  }
+  return result;
 }
 
 nb::dict statistics_dict(const PyArena& self) {
@@ -86,6 +130,7 @@ nb::dict statistics_dict(const PyArena& self) {
 }
 
 void bind_memory(nb::module_& m) {
+  if (_import_array() < 0) throw nb::python_error();
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -104,8 +149,8 @@ void bind_memory(nb::module_& m) {
            },
            nb::arg("capacity"), nb::arg("device") = "cpu", nb::arg("min_block") = 256,
            nb::arg("limit") = nb::none(), nb::arg("size_classes") = true, nb::arg("prefault") = true)
-      .def("allocate_array", &allocate_array, nb::arg("nbytes"),
-           "A uint8 numpy view of a new block; the block returns to the arena with the last reference.")
+      .def("empty", &empty_array, nb::arg("shape"), nb::arg("dtype"),
+           "numpy.empty over a new block; the block returns to the arena with the last reference.")
       .def("stats", &statistics_dict)
       .def("check_invariants", [](const PyArena& self) { self.stack->arena().check_invariants(); })
       .def("release_cached", [](PyArena& self) { self.stack->arena().release_cached(); })

@@ -72,12 +72,8 @@ class BuddyArena:
 
     def empty(self, shape: Shape, dtype: Any = np.float32) -> np.ndarray:
         """An uninitialised C-contiguous array whose memory is an arena block."""
-        dims = _normalize_shape(shape)
-        dtype = np.dtype(dtype)
-        if dtype.hasobject:
-            raise TypeError(f"dtype {dtype} holds Python objects; arena arrays need plain data")
-        raw = self._native.allocate_array(math.prod(dims) * dtype.itemsize)
-        return raw.view(dtype).reshape(dims)
+        # Validation (shape, dtype) happens natively: this call is on the hot path.
+        return self._native.empty(shape, dtype)
 
     def empty_torch(self, shape: Shape, dtype: Any = None) -> Any:
         """Like :meth:`empty` but a CPU torch tensor (sharing the block, no copy)."""
@@ -87,7 +83,7 @@ class BuddyArena:
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         dims = _normalize_shape(shape)
-        raw = self._native.allocate_array(math.prod(dims) * dtype.itemsize)
+        raw = self._native.empty(math.prod(dims) * dtype.itemsize, np.uint8)
         return torch.from_numpy(raw).view(dtype).reshape(dims)
 
     def stats(self) -> dict:
