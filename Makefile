@@ -60,7 +60,7 @@ test-cpp:
 	ctest --test-dir build/cpp-tests --output-on-failure
 
 sanitize:
-	cmake -S . -B build/cpp-sanitize $(CMAKE_TESTS) -DLATTE_SANITIZE=address,undefined -DLATTE_DEBUG_CHECKS=ON > /dev/null
+	cmake -S . -B build/cpp-sanitize $(CMAKE_TESTS) -DLATTE_SANITIZE=address,undefined -DLATTE_DEBUG_CHECKS=ON -DLATTE_CUDA=OFF > /dev/null
 	nice cmake --build build/cpp-sanitize -j2
 	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
 	  ctest --test-dir build/cpp-sanitize --output-on-failure

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+from pathlib import Path
 from typing import Any, Sequence, Union
 
 import numpy as np
@@ -16,7 +17,14 @@ import numpy as np
 from latte._native import BuddyArena as _NativeArena
 from latte._native import cuda_device_memory_compiled, cuda_runtime_available
 
-__all__ = ["BuddyArena", "cuda_device_memory_compiled", "cuda_runtime_available"]
+__all__ = [
+    "BuddyArena",
+    "cuda_device_memory_compiled",
+    "cuda_runtime_available",
+    "torch_allocator_library",
+    "torch_pluggable_allocator",
+    "torch_mem_pool",
+]
 
 Shape = Union[int, Sequence[int]]
 
@@ -103,3 +111,36 @@ class BuddyArena:
     def __repr__(self) -> str:
         s = self.stats()
         return f"BuddyArena(capacity={s['capacity']}, device={self.device!r}, live={s['live']})"
+
+
+def torch_allocator_library() -> Path:
+    """Path of the shared library exporting latte_malloc/latte_free (CUDA builds only)."""
+    path = Path(__file__).resolve().parent / "liblatte_torch_allocator.so"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: Latte was built without the CUDA toolkit, so there is no "
+            "PyTorch allocator plug-in (rebuild on a machine with nvcc / CUDA headers)"
+        )
+    return path
+
+
+def torch_pluggable_allocator() -> Any:
+    """A torch.cuda.memory.CUDAPluggableAllocator backed by one BuddyArena per device.
+
+    Install it process-wide, before any CUDA tensor exists, with
+    ``torch.cuda.memory.change_current_allocator(torch_pluggable_allocator())``; the arena's
+    capacity comes from LATTE_CUDA_ARENA_BYTES (default: 80% of the device's free memory).
+    """
+    import torch
+
+    return torch.cuda.memory.CUDAPluggableAllocator(str(torch_allocator_library()), "latte_malloc", "latte_free")
+
+
+def torch_mem_pool() -> Any:
+    """A torch.cuda.MemPool (torch >= 2.5) served by the arena, for use as
+    ``with torch.cuda.use_mem_pool(pool): ...`` while the default allocator serves the rest."""
+    import torch
+
+    if not hasattr(torch.cuda, "MemPool"):
+        raise RuntimeError(f"torch.cuda.MemPool needs torch >= 2.5, this is torch {torch.__version__}")
+    return torch.cuda.MemPool(torch_pluggable_allocator().allocator())
