@@ -60,9 +60,22 @@ nb::object empty_array(PyArena& self, nb::handle shape, nb::handle dtype) {
   if (self.stack->options().device != latte::memory::Device::cpu) {
     throw latte::memory::logic_error("empty() needs a 'cpu' arena; device memory is not addressable from numpy");
   }
+  // Converting a scalar type (np.float32) to a descriptor is slow; cache it per type.
+  static nb::dict* descr_cache = new nb::dict();  // leaked: lives as long as the interpreter
   PyArray_Descr* descr = nullptr;
-  if (!PyArray_DescrConverter(dtype.ptr(), &descr)) throw nb::python_error();
-  nb::object descr_ref = nb::steal(reinterpret_cast<PyObject*>(descr));
+  nb::object descr_ref;
+  if (dtype.is_none()) {
+    descr_ref = nb::steal(reinterpret_cast<PyObject*>(PyArray_DescrFromType(NPY_FLOAT32)));
+  } else if (PyArray_DescrCheck(dtype.ptr())) {
+    descr_ref = nb::borrow(dtype);
+  } else if (PyObject* cached = PyDict_GetItem(descr_cache->ptr(), dtype.ptr())) {
+    descr_ref = nb::borrow(cached);
+  } else {
+    if (!PyArray_DescrConverter(dtype.ptr(), &descr)) throw nb::python_error();
+    descr_ref = nb::steal(reinterpret_cast<PyObject*>(descr));
+    if (PyType_Check(dtype.ptr())) (*descr_cache)[dtype] = descr_ref;
+  }
+  descr = reinterpret_cast<PyArray_Descr*>(descr_ref.ptr());
   if (PyDataType_REFCHK(descr)) {
     throw nb::type_error("dtype holds Python objects; arena arrays need plain data");
   }
@@ -149,7 +162,7 @@ void bind_memory(nb::module_& m) {
            },
            nb::arg("capacity"), nb::arg("device") = "cpu", nb::arg("min_block") = 256,
            nb::arg("limit") = nb::none(), nb::arg("size_classes") = true, nb::arg("prefault") = true)
-      .def("empty", &empty_array, nb::arg("shape"), nb::arg("dtype"),
+      .def("empty", &empty_array, nb::arg("shape"), nb::arg("dtype") = nb::none(),
            "numpy.empty over a new block; the block returns to the arena with the last reference.")
       .def("stats", &statistics_dict)
       .def("check_invariants", [](const PyArena& self) { self.stack->arena().check_invariants(); })

@@ -42,13 +42,22 @@ def _normalize_shape(shape: Shape) -> tuple[int, ...]:
     return dims
 
 
-class BuddyArena:
+class BuddyArena(_NativeArena):
     """A fixed-capacity arena; allocation never touches the operating system.
 
     capacity: bytes reserved up front (rounded down to ``min_block``).
     device: ``"cpu"`` (mmap'd, pre-faulted, pinned when a CUDA device exists) or ``"cuda[:N]"``
         (one cudaMalloc'd region; needs a CUDA build and device).
     limit: optional byte limit below the capacity; requests beyond it raise MemoryError.
+
+    Inherited from the native class (no Python frame on the hot path):
+    ``empty(shape, dtype)`` -- an uninitialised C-contiguous numpy array over an arena block,
+    returned to the arena when the last reference to it or a view of it dies;
+    ``stats()`` -- capacity, reserved, live (requested) and allocated (rounded) bytes, peaks,
+    internal/external fragmentation, counts of allocations, frees and failures;
+    ``check_invariants()`` -- raises ValueError naming a broken invariant (do not run it
+    concurrently with allocations from other threads);
+    ``release_cached()`` -- returns cached empty slabs to the buddy lists.
     """
 
     def __init__(
@@ -68,20 +77,7 @@ class BuddyArena:
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
         if limit is not None and operator.index(limit) <= 0:
             raise ValueError(f"limit must be a positive number of bytes or None, got {limit}")
-        self._native = _NativeArena(capacity, device, min_block, limit, size_classes, prefault)
-
-    @property
-    def capacity(self) -> int:
-        return self._native.capacity
-
-    @property
-    def device(self) -> str:
-        return self._native.device
-
-    def empty(self, shape: Shape, dtype: Any = np.float32) -> np.ndarray:
-        """An uninitialised C-contiguous array whose memory is an arena block."""
-        # Validation (shape, dtype) happens natively: this call is on the hot path.
-        return self._native.empty(shape, dtype)
+        super().__init__(capacity, device, min_block, limit, size_classes, prefault)
 
     def empty_torch(self, shape: Shape, dtype: Any = None) -> Any:
         """Like :meth:`empty` but a CPU torch tensor (sharing the block, no copy)."""
@@ -91,22 +87,8 @@ class BuddyArena:
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         dims = _normalize_shape(shape)
-        raw = self._native.empty(math.prod(dims) * dtype.itemsize, np.uint8)
+        raw = self.empty(math.prod(dims) * dtype.itemsize, np.uint8)
         return torch.from_numpy(raw).view(dtype).reshape(dims)
-
-    def stats(self) -> dict:
-        """Capacity, reserved, live (requested) and allocated (rounded) bytes, peaks,
-        internal/external fragmentation and counts of allocations, frees and failures."""
-        return self._native.stats()
-
-    def check_invariants(self) -> None:
-        """Walk the arena's bookkeeping; raises ValueError naming a broken invariant.
-        Must not run concurrently with allocations from other threads."""
-        self._native.check_invariants()
-
-    def release_cached(self) -> None:
-        """Return cached empty slabs to the buddy lists (done automatically before failing)."""
-        self._native.release_cached()
 
     def __repr__(self) -> str:
         s = self.stats()
