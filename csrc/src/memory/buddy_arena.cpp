@@ -1,5 +1,6 @@
 #include "latte/memory/buddy_arena.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "latte/memory/error.hpp"
@@ -52,7 +53,9 @@ void* BuddyArena::try_allocate(std::size_t bytes) noexcept {
   std::lock_guard<std::mutex> lock(buddy_mutex_);
   const std::uint32_t head = buddy_.allocate(static_cast<std::uint32_t>(units), options_.trim);
   if (head == BuddyAllocator::npos) return nullptr;
-  large_allocated_ += static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_;
+  large_allocated_.fetch_add(static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_,
+                             std::memory_order_relaxed);
+  peak_reserved_ = std::max(peak_reserved_, capacity_ - (static_cast<std::size_t>(buddy_.free_units()) << unit_shift_));
   return base_ + (static_cast<std::size_t>(head) << unit_shift_);
 }
 
@@ -66,6 +69,7 @@ void* BuddyArena::take_block(std::size_t bytes) noexcept {
   std::lock_guard<std::mutex> lock(buddy_mutex_);
   const std::uint32_t head = buddy_.allocate(static_cast<std::uint32_t>(units), options_.trim);
   if (head == BuddyAllocator::npos) return nullptr;
+  peak_reserved_ = std::max(peak_reserved_, capacity_ - (static_cast<std::size_t>(buddy_.free_units()) << unit_shift_));
   return base_ + (static_cast<std::size_t>(head) << unit_shift_);
 }
 
@@ -86,6 +90,13 @@ void* BuddyArena::do_allocate(std::size_t bytes) {
 #ifdef LATTE_DEBUG_CHECKS
   check_invariants_locked();
 #endif
+  if (ptr != nullptr) {
+    const std::size_t allocated = large_allocated_.load(std::memory_order_relaxed) +
+                                  (slabs_ ? slabs_->allocated_bytes() : 0);
+    std::size_t peak = peak_allocated_.load(std::memory_order_relaxed);
+    while (allocated > peak && !peak_allocated_.compare_exchange_weak(peak, allocated, std::memory_order_relaxed)) {
+    }
+  }
   if (ptr == nullptr) {
     const ArenaUsage u = *usage();
     throw out_of_memory("BuddyArena: cannot allocate " + std::to_string(bytes) +
@@ -105,7 +116,8 @@ void BuddyArena::do_deallocate(void* ptr, std::size_t bytes) noexcept {
   if (!(slabs_ && slabs_->deallocate(ptr))) {
     const auto head = static_cast<std::uint32_t>((static_cast<std::byte*>(ptr) - base_) >> unit_shift_);
     std::lock_guard<std::mutex> lock(buddy_mutex_);
-    large_allocated_ -= static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_;
+    large_allocated_.fetch_sub(static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_,
+                               std::memory_order_relaxed);
     buddy_.free(head);
   }
 #ifdef LATTE_DEBUG_CHECKS
@@ -132,7 +144,9 @@ std::optional<ArenaUsage> BuddyArena::usage() const {
   u.free = static_cast<std::size_t>(buddy_.free_units()) << unit_shift_;
   u.reserved = capacity_ - u.free;
   u.largest_free = static_cast<std::size_t>(buddy_.largest_free_units()) << unit_shift_;
-  u.allocated = large_allocated_ + (slabs_ ? slabs_->allocated_bytes() : 0);
+  u.allocated = large_allocated_.load(std::memory_order_relaxed) + (slabs_ ? slabs_->allocated_bytes() : 0);
+  u.peak_reserved = peak_reserved_;
+  u.peak_allocated = peak_allocated_.load(std::memory_order_relaxed);
   return u;
 }
 

@@ -1,56 +1,49 @@
 #include "latte/memory/statistics_adaptor.hpp"
 
-#include <algorithm>
-
-#include "latte/memory/error.hpp"
+#include <new>
 
 namespace latte::memory {
-
-void StatisticsAdaptor::record_peaks_locked() {
-  counters_.peak_live = std::max(counters_.peak_live, counters_.live);
-  if (auto u = upstream_.usage()) {
-    counters_.peak_reserved = std::max(counters_.peak_reserved, u->reserved);
-    counters_.peak_allocated = std::max(counters_.peak_allocated, u->allocated);
-  }
-}
 
 void* StatisticsAdaptor::do_allocate(std::size_t bytes) {
   void* ptr = nullptr;
   try {
     ptr = upstream_.allocate(bytes);
   } catch (const std::bad_alloc&) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++counters_.failures;
+    failures_.fetch_add(1, std::memory_order_relaxed);
     throw;
   }
-  std::lock_guard<std::mutex> lock(mutex_);
-  ++counters_.allocations;
-  counters_.live += bytes;
-  record_peaks_locked();
+  allocations_.fetch_add(1, std::memory_order_relaxed);
+  const std::size_t live = live_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  std::size_t peak = peak_live_.load(std::memory_order_relaxed);
+  while (live > peak && !peak_live_.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
   return ptr;
 }
 
 void StatisticsAdaptor::do_deallocate(void* ptr, std::size_t bytes) noexcept {
   upstream_.deallocate(ptr, bytes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  ++counters_.frees;
-  counters_.live -= bytes;
+  frees_.fetch_add(1, std::memory_order_relaxed);
+  live_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 Statistics StatisticsAdaptor::statistics() const {
   Statistics s;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    s = counters_;
-  }
+  s.live = live_.load(std::memory_order_relaxed);
+  s.peak_live = peak_live_.load(std::memory_order_relaxed);
+  s.allocations = allocations_.load(std::memory_order_relaxed);
+  s.frees = frees_.load(std::memory_order_relaxed);
+  s.failures = failures_.load(std::memory_order_relaxed);
   if (auto u = upstream_.usage()) {
     s.capacity = u->capacity;
     s.reserved = u->reserved;
     s.allocated = u->allocated;
     s.free = u->free;
     s.largest_free = u->largest_free;
+    s.peak_reserved = u->peak_reserved;
+    s.peak_allocated = u->peak_allocated;
   } else {
     s.allocated = s.live;
+    s.peak_allocated = s.peak_live;
   }
   s.internal_fragmentation = s.allocated == 0 ? 0.0 : 1.0 - double(s.live) / double(s.allocated);
   s.external_fragmentation = s.free == 0 ? 0.0 : 1.0 - double(s.largest_free) / double(s.free);

@@ -1,6 +1,7 @@
 #pragma once
 // BuddyArena: one region reserved up front from an upstream resource, carved by a buddy
 // allocator (large requests) fronted by size-class slabs (small requests). Thread-safe.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -56,7 +57,9 @@ class BuddyArena final : public MemoryResource {
   std::byte* base_;
   mutable std::mutex buddy_mutex_;
   BuddyAllocator buddy_;
-  std::size_t large_allocated_ = 0;  // rounded bytes of live buddy allocations (not slabs)
+  std::atomic<std::size_t> large_allocated_{0};  // rounded bytes of live buddy allocations (not slabs)
+  std::size_t peak_reserved_ = 0;                // guarded by buddy_mutex_
+  std::atomic<std::size_t> peak_allocated_{0};
   std::unique_ptr<SlabCache> slabs_;
 #ifdef LATTE_DEBUG_CHECKS
   // Debug builds serialise whole operations so the full check sees a quiescent arena.

@@ -13,6 +13,8 @@ struct ArenaUsage {
   std::size_t allocated = 0;      // bytes of live allocations after rounding
   std::size_t free = 0;           // capacity - reserved
   std::size_t largest_free = 0;   // largest single free block
+  std::size_t peak_reserved = 0;
+  std::size_t peak_allocated = 0;
 };
 
 class MemoryResource {

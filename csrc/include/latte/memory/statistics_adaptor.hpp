@@ -1,9 +1,9 @@
 #pragma once
 // Counts what passes through to the upstream and combines it with the upstream arena's
 // occupancy: live (requested) vs allocated (rounded) vs reserved bytes, peaks, fragmentation.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 
 #include "latte/memory/memory_resource.hpp"
 
@@ -36,11 +36,14 @@ class StatisticsAdaptor final : public MemoryResource {
  private:
   void* do_allocate(std::size_t bytes) override;
   void do_deallocate(void* ptr, std::size_t bytes) noexcept override;
-  void record_peaks_locked();
-
+  // Lock-free counters: this sits on every allocation's path. Occupancy and its peaks are
+  // read from the upstream on demand.
   MemoryResource& upstream_;
-  mutable std::mutex mutex_;
-  Statistics counters_;  // live/peaks/counts; occupancy is read from the upstream on demand
+  std::atomic<std::size_t> live_{0};
+  std::atomic<std::size_t> peak_live_{0};
+  std::atomic<std::uint64_t> allocations_{0};
+  std::atomic<std::uint64_t> frees_{0};
+  std::atomic<std::uint64_t> failures_{0};
 };
 
 }  // namespace latte::memory
