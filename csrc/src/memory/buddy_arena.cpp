@@ -1,6 +1,8 @@
 #include "latte/memory/buddy_arena.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "latte/memory/error.hpp"
@@ -116,6 +118,14 @@ void BuddyArena::do_deallocate(void* ptr, std::size_t bytes) noexcept {
   if (!(slabs_ && slabs_->deallocate(ptr))) {
     const auto head = static_cast<std::uint32_t>((static_cast<std::byte*>(ptr) - base_) >> unit_shift_);
     std::lock_guard<std::mutex> lock(buddy_mutex_);
+#ifdef LATTE_DEBUG_CHECKS
+    // Freeing cannot report errors; a foreign or double-freed pointer stops a debug build here.
+    if (static_cast<std::byte*>(ptr) < base_ || static_cast<std::byte*>(ptr) >= base_ + capacity_ ||
+        (static_cast<std::byte*>(ptr) - base_) % options_.min_block != 0 || !buddy_.is_allocated_head(head)) {
+      std::fprintf(stderr, "latte: BuddyArena::deallocate(%p): not a live block of this arena\n", ptr);
+      std::abort();
+    }
+#endif
     large_allocated_.fetch_sub(static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_,
                                std::memory_order_relaxed);
     buddy_.free(head);
