@@ -41,7 +41,7 @@ $(LATTE_STAMP): $(DEPS_STAMP) $(SOURCES)
 demo: setup
 	$(LATTE) demo
 
-test: setup
+test: setup sanitize
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
@@ -49,6 +49,22 @@ test-unit: setup
 
 test-integration: setup
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+# --- memory (BuddyArena) ---
+# The C++ suites without Python: plain, then with AddressSanitizer + UBSan and every
+# invariant re-checked after each operation. Separate build trees keep the flags apart.
+CMAKE_TESTS := -DLATTE_BUILD_PYTHON=OFF -DLATTE_BUILD_TESTS=ON
+test-cpp:
+	cmake -S . -B build/cpp-tests $(CMAKE_TESTS) -DCMAKE_BUILD_TYPE=Release > /dev/null
+	nice cmake --build build/cpp-tests -j2
+	ctest --test-dir build/cpp-tests --output-on-failure
+
+sanitize:
+	cmake -S . -B build/cpp-sanitize $(CMAKE_TESTS) -DLATTE_SANITIZE=address,undefined -DLATTE_DEBUG_CHECKS=ON -DLATTE_CUDA=OFF > /dev/null
+	nice cmake --build build/cpp-sanitize -j2
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+	  ctest --test-dir build/cpp-sanitize --output-on-failure
+# --- end memory ---
 
 clean:
 	rm -rf build $(VENV) .latte
