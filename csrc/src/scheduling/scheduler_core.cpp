@@ -124,9 +124,16 @@ void SchedulerCore::expire(Nanos now) {
     Lane& lane = lanes_[l];
     for (auto g = lane.groups.begin(); g != lane.groups.end();) {
       Group& group = g->second;
+      // A request that cannot finish by its deadline even alone would only take lane time
+      // from requests that still can; the latency model says how long "alone" takes.
+      const auto key_state = keys_.find(g->first);
+      const Nanos shortest =
+          key_state != keys_.end() && key_state->second.latency.ready()
+              ? key_state->second.latency.predict(1)
+              : 0;
       for (auto it = group.requests.begin(); it != group.requests.end();) {
         auto next = std::next(it);
-        if (it->request.deadline <= now) {
+        if (it->request.deadline - shortest <= now) {
           remove_request(l, g->first, group, it, RejectReason::kDeadlineExpired);
         }
         it = next;

@@ -178,6 +178,20 @@ TEST_CASE("requests whose deadline passes in the queue are rejected once, never 
   CHECK_EQ(core.metrics().rejections["deadline_expired"], 1u);
 }
 
+TEST_CASE("a request that cannot finish by its deadline even alone is rejected, not run") {
+  SchedulerCore core(no_window(1, 1));
+  core.seed_latency("k", 1, 4 * kMs);
+  core.seed_latency("k", 1, 4 * kMs);
+  CHECK(!core.submit(make(1, "k", 1, 3 * kMs), 0));  // needs 4 ms, has 3
+  CHECK(!core.submit(make(2, "k", 0, 5 * kMs), 0));  // fits
+  Decision d = core.next_batch(0, 0);
+  CHECK(d.kind == Decision::Kind::kRun);
+  CHECK((ids(d.batch) == std::vector<std::uint64_t>{2}));
+  std::vector<Outcome> rejected = core.take_rejections();
+  CHECK_EQ(rejected.size(), 1u);
+  CHECK(rejected[0].id == 1 && rejected[0].reason == RejectReason::kDeadlineExpired);
+}
+
 TEST_CASE("a key returns to the lane that last ran it") {
   VirtualClock clock;
   SchedulerCore core(no_window(2));
