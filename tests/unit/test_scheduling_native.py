@@ -7,8 +7,10 @@ Both builds live under build/ and are incremental after the first run.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,13 +19,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _make(target: str) -> subprocess.CompletedProcess:
-    if shutil.which("cmake") is None:
+    # The cmake that built the package may live in the virtual environment only.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    if shutil.which("cmake", path=path) is None:
         pytest.fail("cmake is needed to build the C++ scheduler tests (apt-get install cmake)")
     return subprocess.run(
         ["nice", "make", "-s", "-C", str(REPO), target],
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, "PATH": path},
     )
 
 

@@ -50,6 +50,13 @@ Nanos LatencyModel::predict(std::size_t batch_size) const noexcept {
   return static_cast<Nanos>(std::llround(a_ * static_cast<double>(batch_size) + b_));
 }
 
+Nanos LatencyModel::fastest() const noexcept {
+  if (count_ == 0) return 0;
+  double least = latencies_[0];
+  for (std::size_t i = 1; i < count_; ++i) least = std::min(least, latencies_[i]);
+  return static_cast<Nanos>(least);
+}
+
 void ArrivalRate::record(Nanos at) noexcept {
   if (last_ >= 0) {
     const double gap = static_cast<double>(std::max<Nanos>(at - last_, 1));

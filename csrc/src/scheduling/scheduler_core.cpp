@@ -45,7 +45,7 @@ std::optional<RejectReason> SchedulerCore::submit(const Request& request, Nanos 
     metrics_.on_rejected(*refusal);
     return refusal;
   }
-  const std::size_t lane_index = place(request.affinity_key);
+  const std::size_t lane_index = place(request.affinity_key, request.priority);
   Lane& lane = lanes_[lane_index];
   Group& group = lane.groups[request.affinity_key];
   group.requests.insert(QueuedRequest{request, now, sequence_++});
@@ -60,9 +60,19 @@ std::optional<RejectReason> SchedulerCore::submit(const Request& request, Nanos 
   return std::nullopt;
 }
 
-std::size_t SchedulerCore::place(const std::string& key) const {
+std::size_t SchedulerCore::place(const std::string& key, int priority) const {
   if (auto it = group_lane_.find(key); it != group_lane_.end()) return it->second;
-  auto load = [this](std::size_t l) { return lanes_[l].queued + (lanes_[l].busy ? 1 : 0); };
+  // Load as this request sees it: only work at its priority or above runs before it.
+  auto load = [&](std::size_t l) {
+    std::size_t ahead = lanes_[l].busy ? 1 : 0;
+    for (const auto& [k, group] : lanes_[l].groups) {
+      for (const QueuedRequest& q : group.requests) {
+        if (q.request.priority < priority) break;  // ordered most urgent first
+        ++ahead;
+      }
+    }
+    return ahead;
+  };
   std::size_t least = 0;
   for (std::size_t l = 1; l < lanes_.size(); ++l) {
     if (load(l) < load(least)) least = l;
@@ -124,12 +134,12 @@ void SchedulerCore::expire(Nanos now) {
     Lane& lane = lanes_[l];
     for (auto g = lane.groups.begin(); g != lane.groups.end();) {
       Group& group = g->second;
-      // A request that cannot finish by its deadline even alone would only take lane time
-      // from requests that still can; the latency model says how long "alone" takes.
+      // A request that cannot finish by its deadline even in the fastest batch seen lately
+      // would only take lane time from requests that still can.
       const auto key_state = keys_.find(g->first);
       const Nanos shortest =
           key_state != keys_.end() && key_state->second.latency.ready()
-              ? key_state->second.latency.predict(1)
+              ? key_state->second.latency.fastest()
               : 0;
       for (auto it = group.requests.begin(); it != group.requests.end();) {
         auto next = std::next(it);
@@ -203,11 +213,16 @@ bool SchedulerCore::steal_into(std::size_t thief) {
       chosen = g;
       continue;
     }
-    // Prefer keys the victim has not run recently (it has nothing warm for them), then urgency.
+    // Higher priority first; within a priority, keys the victim has not run recently (it has
+    // nothing warm for them), then the earliest deadline.
+    const QueuedRequest& g_head = *g->second.requests.begin();
+    const QueuedRequest& chosen_head = *chosen->second.requests.begin();
     const bool g_recent = recent(g->first), chosen_recent = recent(chosen->first);
-    if (g_recent != chosen_recent) {
+    if (g_head.request.priority != chosen_head.request.priority) {
+      if (g_head.request.priority > chosen_head.request.priority) chosen = g;
+    } else if (g_recent != chosen_recent) {
       if (!g_recent) chosen = g;
-    } else if (more_urgent(*g->second.requests.begin(), *chosen->second.requests.begin())) {
+    } else if (more_urgent(g_head, chosen_head)) {
       chosen = g;
     }
   }

@@ -179,10 +179,10 @@ TEST_CASE("requests whose deadline passes in the queue are rejected once, never 
 }
 
 TEST_CASE("a request that cannot finish by its deadline even alone is rejected, not run") {
-  SchedulerCore core(no_window(1, 1));
+  SchedulerCore core(no_window(1, 2));
   core.seed_latency("k", 1, 4 * kMs);
-  core.seed_latency("k", 1, 4 * kMs);
-  CHECK(!core.submit(make(1, "k", 1, 3 * kMs), 0));  // needs 4 ms, has 3
+  core.seed_latency("k", 2, 9 * kMs);
+  CHECK(!core.submit(make(1, "k", 1, 3 * kMs), 0));  // needs at least 4 ms, has 3
   CHECK(!core.submit(make(2, "k", 0, 5 * kMs), 0));  // fits
   Decision d = core.next_batch(0, 0);
   CHECK(d.kind == Decision::Kind::kRun);
@@ -260,6 +260,38 @@ TEST_CASE("an idle lane steals a whole group, preferring keys the victim did not
   Decision home = core.next_batch(0, clock.now());
   CHECK((ids(home.batch) == std::vector<std::uint64_t>{4, 5}));
   CHECK(home.batch.affinity_hit);
+}
+
+TEST_CASE("a thief takes higher-priority work first, even if it is warm on the victim") {
+  VirtualClock clock;
+  SchedulerCore core(no_window(2));
+  CHECK(!core.submit(make(1, "a"), 0));
+  Decision busy = core.next_batch(0, 0);  // lane 0 runs "a": "a" is warm there
+  CHECK(!core.submit(make(2, "c"), 0));   // lane 1
+  CHECK(!core.submit(make(3, "b", 0), 0));
+  CHECK(!core.submit(make(4, "a", 2), 0));
+  CHECK_EQ(core.lane_of("b"), 0u);
+  CHECK_EQ(core.lane_of("a"), 0u);
+  run(core, 1, clock);
+  Decision stolen = core.next_batch(1, clock.now());
+  CHECK_EQ(stolen.batch.affinity_key, std::string("a"));
+  (void)busy;
+}
+
+TEST_CASE("placement counts only the work that runs before the request") {
+  SchedulerConfig config = no_window(2);
+  config.placement_slack = 1;
+  SchedulerCore core(config);
+  CHECK(!core.submit(make(1, "a", 2), 0));
+  Decision d = core.next_batch(0, 0);
+  VirtualClock clock;
+  clock.advance(kMs);
+  core.complete(d.batch, all_ok(d.batch), clock.now());  // "a" is at home on lane 0
+  for (std::uint64_t i = 10; i < 14; ++i) CHECK(!core.submit(make(i, "low", 0), clock.now()));
+  CHECK_EQ(core.lane_of("low"), 0u);
+  // Four low-priority requests on lane 0 do not run before a priority-2 request.
+  CHECK(!core.submit(make(2, "a", 2), clock.now()));
+  CHECK_EQ(core.lane_of("a"), 0u);
 }
 
 TEST_CASE("no stealing from a lane that can start its only group itself") {

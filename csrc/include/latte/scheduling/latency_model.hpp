@@ -17,6 +17,9 @@ class LatencyModel {
   double per_item() const noexcept { return a_; }   // a, in nanoseconds per request
   double fixed() const noexcept { return b_; }      // b, in nanoseconds per batch
   Nanos predict(std::size_t batch_size) const noexcept;
+  // The fastest of the recent batches: a floor no request of this key finishes under, robust
+  // to the outliers (a preempted lane) that tilt the fitted line.
+  Nanos fastest() const noexcept;
 
  private:
   void refit() noexcept;

@@ -100,7 +100,7 @@ class SchedulerCore {
     ArrivalRate arrivals;
   };
 
-  std::size_t place(const std::string& key) const;
+  std::size_t place(const std::string& key, int priority) const;
   void expire(Nanos now);
   bool steal_into(std::size_t thief);
   std::map<std::string, Group>::iterator most_urgent_group(Lane& lane);
