@@ -8,8 +8,8 @@ Its cost depends on locality, as it does in a real server:
   * session requests continue a conversation whose state lives on the lane that ran the last
     turn; elsewhere the state is rebuilt by re-encoding the session's history.
 
-    .venv/bin/python benchmarks/scheduler.py            # ~3 minutes on 2 cores
-    .venv/bin/python benchmarks/scheduler.py --duration 4 --scenarios poisson   # quick look
+    .venv/bin/python benchmarks/scheduler.py            # ~4 minutes on 2 cores
+    .venv/bin/python benchmarks/scheduler.py --rounds 1 --scenarios poisson   # quick look
 """
 
 from __future__ import annotations
@@ -405,7 +405,8 @@ def calibrate(compiled: dict[int, bytes], lanes: list[list[int]], seconds: float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per run")
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per run")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per scenario")
     parser.add_argument("--load", type=float, default=0.7, help="offered load / capacity")
     parser.add_argument("--scenarios", default="poisson,poisson-full,gamma,overload")
     parser.add_argument("--seed", type=int, default=1)
@@ -425,7 +426,7 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {cores} cores; "
           f"lanes {lanes}; SLO P99 high {SLO_S[1]*1e3:.0f} ms, low {SLO_S[0]*1e3:.0f} ms")
     d = args.duration
-    capacity = 0.0  # measured again before each scenario: the machine's spare CPU drifts
+    capacity = 0.0  # measured again every round: the machine's spare CPU drifts
     scenarios = {
         "poisson": (lambda t: args.load * capacity, 1.0, None),
         "poisson-full": (lambda t: capacity, 1.0, None),
@@ -439,39 +440,44 @@ def main() -> None:
         "round-robin": lambda trace, model: run_fixed_window(trace, model, lanes, True),
     }
     for index, name in enumerate(args.scenarios.split(",")):
-        capacity = calibrate(compiled, lanes)
-        # Spare CPU on a shared machine drifts within a scenario too: rotate which policy runs
-        # first so that no policy always meets the same phase of it.
-        order = list(policies)
-        order = order[index % len(order):] + order[:index % len(order)]
         rate_at, cv, step = scenarios[name]
+        pooled: dict[str, list] = {p: [] for p in policies if p in args.policies.split(",")}
+        rounds = []
+        for round_ in range(args.rounds):
+            # Spare CPU on a shared machine drifts: capacity is measured again every round, and
+            # the policy that runs first rotates so none always meets the same phase of it.
+            capacity = calibrate(compiled, lanes, seconds=1.0)
+            rounds.append((capacity, os.getloadavg()[0]))
+            order = [p for p in policies if p in pooled]
+            shift = (index + round_) % len(order)
+            for policy in order[shift:] + order[:shift]:
+                trace = make_trace(np.random.default_rng(args.seed + round_), rate_at, d, cv)
+                model = LocalityModel(compiled, len(lanes))
+                metrics = policies[policy](trace, model)
+                pooled[policy].append((trace, model.warm_rate(), metrics))
         results = {}
-        for policy in order:
-            run = policies[policy]
-            if policy not in args.policies.split(","):
-                continue
-            trace = make_trace(np.random.default_rng(args.seed), rate_at, d, cv)
-            model = LocalityModel(compiled, len(lanes))
-            metrics = run(trace, model)
-            results[policy] = summarize(trace, d, step)
-            results[policy]["warm"] = model.warm_rate()
-            results[policy]["affinity"] = metrics.get("affinity_hit_rate", float("nan"))
-            if metrics:
-                latte_metrics = metrics
-        print(f"\n### {name} ({len(trace)} requests in {d:.0f} s, "
-              f"{'CV 4 Gamma' if cv != 1 else 'Poisson'} arrivals at "
+        for policy, runs in pooled.items():
+            everything = [r for trace, _, _ in runs for r in trace]
+            results[policy] = summarize(everything, d * len(runs), step)
+            results[policy]["rounds"] = [summarize(t, d, step)["goodput"] for t, _, _ in runs]
+            results[policy]["warm"] = float(np.mean([w for _, w, _ in runs]))
+            hits = [m["affinity_hit_rate"] for _, _, m in runs if m]
+            results[policy]["affinity"] = float(np.mean(hits)) if hits else float("nan")
+            if hits:
+                latte_metrics = [m for _, _, m in runs]
+        print(f"\n### {name} ({'CV 4 Gamma' if cv != 1 else 'Poisson'} arrivals at "
               f"{rate_at(0) / capacity:.1f}x capacity"
-              f"{', 2x capacity from %.0f to %.0f s' % step if step else ''}; capacity "
-              f"{capacity:.0f} req/s; load average {os.getloadavg()[0]:.1f})")
+              f"{', 2x capacity from %.1f to %.1f s' % step if step else ''}; {args.rounds} "
+              f"rounds of {d:.0f} s; capacity per round "
+              + ", ".join(f"{c:.0f} req/s (load avg {l:.1f})" for c, l in rounds) + ")")
         print("| policy | goodput req/s | vs fifo | SLO attain | high P50/P99/P99.9 ms "
               "| low P50/P99/P99.9 ms | rejected high/low | warm batches | affinity hits"
               + (" | step, high: P99 ms (served) / missed SLO" if step else "") + " |")
         print("|---" * (9 + bool(step)) + "|")
-        base = results.get("fifo+window", next(iter(results.values())))["goodput"]
-        for policy in (p for p in policies if p in results):
-            r = results[policy]
+        base = results.get("fifo+window", next(iter(results.values())))
+        for policy, r in results.items():
             ms = lambda p: "/".join(f"{r[p][k]*1e3:.1f}" for k in ("p50", "p99", "p999"))
-            row = (f"| {policy} | {r['goodput']:.0f} | {r['goodput']/base:.2f}x | "
+            row = (f"| {policy} | {r['goodput']:.0f} | {r['goodput']/base['goodput']:.2f}x | "
                    f"{r['attain']*100:.1f}% | {ms(1)} | {ms(0)} | "
                    f"{r[1]['rejected']*100:.1f}%/{r[0]['rejected']*100:.1f}% | "
                    f"{r['warm']*100:.0f}% | "
@@ -479,10 +485,18 @@ def main() -> None:
             if step:
                 row += f" | {r['step_high_p99']*1e3:.1f} / {r['step_high_miss']*100:.1f}%"
             print(row + " |")
-        print(f"latte: rejections {latte_metrics['rejections']}, steals {latte_metrics['steals']}, "
-              f"batches {latte_metrics['batches']}, flushed by timeout "
-              f"{latte_metrics['timeout_flush_share']*100:.1f}%, batch sizes "
-              f"{latte_metrics['batch_size_histogram']}")
+        if "latte" in results and "fifo+window" in results:
+            ratios = [a / max(b, 1e-9) for a, b in
+                      zip(results["latte"]["rounds"], results["fifo+window"]["rounds"])]
+            print("latte / fifo+window goodput per round: "
+                  + ", ".join(f"{x:.2f}x" for x in ratios) + f" (median {np.median(ratios):.2f}x)")
+        if "latte" in results:
+            rejections = collections.Counter()
+            for m in latte_metrics:
+                rejections.update(m["rejections"])
+            print(f"latte: rejections {dict(rejections)}, steals "
+                  f"{sum(m['steals'] for m in latte_metrics)}, flushed by timeout "
+                  f"{np.mean([m['timeout_flush_share'] for m in latte_metrics])*100:.1f}%")
         print("replay lag P99 (ms): " + ", ".join(
             f"{p} {r['replay_lag_p99']*1e3:.1f}" for p, r in results.items()))
 
