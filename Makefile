@@ -68,3 +68,25 @@ sanitize:
 
 clean:
 	rm -rf build $(VENV) .latte
+
+# --- scheduling (AffinityScheduler) ---
+# C++ tests of the scheduler, built apart from the wheel: Debug with invariants re-checked.
+SCHED_TEST_BUILD := build/sched-tests
+SCHED_TSAN_BUILD := build/sched-tsan
+.PHONY: test-scheduling-cpp tsan
+
+test-scheduling-cpp:
+	cmake -S . -B $(SCHED_TEST_BUILD) -DLATTE_BUILD_PYTHON=OFF -DLATTE_BUILD_TESTS=ON \
+	  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-DLATTE_DEBUG_CHECKS > /dev/null
+	cmake --build $(SCHED_TEST_BUILD) -j 2 --target test_scheduler_core stress_affinity_scheduler
+	$(SCHED_TEST_BUILD)/csrc/tests/test_scheduler_core
+	$(SCHED_TEST_BUILD)/csrc/tests/stress_affinity_scheduler
+
+# The seeded multi-threaded stress test under ThreadSanitizer; any report fails the run.
+tsan:
+	cmake -S . -B $(SCHED_TSAN_BUILD) -DLATTE_BUILD_PYTHON=OFF -DLATTE_BUILD_TESTS=ON \
+	  -DLATTE_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+	cmake --build $(SCHED_TSAN_BUILD) -j 2 --target stress_affinity_scheduler
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1" \
+	  $(SCHED_TSAN_BUILD)/csrc/tests/stress_affinity_scheduler
+# --- end scheduling ---
