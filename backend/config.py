@@ -60,6 +60,8 @@ class ModelSpec:
     arena_bytes: int = 64 << 20
     lanes: int = 1
     warmup: bool = True
+    scheduler: str = "affinity"                      # "affinity" (scheduler lanes) or "inline"
+    pin_lanes: bool = False
 
     @property
     def batched(self) -> bool:
@@ -126,11 +128,15 @@ def instance_count(config: Mapping) -> int:
     return sum(int(g.get("count", 1)) for g in groups)
 
 
-def usable_cores() -> int:
+def usable_core_ids() -> set:
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    return len(usable_core_ids())
 
 
 def parse_model_config(config: Mapping, model_dir: Path, version: str, device: str = "cpu") -> ModelSpec:
@@ -210,9 +216,15 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
             f"model {name!r}: {count} instance(s) x lanes={lanes} x intra_op_threads={intra} = "
             f"{count * lanes * intra} threads exceed the {cores} core(s) this server may use"
         )
-    warmup = params.get("warmup", "true").strip().lower()
-    if warmup not in ("true", "false", "1", "0"):
-        raise ConfigError(f"model {name!r}: parameters[\"warmup\"] must be true or false, got {warmup!r}")
+    flags = {}
+    for key, default in (("warmup", "true"), ("pin_lanes", "false")):
+        value = params.get(key, default).strip().lower()
+        if value not in ("true", "false", "1", "0"):
+            raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be true or false, got {value!r}")
+        flags[key] = value in ("true", "1")
+    scheduler = params.get("scheduler", "affinity").strip().lower()
+    if scheduler not in ("affinity", "inline"):
+        raise ConfigError(f"model {name!r}: parameters[\"scheduler\"] must be affinity or inline, got {scheduler!r}")
     return ModelSpec(
         name=name, inputs=inputs, outputs=outputs, max_batch_size=max_batch_size, runtime=runtime,
         model_path=model_path, intra_op_threads=intra, inter_op_threads=inter, instance_count=count,
@@ -220,7 +232,7 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         device=device, parameters=params, bucket_edges=bucket_edges, session_input=session_input,
         session_ttl_s=ttl, max_sessions=_int_param(params, "max_sessions", 10000),
         arena_bytes=_int_param(params, "arena_bytes", 64 << 20, minimum=1 << 16), lanes=lanes,
-        warmup=warmup in ("true", "1"),
+        warmup=flags["warmup"], pin_lanes=flags["pin_lanes"], scheduler=scheduler,
     )
 
 

@@ -65,6 +65,7 @@ class BatchEngine:
         self.allocate = allocate
         self.clock = clock
         self.on_batch = on_batch
+        self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
         self._out_dtypes = {t.name: t.dtype for t in spec.outputs}
 
     # -- the whole call -------------------------------------------------------------------
@@ -82,13 +83,20 @@ class BatchEngine:
                 work.append(Work(i, self._with_session(item, opts), opts, now))
             except RequestError as exc:
                 results[i] = exc
-        by_position = {w.position: w for w in work}
-        groups = [[by_position[pos] for pos, _ in group]
-                  for group in plan_batches(self.spec, [(w.position, w.request) for w in work], self.buckets)]
-        for group in self.order(groups):
-            for position, outcome in self.run_group(group):
-                results[position] = outcome
+        if self.dispatcher is not None:
+            results_by_position = self.dispatcher.run(work, now)
+        else:
+            results_by_position = {}
+            for group in self.order(self._groups(work)):
+                results_by_position.update(self.run_group(group))
+        for position, outcome in results_by_position.items():
+            results[position] = outcome
         return results
+
+    def _groups(self, work: Sequence[Work]) -> List[List[Work]]:
+        by_position = {w.position: w for w in work}
+        return [[by_position[pos] for pos, _ in group]
+                for group in plan_batches(self.spec, [(w.position, w.request) for w in work], self.buckets)]
 
     @staticmethod
     def order(groups: List[List[Work]]) -> List[List[Work]]:
@@ -97,8 +105,11 @@ class BatchEngine:
 
     # -- one batch ------------------------------------------------------------------------
     def run_group(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
-        """Run one batch of compatible work; a failure is retried request by request so one
-        bad request does not fail its neighbours."""
+        """Run compatible work (split where it exceeds max_batch_size rows); a failure is
+        retried request by request so one bad request does not fail its neighbours."""
+        groups = self._groups(group) if len(group) > 1 else [list(group)]
+        if len(groups) > 1:
+            return [outcome for g in groups for outcome in self.run_group(g)]
         now = self.clock()
         outcomes: List[Tuple[int, Result]] = []
         live = []

@@ -9,7 +9,8 @@ import numpy as np
 
 from latte.backend import autocomplete
 from latte.backend.buckets import BucketPlan
-from latte.backend.config import parse_args, parse_model_config
+from latte.backend.config import parse_args, parse_model_config, usable_core_ids
+from latte.backend.lanes import LaneDispatcher
 from latte.backend.engine import BatchEngine, BatchRecord
 from latte.backend.metrics import BackendMetrics, outcome_label
 from latte.backend.options import read_options
@@ -18,6 +19,19 @@ from latte.backend.responses import ResponseBuilder
 from latte.backend.precision import load_at_precision
 from latte.backend.sessions import SessionStore
 from latte.backend.warmup import warmup_requests, warmup_shapes
+
+
+def lane_cpus(spec) -> Optional[List[List[int]]]:
+    """CPU sets for pinned lanes (parameter pin_lanes), intra_op_threads cores each.
+
+    Unpinned by default: several models in one server would otherwise all pin their first
+    lane to the same core.
+    """
+    if not spec.pin_lanes:
+        return None
+    cores = sorted(usable_core_ids())
+    per = spec.intra_op_threads
+    return [cores[i * per:(i + 1) * per] for i in range(spec.lanes)]
 
 
 def instance_device(args) -> str:
@@ -44,11 +58,14 @@ class LatteModel:
             spec, self.runtime, buckets=BucketPlan(spec.bucket_edges) if spec.bucket_edges else None,
             sessions=self.sessions, session_input=spec.session_input, allocate=allocate, on_batch=self._on_batch,
         )
+        self.dispatcher = None
+        if spec.scheduler == "affinity":
+            self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, spec.lanes, lane_cpus(spec))
         self.responses = ResponseBuilder(pb, [t.name for t in spec.outputs])
         warmed = self._warmup() if spec.warmup else 0
         pb.Logger.log_info(
             f"latte: {spec.name} ready ({spec.runtime}, {spec.model_path.name}, max_batch_size={spec.max_batch_size}, "
-            f"intra_op_threads={spec.intra_op_threads}, buckets={list(spec.bucket_edges or [])}, "
+            f"intra_op_threads={spec.intra_op_threads}, scheduler={spec.scheduler}, lanes={spec.lanes}, buckets={list(spec.bucket_edges or [])}, "
             f"warmup batches={warmed}, arena={'%d MiB' % (spec.arena_bytes >> 20) if self.arena else 'off'})"
         )
 
@@ -99,6 +116,8 @@ class LatteModel:
         self.metrics.batch(record.rows, record.seconds, record.padded_length, None)
 
     def _publish_gauges(self) -> None:
+        if self.dispatcher is not None:
+            self.metrics.scheduler(self.dispatcher.metrics())
         if self.arena is not None:
             self.metrics.arena(self.arena.stats())
         if self.sessions is not None:
@@ -107,4 +126,6 @@ class LatteModel:
             self.metrics.sessions(s.live, s.started, s.ended, s.expired)
 
     def finalize(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.close()
         self.runtime.close()

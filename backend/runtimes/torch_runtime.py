@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Dict, Sequence
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from latte.backend.runtimes.base import Runtime, RuntimeLoadError
 
 _threads_set = False
+_lane = threading.local()
 
 
 def set_torch_threads(intra: int, inter: int) -> None:
@@ -44,6 +46,7 @@ class TorchRuntime(Runtime):
                 module.to(self.device)
         except Exception as exc:
             raise RuntimeLoadError(f"torch could not load {path}: {exc}") from exc
+        self.intra_op_threads = intra_op_threads
         self.half = half
         if half:
             module = module.half()
@@ -70,6 +73,10 @@ class TorchRuntime(Runtime):
 
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         torch = self._torch
+        if getattr(_lane, "threads", None) != self.intra_op_threads:
+            # OpenMP's thread count is per calling thread: scheduler lanes set their own.
+            torch.set_num_threads(self.intra_op_threads)
+            _lane.threads = self.intra_op_threads
         args = [torch.from_numpy(np.ascontiguousarray(feed[name])).to(self.device) for name in self._arg_order]
         if self.half:
             args = [a.half() if a.is_floating_point() else a for a in args]

@@ -43,7 +43,8 @@ def test_latte_metrics_appear_next_to_tritons(server, clients):
     text = urllib.request.urlopen(server.metrics_url).read().decode()
     assert "nv_inference_request_success" in text
     for series in ("latte_requests_total", "latte_batch_size_bucket", "latte_request_duration_us_count",
-                   "latte_sessions", "latte_arena_bytes", "latte_arena_fragmentation"):
+                   "latte_sessions", "latte_arena_bytes", "latte_arena_fragmentation",
+                   "latte_scheduler"):
         assert series in text, f"{series} missing from {server.metrics_url}"
     success = [line for line in text.splitlines()
                if line.startswith("latte_requests_total") and 'model="mlp_onnx"' in line and 'outcome="success"' in line]
