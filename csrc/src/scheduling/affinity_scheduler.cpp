@@ -116,6 +116,8 @@ void AffinityScheduler::run_lane(std::size_t lane, std::vector<int> cpus) {
     if (!expired.empty()) {
       lock.unlock();
       report(expired);
+      // Expiry may have emptied the queue that draining lanes are waiting to see empty.
+      changed_.notify_all();
       lock.lock();
     }
     if (decision.kind == Decision::Kind::kRun) {
@@ -165,6 +167,9 @@ void AffinityScheduler::run_lane(std::size_t lane, std::vector<int> cpus) {
       changed_.wait(lock);
     }
   }
+  lock.unlock();
+  // Whatever let this lane stop may let the others stop too.
+  changed_.notify_all();
 }
 
 }  // namespace latte::scheduling
