@@ -123,7 +123,10 @@ void AffinityScheduler::run_lane(std::size_t lane, std::vector<int> cpus) {
     if (decision.kind == Decision::Kind::kRun) {
       std::optional<Batch> next;
       if (prefetch_) next = core_.peek_next(lane);
+      // This lane is busy now: what it left queued may be worth stealing for an idle lane.
+      const bool left_work = core_.queued_on(lane) > 0;
       lock.unlock();
+      if (left_work) changed_.notify_all();
       if (next) {
         try {
           prefetch_(*next);
