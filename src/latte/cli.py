@@ -15,6 +15,7 @@ from typing import List, Optional
 # Modules that add subcommands, in the order `latte --help` lists them.
 COMMAND_MODULES = [
     "latte.commands.serving",
+    "latte.commands.generator",
 ]
 
 
