@@ -113,9 +113,9 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     feasible = [p for p in curve if 2 * p.p99_ms <= slo_ms]
     top = feasible[-1]
     b, l_b = top.batch_size, top.p99_ms
-    limit_note = ("the largest measured batch size" if top is curve[-1]
-                  else f"batch {curve[len(feasible)].batch_size} would need "
-                       f"2 x {curve[len(feasible)].p99_ms:.2f} ms > {slo_ms:g} ms")
+    beyond = curve[curve.index(top) + 1:]
+    limit_note = (f"batch {beyond[0].batch_size} would need 2 x {beyond[0].p99_ms:.2f} ms > {slo_ms:g} ms"
+                  if beyond else "the largest measured batch size")
     why.append(f"max_batch_size {b}: the largest batch with 2 x P99 l(b) within the SLO "
                f"(2 x {l_b:.2f} ms = {2 * l_b:.2f} ms <= {slo_ms:g} ms{worst_bucket}; {limit_note})")
 
