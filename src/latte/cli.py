@@ -22,6 +22,8 @@ COMMAND_MODULES = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="latte",
+        # Wide enough that every command's help stays on its own line.
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=28, width=100),
         description="Latte: a Triton backend with a buddy-allocator arena and a locality-aware "
         "scheduler, plus a generator for Triton model repositories.",
     )

@@ -55,7 +55,7 @@ def _python_tag() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def _pytriton_root() -> Optional[Path]:
+def pytriton_root() -> Optional[Path]:
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -63,7 +63,7 @@ def _pytriton_root() -> Optional[Path]:
 
 
 def _from_pytriton() -> Optional[TritonInstall]:
-    root = _pytriton_root()
+    root = pytriton_root()
     if root is None:
         return None
     server = root / "tritonserver" / "bin" / "tritonserver"

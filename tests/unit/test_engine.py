@@ -1,0 +1,74 @@
+"""The batch engine on real exported models, without tritonserver."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from latte.backend.config import parse_model_config
+from latte.backend.engine import BatchEngine, ModelError
+from latte.backend.requests import ParsedRequest, RequestError
+from latte.backend.runtimes import RuntimeLoadError, load_runtime
+from latte.examples import EXAMPLES, reference_runner
+from latte.generator.validate import parse_config_file
+from google.protobuf.json_format import MessageToDict
+
+
+def engine_for(repo, model):
+    config = MessageToDict(parse_config_file(repo / model / "config.pbtxt"), preserving_proto_field_name=True)
+    spec = parse_model_config(config, repo / model, "1")
+    runtime = load_runtime(spec.runtime, spec.model_path, [t.name for t in spec.inputs],
+                           [t.name for t in spec.outputs], spec.intra_op_threads, spec.inter_op_threads)
+    return spec, BatchEngine(spec, runtime)
+
+
+@pytest.mark.parametrize("model", ["sequence_onnx", "sequence_torchscript", "cnn_onnx", "mlp_torchscript"])
+def test_one_batched_call_matches_each_request_run_alone(example_repo, model):
+    info = json.loads((example_repo / "examples.json").read_text())[model]
+    example = EXAMPLES[info["example"]]
+    spec, engine = engine_for(example_repo, model)
+    rng = np.random.default_rng(1)
+    feeds = [example.sample(rows, rng) for rows in (1, 3, 2)]
+    results = engine.infer([ParsedRequest(inputs=f, rows=next(iter(f.values())).shape[0]) for f in feeds])
+    reference = reference_runner(example_repo, model)
+    name = example.outputs[0].name
+    for feed, result in zip(feeds, results):
+        np.testing.assert_allclose(result[name], reference(feed)[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_request_that_failed_to_parse_keeps_its_error_and_the_rest_run(example_repo):
+    spec, engine = engine_for(example_repo, "mlp_onnx")
+    feed = EXAMPLES["mlp"].sample(2, np.random.default_rng(2))
+    bad = RequestError("input 'features': expected data type FP32, got FP64")
+    results = engine.infer([bad, ParsedRequest(inputs=feed, rows=2)])
+    assert results[0] is bad
+    assert results[1]["logits"].shape == (2, 8)
+
+
+class RejectsNegative(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x < 0).any()):
+            raise ValueError("negative input")
+        return x * 2.0
+
+
+def test_a_model_exception_fails_only_the_request_that_caused_it(tmp_path):
+    model_dir = tmp_path / "picky"
+    (model_dir / "1").mkdir(parents=True)
+    torch.jit.script(RejectsNegative()).save(str(model_dir / "1" / "model.pt"))
+    config = {"name": "picky", "max_batch_size": 8,
+              "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
+              "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]}
+    spec = parse_model_config(config, model_dir, "1")
+    engine = BatchEngine(spec, load_runtime("torchscript", spec.model_path, ["x"], ["y"], 1, 1))
+    requests = [ParsedRequest(inputs={"x": np.full((1, 2), v, np.float32)}, rows=1) for v in (1.0, -1.0, 3.0)]
+    ok1, failed, ok2 = engine.infer(requests)
+    np.testing.assert_array_equal(ok1["y"], [[2.0, 2.0]])
+    np.testing.assert_array_equal(ok2["y"], [[6.0, 6.0]])
+    assert isinstance(failed, ModelError) and "negative input" in str(failed)
+
+
+def test_onnx_runtime_refuses_a_config_that_names_tensors_the_graph_lacks(example_repo):
+    with pytest.raises(RuntimeLoadError, match="config and ONNX graph disagree"):
+        load_runtime("onnx", example_repo / "mlp_onnx" / "1" / "model.onnx", ["wrong"], ["logits"], 1, 1)

@@ -1,0 +1,70 @@
+"""The request reader on objects shaped like the stub's requests (inputs() -> tensors)."""
+
+import numpy as np
+import pytest
+
+from latte.backend.config import ModelSpec, TensorSpec
+from latte.backend.requests import RequestError, RequestReader
+
+
+class Tensor:
+    def __init__(self, name, array):
+        self._name, self._array = name, array
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+
+class Request:
+    def __init__(self, parameters="", **arrays):
+        self._tensors = [Tensor(k, v) for k, v in arrays.items()]
+        self._parameters = parameters
+
+    def inputs(self):
+        return self._tensors
+
+    def parameters(self):
+        return self._parameters
+
+
+SPEC = ModelSpec(
+    name="seq", inputs=(TensorSpec("tokens", np.dtype(np.int64), (-1,), ragged=True),
+                        TensorSpec("scale", np.dtype(np.float32), (1,))),
+    outputs=(TensorSpec("embedding", np.dtype(np.float32), (32,)),), max_batch_size=4, runtime="onnx",
+    model_path=None, intra_op_threads=1, inter_op_threads=1, instance_count=1, max_sequence_length=16,
+)
+
+
+def good(rows=2, length=5):
+    return Request(tokens=np.ones((rows, length), np.int64), scale=np.ones((rows, 1), np.float32))
+
+
+def test_a_good_request_is_read_with_its_rows_and_parameters():
+    request = good(rows=3)
+    request._parameters = '{"priority": 2}'
+    parsed = RequestReader(SPEC).read(request)
+    assert parsed.rows == 3
+    assert parsed.inputs["tokens"].shape == (3, 5)
+    assert parsed.parameters == {"priority": 2}
+
+
+@pytest.mark.parametrize("request_, message", [
+    (Request(tokens=np.ones((1, 5), np.int32), scale=np.ones((1, 1), np.float32)),
+     "input 'tokens': expected data type INT64, got INT32"),
+    (Request(tokens=np.ones((1, 5), np.int64), scale=np.ones((1, 2), np.float32)),
+     r"input 'scale': expected shape \[-1, 1\], got \[1, 2\]"),
+    (Request(tokens=np.ones((1, 5), np.int64)), r"missing input\(s\) \['scale'\]"),
+    (Request(tokens=np.ones((1, 5), np.int64), scale=np.ones((1, 1), np.float32), extra=np.ones(1)),
+     "unexpected input 'extra'"),
+    (good(rows=5), "batch of 5 rows; this model takes 1 to 4 rows"),
+    (good(length=17), "length 17 exceeds this model's maximum of 16"),
+    (Request(tokens=np.ones((2, 5), np.int64), scale=np.ones((1, 1), np.float32)), "disagree on the batch size"),
+    (Request(parameters="{not json", tokens=np.ones((1, 5), np.int64), scale=np.ones((1, 1), np.float32)),
+     "not valid JSON"),
+])
+def test_bad_requests_say_what_was_wrong_and_what_was_expected(request_, message):
+    with pytest.raises(RequestError, match=message):
+        RequestReader(SPEC).read(request_)
