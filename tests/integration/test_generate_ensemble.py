@@ -15,6 +15,7 @@ def test_generated_ensemble_matches_the_pipeline_in_process(tmp_path):
     from latte.examples.pipeline import run_in_process, write_pipeline
     from latte.generator.generate import generate
     from latte.generator.profile_data import Profile
+    from latte.generator.verify import verify
     from latte.triton import TritonServer
 
     pipe = tmp_path / "pipe"
@@ -58,3 +59,13 @@ def test_generated_ensemble_matches_the_pipeline_in_process(tmp_path):
         request.set_data_from_numpy(batch)
         np.testing.assert_allclose(grpc.infer("embed_text", [request]).as_numpy("EMBEDDING"),
                                    expected["EMBEDDING"], rtol=1e-4, atol=1e-5)
+
+        # The loop closes: perf_analyzer at the derived operating point against the running server.
+        report = verify(repo, "embed_text", 50, url=server.grpc_url, measurement_ms=1000)
+        config = encoder.context
+        assert report.concurrency == min(config["instance_groups"][0]["count"] * config["max_batch_size"],
+                                         config["dynamic_batching"]["default_queue_policy"]["max_queue_size"])
+        assert report.throughput > 0 and 0 < report.p50_ms <= report.p99_ms
+        assert report.slo_met == (report.p99_ms <= 50)
+        assert (report.suggestion is None) == report.slo_met
+        assert "embed_text: P99" in report.text()

@@ -104,6 +104,8 @@ against --slo-ms, and, when the SLO does not hold, suggest the one setting to ch
     p.add_argument("--concurrency", type=int, help="requests in flight (default: from the config)")
     p.add_argument("--length", type=int, default=16, help="length used for variable input dimensions (default 16)")
     p.add_argument("--measurement-ms", type=int, default=3000, help="perf_analyzer measurement window")
+    p.add_argument("--url", metavar="HOST:PORT", help="gRPC endpoint of a tritonserver already serving REPO "
+                   "(default: start one)")
     p.add_argument("--tritonserver", metavar="PATH", help="tritonserver binary or install root")
     p.add_argument("--backend-directory", metavar="DIR", help="folder holding Triton's python/ backend")
     p.set_defaults(handler=_verify)
@@ -188,8 +190,8 @@ def _verify(args) -> int:
     from latte.generator.verify import verify
     from latte.triton import find_triton
 
-    report = verify(Path(args.repo), args.model, args.slo_ms, install=find_triton(args.tritonserver,
-                    args.backend_directory), concurrency=args.concurrency, length=args.length,
-                    measurement_ms=args.measurement_ms)
+    install = None if args.url else find_triton(args.tritonserver, args.backend_directory)
+    report = verify(Path(args.repo), args.model, args.slo_ms, install=install, concurrency=args.concurrency,
+                    length=args.length, measurement_ms=args.measurement_ms, url=args.url)
     print(report.text())
     return 0 if report.slo_met else 1
