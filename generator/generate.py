@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 
 from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, StepWiring, TensorInfo, check_ensemble
-from latte.generator.derive import Derivation, derive
+from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
 from latte.generator.profile_data import Profile
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
 from latte.generator.templates import render
@@ -67,7 +67,8 @@ def _merge(base: Dict, extra: Dict) -> Dict:
 
 def _latte_plan(spec: PipelineSpec, model: ModelEntry, profile: Profile) -> ModelPlan:
     doc = spec.source
-    d = derive(profile, model.slo_ms, model.arrival_rate, spec.cores, spec.gpus, model.priority_levels)
+    overhead = DEFAULT_BACKEND_OVERHEAD_MS if model.backend_overhead_ms is None else model.backend_overhead_ms
+    d = derive(profile, model.slo_ms, model.arrival_rate, spec.cores, spec.gpus, model.priority_levels, overhead)
     over = model.overrides
     max_batch = int(over.get("max_batch_size", d.max_batch_size))
     dynamic = _merge(d.dynamic_batching, over.get("dynamic_batching") or {})

@@ -43,7 +43,8 @@ LATTE_RUNTIMES = {".pt": "torchscript", ".ts": "torchscript", ".pt2": "torch_exp
 BACKENDS = ("latte", "python")
 PYTHON_DEFAULT_MAX_BATCH = 16
 MODEL_KEYS = {"name", "file", "backend", "runtime", "slo_ms", "arrival_rate", "priority_levels", "profile",
-              "overrides", "inputs", "outputs", "max_batch_size", "instance_count", "intra_op_threads"}
+              "overrides", "inputs", "outputs", "max_batch_size", "instance_count", "intra_op_threads",
+              "backend_overhead_ms"}
 OVERRIDE_KEYS = {"max_batch_size", "dynamic_batching", "instance_count", "instance_kind", "parameters"}
 ENSEMBLE_KEYS = {"name", "max_batch_size", "inputs", "outputs", "steps"}
 STEP_KEYS = {"model", "inputs", "outputs"}
@@ -79,6 +80,7 @@ class ModelEntry:
     max_batch_size: Optional[int] = None
     instance_count: int = 1
     intra_op_threads: int = 1
+    backend_overhead_ms: Optional[float] = None
 
 
 @dataclass
@@ -220,7 +222,7 @@ def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
         for key in ("inputs", "outputs"):
             if key not in raw:
                 raise doc.error(path + (key,), "missing; a python model declares its inputs and outputs")
-        for key in ("slo_ms", "profile", "runtime", "arrival_rate", "overrides"):
+        for key in ("slo_ms", "profile", "runtime", "arrival_rate", "overrides", "backend_overhead_ms"):
             if key in raw:
                 raise doc.error(path + (key,), "only latte models are profiled and derived; remove it")
         if entry.max_batch_size is None:
@@ -239,6 +241,8 @@ def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
     entry.priority_levels = reader.optional(raw, path, "priority_levels", reader.number, integer=True) or 0
     entry.intra_op_threads = reader.optional(raw, path, "intra_op_threads", reader.number, integer=True,
                                              minimum=1) or 1
+    overhead = reader.optional(raw, path, "backend_overhead_ms", reader.number)
+    entry.backend_overhead_ms = float(overhead) if overhead is not None else None
     if "profile" in raw:
         entry.profile = directory / reader.string(path + ("profile",))
         if not entry.profile.exists():

@@ -126,3 +126,14 @@ def test_thread_budget_larger_than_cores_is_refused():
 def test_bad_arguments_are_refused(kwargs, message):
     with pytest.raises(DerivationError, match=message):
         derive(make_profile(SATURATING), **kwargs)
+
+
+def test_backend_overhead_is_added_to_every_batch():
+    # l(b) + 1 ms: 2 x l(32) = 18 <= 20 still, but the slack shrinks from 4 ms to 2 ms.
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2, backend_overhead_ms=1.0)
+    assert d.max_batch_size == 32
+    assert d.dynamic_batching["max_queue_delay_microseconds"] == 2000
+    # With 2 ms of overhead 2 x (8 + 2) = 20 still fits; with 3 ms only batch 16 does.
+    assert derive(make_profile(SATURATING), slo_ms=20, backend_overhead_ms=3.0).max_batch_size == 16
+    with pytest.raises(DerivationError, match="backend_overhead_ms must be >= 0"):
+        derive(make_profile(SATURATING), slo_ms=20, backend_overhead_ms=-1)

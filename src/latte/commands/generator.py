@@ -42,6 +42,8 @@ examples:
     p.add_argument("--max-latency-ms", type=float, default=2000.0, help="stop a sweep once one call is slower")
     p.add_argument("--min-seconds", type=float, default=0.2, help="time spent measuring each point (default 0.2)")
     p.add_argument("--slo-ms", type=float, help="also derive and print the settings for this P99 SLO")
+    p.add_argument("--backend-overhead-ms", type=float, default=1.0,
+                   help="per-batch serving cost added to measured latencies when deriving (default 1.0)")
     p.add_argument("-o", "--out", default=".", help="output folder (default: current folder)")
     p.set_defaults(handler=_profile)
 
@@ -138,7 +140,8 @@ def _profile(args) -> int:
         from latte.generator.derive import derive
         from latte.generator.spec import usable_cores
 
-        print(derivation_report(Path(args.model_file).stem, derive(profile, args.slo_ms, cores=usable_cores())))
+        print(derivation_report(Path(args.model_file).stem, derive(profile, args.slo_ms, cores=usable_cores(),
+                                                                    backend_overhead_ms=args.backend_overhead_ms)))
     return 0
 
 
