@@ -186,19 +186,21 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     else:
         why.append("priority_levels: not set; one class of traffic")
 
-    # A request that has already waited SLO - l(b) cannot finish in time: reject it early,
-    # and keep no more requests than can be served within the SLO.
+    # A request that has already waited SLO - l(b) cannot finish in time: it yields to
+    # requests that still can (DELAY). Rejecting it instead fails whole clients on a
+    # momentary stall (perf_analyzer aborts on the first rejection); REJECT is an override.
+    # The queue holds no more requests than can be served within the SLO.
     timeout_us = int((slo_ms - l_b) * 1000.0)
     batches_in_slo = max(1, int((slo_ms - l_b) // l_b))
     queue_size = count * b * batches_in_slo
     dynamic["default_queue_policy"] = {
-        "timeout_action": "REJECT",
+        "timeout_action": "DELAY",
         "default_timeout_microseconds": timeout_us,
         "allow_timeout_override": "true",
         "max_queue_size": queue_size,
     }
     why.append(f"default_queue_policy: timeout {timeout_us} us (SLO - l(b): a request queued longer cannot "
-               f"finish in time, so it is rejected); max_queue_size {queue_size} = {count} instance(s) x batch "
+               f"finish in time, so it yields to requests that still can); max_queue_size {queue_size} = {count} instance(s) x batch "
                f"{b} x {batches_in_slo} batch(es) that fit in the SLO after the first")
 
     parameters = {"intra_op_threads": str(intra), "inter_op_threads": "1"}

@@ -69,12 +69,12 @@ def test_instances_follow_the_arrival_rate():
     assert d.instance_count == 3
 
 
-def test_queue_policy_rejects_requests_that_cannot_make_the_slo():
+def test_queue_policy_delays_requests_that_cannot_make_the_slo():
     d = derive(make_profile(SATURATING), slo_ms=20, cores=2)
     policy = d.dynamic_batching["default_queue_policy"]
     assert policy["default_timeout_microseconds"] == 12000      # 20 - l(32) = 12 ms
     assert policy["max_queue_size"] == 2 * 32 * 1               # 2 instances x 32 x one more batch in 12 ms
-    assert policy["timeout_action"] == "REJECT"
+    assert policy["timeout_action"] == "DELAY"
 
 
 def test_priority_levels_only_when_asked():
