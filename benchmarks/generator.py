@@ -69,7 +69,7 @@ def variants(generated: dict):
 def bench_model(example_name: str, work: Path, install) -> dict:
     from latte.examples import EXAMPLES, export
     from latte.generator.derive import derive
-    from latte.generator.generate import _latte_plan
+    from latte.generator.generate import plan_latte_model
     from latte.generator.profile import ProfileOptions, profile_model
     from latte.generator.render import write_model
     from latte.generator.spec import ModelEntry, PipelineSpec
@@ -89,7 +89,7 @@ def bench_model(example_name: str, work: Path, install) -> dict:
     derivation = derive(profile, slo, cores=cores)
     spec = PipelineSpec(Located("benchmark", {}, {}), work, [], [], cores, 0)
     entry = ModelEntry(name="generated", backend="latte", file=model_file, path=(), runtime="onnx", slo_ms=slo)
-    plan = _latte_plan(spec, entry, profile)
+    plan = plan_latte_model(spec, entry, profile)
 
     repo = work / f"repo_{example_name}"
     shutil.rmtree(repo, ignore_errors=True)

@@ -65,7 +65,7 @@ def _merge(base: Dict, extra: Dict) -> Dict:
     return merged
 
 
-def _latte_plan(spec: PipelineSpec, model: ModelEntry, profile: Profile) -> ModelPlan:
+def plan_latte_model(spec: PipelineSpec, model: ModelEntry, profile: Profile) -> ModelPlan:
     doc = spec.source
     overhead = DEFAULT_BACKEND_OVERHEAD_MS if model.backend_overhead_ms is None else model.backend_overhead_ms
     d = derive(profile, model.slo_ms, model.arrival_rate, spec.cores, spec.gpus, model.priority_levels, overhead)
@@ -112,7 +112,7 @@ def _latte_plan(spec: PipelineSpec, model: ModelEntry, profile: Profile) -> Mode
     return ModelPlan(model.name, "latte", context, {model_file: model.file}, warmup_files, d, profile)
 
 
-def _python_plan(model: ModelEntry) -> ModelPlan:
+def plan_python_model(model: ModelEntry) -> ModelPlan:
     context = {
         "name": model.name, "backend": "python", "max_batch_size": model.max_batch_size,
         "inputs": [t.context() for t in model.inputs], "outputs": [t.context() for t in model.outputs],
@@ -226,9 +226,9 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
     plans = []
     for model in spec.models:
         if model.backend == "python":
-            plans.append(_python_plan(model))
+            plans.append(plan_python_model(model))
         else:
-            plans.append(_latte_plan(spec, model, load_or_profile(spec, model, profiles_dir, log)))
+            plans.append(plan_latte_model(spec, model, load_or_profile(spec, model, profiles_dir, log)))
     interfaces = {p.name: _interface(p) for p in plans}
     ensembles = check_spec_ensembles(spec, interfaces)
     repo.mkdir(parents=True, exist_ok=True)

@@ -129,3 +129,20 @@ def test_cli_generate_prints_the_reasons(sequence_pipeline, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "max_batch_size 16: the largest batch with 2 x P99" in out
     assert "validated" in out
+
+
+@pytest.mark.parametrize("command", ["profile", "generate", "validate", "verify"])
+def test_every_generator_command_has_help_with_an_example(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "example" in out and f"latte {command}" in out
+
+
+def test_cli_spec_errors_are_one_clear_line(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("models:\n  - name: m\n    file: missing.onnx\n    slo_ms: 5\n")
+    assert main(["generate", str(spec), "-o", str(tmp_path / "repo")]) == 1
+    err = capsys.readouterr().err
+    assert "spec.yaml:3: models[0].file: file" in err and "missing.onnx does not exist" in err
