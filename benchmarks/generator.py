@@ -71,7 +71,7 @@ def variants(generated: dict):
     return out
 
 
-def bench_model(example_name: str, work: Path, install) -> dict:
+def bench_model(example_name: str, work: Path, install, rounds: int = ROUNDS) -> dict:
     from latte.examples import EXAMPLES, export
     from latte.generator.derive import derive
     from latte.generator.generate import plan_latte_model
@@ -108,7 +108,7 @@ def bench_model(example_name: str, work: Path, install) -> dict:
 
     results = {name: {"rounds": [], "rows": [], "wall_s": 0.0} for name in contexts}
     with TritonServer(repo, install=install) as server:
-        for round_index in range(ROUNDS):
+        for round_index in range(rounds):
             order = list(contexts) if round_index % 2 == 0 else list(reversed(contexts))
             for name in order:
                 best, rows, wall = measure(f"{example_name}_{name}", server.grpc_url, data, slo)
@@ -120,7 +120,7 @@ def bench_model(example_name: str, work: Path, install) -> dict:
                       f"({wall:.0f} s)", flush=True)
     for entry in results.values():
         entry["best"] = float(statistics.median(entry["rounds"]))
-        entry["wall_s"] /= ROUNDS
+        entry["wall_s"] /= rounds
     sweep = {k: v for k, v in results.items() if k.startswith("sweep_")}
     best_sweep = max(sweep, key=lambda k: sweep[k]["best"])
     return {
@@ -138,6 +138,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="mlp,cnn,sequence")
     parser.add_argument("--out", default=".latte/bench-generator")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (default {ROUNDS})")
     args = parser.parse_args(argv)
     from latte.triton import find_triton
 
@@ -149,8 +150,8 @@ def main(argv=None) -> int:
     install = find_triton()
     rows = []
     for name in args.models.split(","):
-        print(f"{name}: profiling, deriving, serving {2 + 8} configs, {ROUNDS} rounds", flush=True)
-        rows.append(bench_model(name, work, install))
+        print(f"{name}: profiling, deriving, serving {2 + 8} configs, {args.rounds} rounds", flush=True)
+        rows.append(bench_model(name, work, install, args.rounds))
     (work / "results.json").write_text(json.dumps(rows, indent=2))
     print()
     print("| model | SLO P99 | generated infer/s | default infer/s | sweep best infer/s (config) | generated / sweep "

@@ -124,8 +124,10 @@ def verify(repo: Path, model: str, slo_ms: float, install=None, concurrency: Opt
         data = write_input_data(Path(tmp) / "inputs.json", input_samples(config, length))
 
         def measure(server_url: str):
+            # A wide stability band: on a shared machine the default rarely settles, and the
+            # verdict rests on P99 against the SLO, not on a tight throughput estimate.
             return run_perf_analyzer(model, server_url, protocol="grpc", concurrency=[level], input_data=data,
-                                     measurement_ms=measurement_ms)[0]
+                                     measurement_ms=measurement_ms, max_trials=8, stability_percentage=60.0)[0]
 
         if url:
             point = measure(url)
