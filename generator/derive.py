@@ -72,15 +72,6 @@ def _knee(curve: List[Point], limit: int) -> Point:
     return knee
 
 
-def batch_fixed_cost_ms(curve: List[Point]) -> float:
-    """The intercept of the mean latency curve: the part of a batch's time that does not grow with rows."""
-    if len(curve) < 2:
-        return curve[0].mean_ms
-    first, second = curve[0], curve[1]
-    per_row = (second.mean_ms - first.mean_ms) / (second.batch_size - first.batch_size)
-    return max(0.0, first.mean_ms - per_row * first.batch_size)
-
-
 def bucket_edges(profile: Profile, batch_size: int) -> List[int]:
     """Sequence lengths worth their own bucket: merge neighbours whose latency is within 15%."""
     lengths = [b for b in profile.buckets() if b is not None]
@@ -164,21 +155,26 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
         why.append(f"instance count {count} ({kind}): no arrival rate given, so every slot of the thread budget "
                    f"is used ({budget_text}; instances x intra_op_threads <= cores)")
 
-    # Queue delay: wait for a batch to form, but never past the SLO's slack. While every
-    # instance is busy the queue fills by itself; the delay only acts when an instance is
-    # idle, where waiting longer than a batch's fixed cost (what launching one more batch
-    # would cost) only adds latency.
+    # Queue delay. While every instance is busy the queue fills by itself, so the delay only
+    # acts when an instance idles; there, a batch that cannot fill waits the whole delay
+    # (closed-loop clients never fill it). Waiting pays only when the arrival rate needs
+    # batches larger than what forms by itself: then wait for the smallest batch b_req
+    # that keeps up, as Nexus does, but never past the SLO's slack.
     slack_us = (slo_ms - 2 * l_b) * 1000.0
     if arrival_rate:
-        fill_us = (b - 1) / (arrival_rate / count) * 1e6
-        fill_text = f"{b - 1} more request(s) at {arrival_rate / count:g} req/s per instance take {fill_us:.0f} us"
+        keeping_up = [p for p in curve if p.batch_size <= b
+                      and count * p.throughput * TARGET_UTILISATION >= arrival_rate]
+        b_req = keeping_up[0].batch_size if keeping_up else b
+        fill_us = (b_req - 1) / (arrival_rate / count) * 1e6
+        fill_text = (f"batches of {b_req} keep up with {arrival_rate:g} req/s; {b_req - 1} more request(s) at "
+                     f"{arrival_rate / count:g} req/s per instance take {fill_us:.0f} us")
     else:
-        fill_us = batch_fixed_cost_ms(curve) * 1000.0
-        fill_text = (f"without a rate, wait at most a batch's fixed cost 2 x l(1) - l(2) = {fill_us:.0f} us "
-                     "(mean latencies): no more than launching one more batch would cost")
+        fill_us = 0.0
+        fill_text = ("no arrival rate given: batches form from the queue that builds while instances are busy, "
+                     "and waiting at an idle instance only adds latency")
     delay_us = int(max(0.0, min(slack_us, fill_us)))
     why.append(f"max_queue_delay_microseconds {delay_us}: min(SLO slack {slo_ms:g} ms - 2 x {l_b:.2f} ms = "
-               f"{slack_us:.0f} us, fill time: {fill_text})")
+               f"{slack_us:.0f} us, wait worth paying: {fill_text})")
 
     dynamic: Dict = {"max_queue_delay_microseconds": delay_us}
     knee = _knee(curve, b)

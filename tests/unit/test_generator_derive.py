@@ -26,19 +26,25 @@ def test_max_batch_is_largest_with_twice_p99_within_slo():
     assert d.worst_case_ms <= 20
 
 
-def test_queue_delay_is_a_batch_fixed_cost_without_a_rate():
-    # l(1) = l(2) = 2 ms: all of a small batch's time is fixed, so waiting up to 2 ms costs no more
-    # than launching another batch; the slack (20 - 2 x 8 = 4 ms) allows it.
+def test_no_queue_delay_without_a_rate():
+    # Without a rate nothing says more requests will come while an instance idles.
     d = derive(make_profile(SATURATING), slo_ms=20, cores=2)
-    assert d.dynamic_batching["max_queue_delay_microseconds"] == 2000
-    assert d.worst_case_ms == pytest.approx(18.0)
-    # Linear curve 1 + 0.5 b: fixed cost 1 ms.
-    assert derive(make_profile({1: 1.5, 2: 2.0, 4: 3.0}), slo_ms=20).dynamic_batching[
-        "max_queue_delay_microseconds"] == 1000
+    assert d.dynamic_batching["max_queue_delay_microseconds"] == 0
+    assert d.worst_case_ms == pytest.approx(16.0)
+
+
+def test_queue_delay_waits_for_the_batch_the_rate_needs():
+    # 3000 req/s on one instance: batch 1 gives 500 rows/s, 2 -> 1000, 4 -> 2000, 8 -> 4000 (x 0.8 = 3200 >= 3000).
+    # Filling 7 more slots at 3000 req/s takes 2333 us, within the slack 20 - 2 x 8 = 4 ms.
+    d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=3000, cores=1)
+    assert d.dynamic_batching["max_queue_delay_microseconds"] == 2333
+    # A light load that batch 1 already serves needs no waiting.
+    assert derive(make_profile(SATURATING), slo_ms=20, arrival_rate=100, cores=1).dynamic_batching[
+        "max_queue_delay_microseconds"] == 0
 
 
 def test_queue_delay_never_exceeds_the_slack_left_by_two_batches():
-    d = derive(make_profile(SATURATING), slo_ms=17, cores=2)
+    d = derive(make_profile(SATURATING), slo_ms=17, arrival_rate=3000, cores=1)
     assert d.dynamic_batching["max_queue_delay_microseconds"] == 1000  # 17 - 2 x 8 ms
     assert d.worst_case_ms == pytest.approx(17.0)
 
@@ -116,7 +122,7 @@ def test_bucket_edges_merge_lengths_with_similar_latency():
 def test_every_chosen_number_is_explained():
     d = derive(make_profile(SATURATING), slo_ms=20, cores=2)
     text = d.explain()
-    for word in ("max_batch_size 32", "instance count 2", "max_queue_delay_microseconds 2000",
+    for word in ("max_batch_size 32", "instance count 2", "max_queue_delay_microseconds 0",
                  "preferred_batch_size [8]", "default_queue_policy", "arena_bytes"):
         assert word in text
 
@@ -140,13 +146,11 @@ def test_bad_arguments_are_refused(kwargs, message):
 
 
 def test_backend_overhead_is_added_to_every_batch():
-    # l(b) + 1 ms: 2 x l(32) = 18 <= 20 still, but the slack shrinks from 4 ms to 2 ms while the
-    # fixed cost grows from 2 ms to 3 ms.
-    d = derive(make_profile(SATURATING), slo_ms=20, cores=2, backend_overhead_ms=1.0)
+    # l(b) + 1 ms: 2 x l(32) = 18 <= 20 still, but the slack shrinks from 4 ms to 2 ms.
+    d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=3000, cores=1, backend_overhead_ms=1.0)
     assert d.max_batch_size == 32
     assert d.dynamic_batching["max_queue_delay_microseconds"] == 2000
-    assert derive(make_profile(SATURATING), slo_ms=30, backend_overhead_ms=1.0).dynamic_batching[
-        "max_queue_delay_microseconds"] == 3000
+    assert d.worst_case_ms == pytest.approx(20.0)
     # With 2 ms of overhead 2 x (8 + 2) = 20 still fits; with 3 ms only batch 16 does.
     assert derive(make_profile(SATURATING), slo_ms=20, backend_overhead_ms=3.0).max_batch_size == 16
     with pytest.raises(DerivationError, match="backend_overhead_ms must be >= 0"):
