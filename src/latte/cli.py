@@ -15,15 +15,32 @@ from typing import List, Optional
 # Modules that add subcommands, in the order `latte --help` lists them.
 COMMAND_MODULES = [
     "latte.commands.serving",
+    "latte.commands.deploy",
     "latte.commands.generator",
 ]
+
+
+class CommandListFormatter(argparse.HelpFormatter):
+    """Keeps each command's help on the command's own line.
+
+    argparse sizes the name column without the extra indent of subcommands, so
+    longer names (install-backend) would push their help onto the next line.
+    """
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=30, width=100)
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction) and action.choices:
+            longest = max(len(name) for name in action.choices)
+            self._action_max_length = max(self._action_max_length, longest + self._current_indent + 4)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="latte",
-        # Wide enough that every command's help stays on its own line.
-        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=28, width=100),
+        formatter_class=CommandListFormatter,
         description="Latte: a Triton backend with a buddy-allocator arena and a locality-aware "
         "scheduler, plus a generator for Triton model repositories.",
     )

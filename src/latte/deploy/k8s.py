@@ -1,0 +1,181 @@
+"""Render Kubernetes manifests that serve a latte model repository with Triton.
+
+    OUT/deployment.yaml service.yaml hpa.yaml pdb.yaml   `kubectl apply -f OUT/`
+    OUT/inferenceservice.yaml                            instead of those four, with --kserve
+    OUT/prometheus-adapter/values.yaml                   the custom-metrics rule the HPA reads
+    OUT/image/Dockerfile                                 the Latte-on-Triton image the pods run
+    OUT/README.md                                        the commands, in order
+
+Every manifest is checked against its API schema before this returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from latte.deploy.errors import DeployError
+from latte.deploy.options import DEFAULT_TRITON_IMAGE, K8sOptions
+from latte.deploy.repository import RepositoryFacts, read_repository
+
+TRITON_VERSION = "2.51"
+PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+EXIT_TIMEOUT_S = 30
+# Pods get this long (x 5 s) to load every model before the startup probe gives up.
+STARTUP_FAILURE_THRESHOLD = 120
+GCS_CREDENTIALS_DIR = "/var/run/secrets/latte-storage"
+# The runtimes a Dockerfile installs when it is rendered without a repository.
+DEFAULT_RUNTIME_PACKAGES = ("onnxruntime", "torch")
+
+MANIFESTS = ("deployment.yaml", "service.yaml", "hpa.yaml", "pdb.yaml")
+KSERVE_MANIFESTS = ("inferenceservice.yaml",)
+METRICS = {
+    "queue-time": ("latte_queue_time_us_per_request",
+                   "Scales on the average time a request waits in Triton's queue (microseconds), per pod."),
+    "pending": ("latte_pending_requests",
+                "Scales on requests waiting in Triton's scheduler (nv_inference_pending_request_count), per pod."),
+}
+
+
+@dataclass(frozen=True)
+class RenderedDeployment:
+    out_dir: Path
+    manifests: List[Path]         # what `kubectl apply -f` takes
+    files: List[Path]             # everything written
+    repository: RepositoryFacts
+    gpus: int
+    cpu: str
+    options: K8sOptions
+
+
+def _gpus(options: K8sOptions, facts: RepositoryFacts) -> int:
+    needed = facts.gpus_needed
+    if options.gpus is None:
+        return needed
+    if options.gpus < needed:
+        raise DeployError(
+            f"--gpus {options.gpus} is too few: model(s) {', '.join(facts.gpu_models)} use KIND_GPU instance "
+            f"groups that need {needed} GPU(s) per pod; pass --gpus {needed} or more, or change their "
+            "instance_group to KIND_CPU"
+        )
+    return options.gpus
+
+
+def _model_source(options: K8sOptions) -> Dict:
+    """Triton's --model-repository argument, and the volume or credentials that back it."""
+    uri = options.model_uri
+    source = {"model_repository": uri, "model_volume": None, "storage_env": {},
+              "storage_secret": options.storage_secret, "storage_secret_as_file": False,
+              "storage_secret_mount": GCS_CREDENTIALS_DIR}
+    if uri.startswith("pvc://"):
+        if options.storage_secret:
+            raise DeployError("--storage-secret is for s3://, gs:// and as:// model locations; "
+                              "a pvc:// volume needs no credentials")
+        claim, _, sub_path = uri[len("pvc://"):].partition("/")
+        source["model_repository"] = "/models"
+        source["model_volume"] = {"claim": claim, "sub_path": sub_path.strip("/"), "mount_path": "/models"}
+    elif uri.startswith("gs://") and options.storage_secret:
+        # Triton's GCS client reads a service-account key file named by this variable.
+        source["storage_secret_as_file"] = True
+        source["storage_env"] = {"GOOGLE_APPLICATION_CREDENTIALS": f"{GCS_CREDENTIALS_DIR}/key.json"}
+    return source
+
+
+def manifest_context(options: K8sOptions, facts: RepositoryFacts) -> Dict:
+    """Everything the k8s/ templates read; `options` must be checked already."""
+    gpus = _gpus(options, facts)
+    if options.scale_metric == "queue-time" and options.target_queue_us <= facts.max_queue_delay_us:
+        raise DeployError(
+            f"--target-queue-us {options.target_queue_us} is not above the longest dynamic-batching delay of the "
+            f"repository ({facts.max_queue_delay_us} us): every request would count as late and the autoscaler "
+            "would only ever scale up; choose a target several times that delay"
+        )
+    metric_name, description = METRICS[options.scale_metric]
+    target = options.target_queue_us if options.scale_metric == "queue-time" else options.target_pending
+    selector = {"app.kubernetes.io/name": "latte-triton", "app.kubernetes.io/instance": options.name}
+    return {
+        "name": options.name,
+        "namespace": options.namespace,
+        "labels": {**selector, "app.kubernetes.io/component": "inference-server",
+                   "app.kubernetes.io/managed-by": "latte"},
+        "selector_labels": selector,
+        "image": options.image,
+        "triton_image": options.triton_image,
+        "triton_version": TRITON_VERSION,
+        "models": [m.name for m in facts.models],
+        "model_uri": options.model_uri,
+        **_model_source(options),
+        "service_account": options.service_account,
+        "gpus": gpus,
+        "gpu_resource": options.gpu_resource,
+        "cpu": options.cpu or str(max(1, facts.cpu_threads)),
+        "memory": options.memory,
+        "shm_size": options.shm_size,
+        "min_replicas": options.min_replicas,
+        "max_replicas": options.max_replicas,
+        "metric": {"kind": options.scale_metric, "name": metric_name, "target": target, "description": description},
+        "target_pending": options.target_pending,
+        "ports": PORTS,
+        "exit_timeout_s": EXIT_TIMEOUT_S,
+        "startup_failure_threshold": STARTUP_FAILURE_THRESHOLD,
+        "runtime_packages": facts.python_packages,
+        "kserve": options.kserve,
+        "kubernetes_version": options.kubernetes_version,
+    }
+
+
+def render_dockerfile(triton_image: str = DEFAULT_TRITON_IMAGE, runtime_packages: Optional[List[str]] = None,
+                      dockerfile_path: str = "deploy/Dockerfile", context_path: str = ".") -> str:
+    """The Latte-on-Triton Dockerfile; deploy/Dockerfile in the source tree is this with the defaults."""
+    from latte.generator.templates import render
+
+    return render("k8s/Dockerfile.j2", {
+        "triton_image": triton_image,
+        "runtime_packages": list(DEFAULT_RUNTIME_PACKAGES if runtime_packages is None else runtime_packages),
+        "dockerfile_path": dockerfile_path,
+        "context_path": context_path,
+    })
+
+
+def _write(path: Path, text: str, written: List[Path]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    written.append(path)
+    return path
+
+
+def render_k8s(repo: Path, out_dir: Path, options: K8sOptions, validate: bool = True) -> RenderedDeployment:
+    """Render (and by default validate) the manifests serving REPO into OUT_DIR."""
+    from latte.generator.templates import render
+
+    options = options.checked()
+    facts = read_repository(Path(repo))
+    ctx = manifest_context(options, facts)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise DeployError(f"output {out_dir} exists and is not a folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = KSERVE_MANIFESTS if options.kserve else MANIFESTS
+    # A manifest left from a render of the other kind would be applied along with these.
+    for stale in set(MANIFESTS + KSERVE_MANIFESTS) - set(names):
+        (out_dir / stale).unlink(missing_ok=True)
+    written: List[Path] = []
+    manifests = [_write(out_dir / n, render(f"k8s/{n.replace('.yaml', '')}.yaml.j2", ctx), written) for n in names]
+    adapter = out_dir / "prometheus-adapter" / "values.yaml"
+    if options.kserve:
+        adapter.unlink(missing_ok=True)
+    else:
+        _write(adapter, render("k8s/prometheus-adapter-values.yaml.j2", ctx), written)
+    dockerfile = render_dockerfile(options.triton_image, ctx["runtime_packages"],
+                                   str(out_dir / "image" / "Dockerfile"), "/path/to/latte-checkout")
+    _write(out_dir / "image" / "Dockerfile", dockerfile, written)
+    _write(out_dir / "image" / "Dockerfile.dockerignore", render("k8s/Dockerfile.dockerignore.j2", ctx), written)
+    _write(out_dir / "README.md", render("k8s/README.md.j2", {**ctx, "out_dir": str(out_dir),
+                                                               "repo": str(facts.path)}), written)
+    if validate:
+        from latte.deploy.validation import validate_files
+
+        validate_files(manifests, options.kubernetes_version)
+    return RenderedDeployment(out_dir=out_dir, manifests=manifests, files=written, repository=facts,
+                              gpus=ctx["gpus"], cpu=ctx["cpu"], options=options)
