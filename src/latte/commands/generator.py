@@ -12,7 +12,7 @@ _RAW = argparse.RawDescriptionHelpFormatter
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "profile", formatter_class=_RAW,
-        help="measure a model's latency curve (mean/P50/P99, memory) per batch size and shape bucket",
+        help="measure latency (P50/P99) and memory per batch size and shape bucket",
         description="""\
 Measure MODEL_FILE in this process with the runtime code the latte backend serves it with,
 at an explicit thread budget. For each shape bucket the batch size doubles from 1 until
@@ -49,7 +49,7 @@ examples:
 
     p = sub.add_parser(
         "generate", formatter_class=_RAW,
-        help="render a Triton model repository (models and ensembles) from a pipeline spec",
+        help="render a model repository (models, ensembles) from a pipeline spec",
         description="""\
 Read the pipeline spec SPEC (YAML), derive each latte model's settings from its profile and
 SLO (profiling it first when the spec names no profile), render config.pbtxt for every model
@@ -82,7 +82,7 @@ examples:
 
     p = sub.add_parser(
         "validate", formatter_class=_RAW,
-        help="check a model repository: configs parse as Triton's ModelConfig, ensembles are sound DAGs",
+        help="check configs (Triton's ModelConfig) and ensemble DAGs of a repository",
         description="""\
 Parse every REPO/*/config.pbtxt with Triton's ModelConfig protobuf, check version folders hold
 their model files, and check every ensemble: no cycles, every tensor produced once and
@@ -94,7 +94,7 @@ and the ensemble's own inputs and outputs are wired. Exits 1 listing every probl
 
     p = sub.add_parser(
         "verify", formatter_class=_RAW,
-        help="serve REPO, load MODEL at its derived operating point with perf_analyzer, check the P99 SLO",
+        help="serve a repository and check a model's P99 SLO with perf_analyzer",
         description="""\
 Start tritonserver on REPO, drive MODEL with perf_analyzer at the operating point its config
 implies (instances x max_batch_size requests in flight), report P99 latency and throughput
