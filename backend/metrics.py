@@ -1,76 +1,187 @@
 """Latte's Prometheus series, published through Triton's metrics endpoint next to `nv_*`.
 
+Every update of a Triton metric from the Python backend is a round trip to the server
+process, so nothing is published on the request path: figures are aggregated here and a
+background thread publishes what changed once per `interval_s`. Latency and batch-size
+distributions are kept as cumulative bucket counters (`_bucket{le=...}`, `_sum`, `_count`),
+which Prometheus' `histogram_quantile` reads like a native histogram, at a publishing cost
+that does not grow with the request rate.
+
 `pb` is the stub's triton_python_backend_utils (its MetricFamily), passed in.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 from typing import Dict, Mapping, Optional, Tuple
 
-_LATENCY_BUCKETS_US = [100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000]
-_BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+LATENCY_BUCKETS_US = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+Labels = Tuple[Tuple[str, str], ...]
+
+
+class _Histogram:
+    def __init__(self, bounds) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+
+class MetricsAggregate:
+    """Counters, gauges and histograms kept in-process; `snapshot()` gives publishable values."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counters: Dict[Tuple[str, Labels], float] = {}
+        self.gauges: Dict[Tuple[str, Labels], float] = {}
+        self.histograms: Dict[Tuple[str, Labels], _Histogram] = {}
+
+    def add(self, name: str, labels: Mapping[str, str], value: float = 1.0) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            self.counters[key] = self.counters.get(key, 0.0) + value
+
+    def set(self, name: str, labels: Mapping[str, str], value: float) -> None:
+        with self._lock:
+            self.gauges[(name, tuple(sorted(labels.items())))] = float(value)
+
+    def observe(self, name: str, labels: Mapping[str, str], value: float, bounds) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            hist = self.histograms.get(key)
+            if hist is None:
+                hist = self.histograms[key] = _Histogram(bounds)
+            hist.observe(value)
+
+    def snapshot(self) -> Tuple[Dict, Dict]:
+        """(cumulative counters, gauges), histograms expanded into _bucket/_sum/_count counters."""
+        with self._lock:
+            counters = dict(self.counters)
+            gauges = dict(self.gauges)
+            for (name, labels), hist in self.histograms.items():
+                running = 0
+                for bound, count in zip(list(hist.bounds) + ["+Inf"], hist.counts):
+                    running += count
+                    le = bound if isinstance(bound, str) else f"{bound:g}"
+                    counters[(f"{name}_bucket", labels + (("le", le),))] = float(running)
+                counters[(f"{name}_sum", labels)] = hist.total
+                counters[(f"{name}_count", labels)] = float(running)
+        return counters, gauges
+
+
+_DESCRIPTIONS = {
+    "latte_requests_total": "Requests answered, by outcome (success or the error kind)",
+    "latte_request_duration_us": "Time from execute to response per request, by priority level",
+    "latte_batch_size": "Rows per model call",
+    "latte_model_duration_us_total": "Time spent inside the model runtime",
+    "latte_padding_ratio": "Share of padded positions in the last batch of ragged inputs",
+    "latte_arena_bytes": "Arena memory by state (capacity, reserved, live, allocated, peak_live)",
+    "latte_arena_fragmentation": "Arena fragmentation (internal, external)",
+    "latte_sessions": "Sessions by state (live, started, ended, expired)",
+    "latte_scheduler": "Scheduler figures (affinity_hit_rate, steals, batches, ...)",
+}
+
+
+class TritonPublisher:
+    """Publishes a MetricsAggregate through the stub's MetricFamily, from a daemon thread."""
+
+    def __init__(self, pb, aggregate: MetricsAggregate, model: str, interval_s: float = 1.0,
+                 refresh=None) -> None:
+        self.pb = pb
+        self.refresh = refresh  # called before each publication to update gauges
+        self.aggregate = aggregate
+        self.model = model
+        self.interval_s = interval_s
+        self._families: Dict[Tuple[str, str], object] = {}
+        self._metrics: Dict[Tuple[str, Labels], object] = {}
+        self._published: Dict[Tuple[str, Labels], float] = {}
+        self._stop = threading.Event()
+        self._flush_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name=f"latte-metrics-{model}", daemon=True)
+        self._thread.start()
+
+    def _family(self, name: str, kind: str):
+        base = name
+        for suffix in ("_bucket", "_sum", "_count"):
+            if name.endswith(suffix) and name[: -len(suffix)] in _DESCRIPTIONS:
+                base = name[: -len(suffix)]
+        key = (name, kind)
+        family = self._families.get(key)
+        if family is None:
+            MF = self.pb.MetricFamily
+            family = self._families[key] = MF(name, _DESCRIPTIONS.get(base, name), getattr(MF, kind))
+        return family
+
+    def _metric(self, name: str, labels: Labels, kind: str):
+        key = (name, labels)
+        metric = self._metrics.get(key)
+        if metric is None:
+            metric = self._metrics[key] = self._family(name, kind).Metric(labels={"model": self.model, **dict(labels)})
+        return metric
+
+    def flush(self) -> None:
+        with self._flush_lock:
+            if self.refresh is not None:
+                self.refresh()
+            counters, gauges = self.aggregate.snapshot()
+            for key, value in counters.items():
+                delta = value - self._published.get(key, 0.0)
+                if delta > 0:
+                    self._metric(key[0], key[1], "COUNTER").increment(delta)
+                    self._published[key] = value
+            for key, value in gauges.items():
+                if self._published.get(key) != value:
+                    self._metric(key[0], key[1], "GAUGE").set(value)
+                    self._published[key] = value
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.flush()
+            except Exception as exc:  # never let a metrics hiccup take the model down
+                self.pb.Logger.log_warn(f"latte: publishing metrics failed: {exc}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
 
 class BackendMetrics:
-    def __init__(self, pb, model: str, max_batch_size: int) -> None:
-        MF = pb.MetricFamily
-        self._model = model
-        self._lock = threading.Lock()
-        self._metrics: Dict[Tuple[str, Tuple], object] = {}
-        self._families = {
-            "requests": MF("latte_requests_total", "Requests answered, by outcome (success or the error kind)", MF.COUNTER),
-            "latency": MF("latte_request_duration_us", "Time from execute to response per request, by priority", MF.HISTOGRAM),
-            "batch": MF("latte_batch_size", "Rows per model call", MF.HISTOGRAM),
-            "padding": MF("latte_padding_ratio", "Share of padded positions in the last batch of ragged inputs", MF.GAUGE),
-            "model_time": MF("latte_model_duration_us_total", "Time spent inside the model runtime", MF.COUNTER),
-            "arena": MF("latte_arena_bytes", "Arena memory by state (capacity, reserved, live, allocated, peak_live)", MF.GAUGE),
-            "fragmentation": MF("latte_arena_fragmentation", "Arena fragmentation (internal, external)", MF.GAUGE),
-            "sessions": MF("latte_sessions", "Sessions by state (live, started, ended, expired)", MF.GAUGE),
-            "scheduler": MF("latte_scheduler", "Scheduler figures (affinity_hit_rate, steals, queue depth...)", MF.GAUGE),
-        }
-        self._batch_limit = max_batch_size
+    """The figures the backend records; cheap in-process updates only."""
 
-    def _metric(self, family: str, labels: Mapping[str, str], buckets=None):
-        key = (family, tuple(sorted(labels.items())))
-        with self._lock:
-            metric = self._metrics.get(key)
-            if metric is None:
-                full = {"model": self._model, **labels}
-                if buckets is None:
-                    metric = self._families[family].Metric(labels=full)
-                else:
-                    metric = self._families[family].Metric(labels=full, buckets=buckets)
-                self._metrics[key] = metric
-            return metric
+    def __init__(self, aggregate: Optional[MetricsAggregate] = None) -> None:
+        self.aggregate = aggregate or MetricsAggregate()
 
     def request(self, outcome: str, priority: int, seconds: float) -> None:
-        self._metric("requests", {"outcome": outcome}).increment(1)
-        self._metric("latency", {"priority": str(priority)}, _LATENCY_BUCKETS_US).observe(seconds * 1e6)
+        self.aggregate.add("latte_requests_total", {"outcome": outcome})
+        self.aggregate.observe("latte_request_duration_us", {"priority": str(priority)}, seconds * 1e6, LATENCY_BUCKETS_US)
 
-    def batch(self, rows: int, seconds: float, padded_length: Optional[int], used_positions: Optional[int]) -> None:
-        self._metric("batch", {}, _BATCH_BUCKETS).observe(rows)
-        self._metric("model_time", {}).increment(seconds * 1e6)
-        if padded_length and used_positions is not None:
-            self._metric("padding", {}).set(1.0 - used_positions / float(rows * padded_length))
+    def batch(self, rows: int, seconds: float) -> None:
+        self.aggregate.observe("latte_batch_size", {}, rows, BATCH_BUCKETS)
+        self.aggregate.add("latte_model_duration_us_total", {}, seconds * 1e6)
 
     def arena(self, stats: Mapping[str, float]) -> None:
         for state in ("capacity", "reserved", "live", "allocated", "peak_live"):
             if state in stats:
-                self._metric("arena", {"state": state}).set(float(stats[state]))
+                self.aggregate.set("latte_arena_bytes", {"state": state}, stats[state])
         for kind in ("internal", "external"):
-            key = f"{kind}_fragmentation"
-            if key in stats:
-                self._metric("fragmentation", {"kind": kind}).set(float(stats[key]))
+            if f"{kind}_fragmentation" in stats:
+                self.aggregate.set("latte_arena_fragmentation", {"kind": kind}, stats[f"{kind}_fragmentation"])
 
     def sessions(self, live: int, started: int, ended: int, expired: int) -> None:
         for state, value in (("live", live), ("started", started), ("ended", ended), ("expired", expired)):
-            self._metric("sessions", {"state": state}).set(float(value))
+            self.aggregate.set("latte_sessions", {"state": state}, value)
 
     def scheduler(self, figures: Mapping[str, float]) -> None:
         for name, value in figures.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._metric("scheduler", {"figure": name}).set(float(value))
+                self.aggregate.set("latte_scheduler", {"figure": name}, value)
 
 
 def outcome_label(exc: Optional[BaseException]) -> str:
@@ -78,4 +189,4 @@ def outcome_label(exc: Optional[BaseException]) -> str:
         return "success"
     name = type(exc).__name__
     return {"RequestError": "bad_request", "DeadlineExceeded": "timeout", "MemoryError": "out_of_memory",
-            "ModelError": "model_error", "RequestCancelled": "cancelled"}.get(name, "error")
+            "ModelError": "model_error", "RequestCancelled": "cancelled", "Overloaded": "overloaded"}.get(name, "error")

@@ -12,7 +12,7 @@ from latte.backend.buckets import BucketPlan
 from latte.backend.config import parse_args, parse_model_config, usable_core_ids
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.engine import BatchEngine, BatchRecord
-from latte.backend.metrics import BackendMetrics, outcome_label
+from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
 from latte.backend.options import read_options
 from latte.backend.requests import RequestCancelled, RequestError, RequestReader
 from latte.backend.responses import ResponseBuilder
@@ -52,7 +52,7 @@ class LatteModel:
         allocate = self.arena.empty if self.arena is not None else np.empty
         self.sessions = (SessionStore(spec.session_ttl_s, spec.max_sessions, spec.max_sequence_length, allocate)
                          if spec.session_input else None)
-        self.metrics = BackendMetrics(pb, spec.name, spec.max_batch_size)
+        self.metrics = BackendMetrics()
         self.reader = RequestReader(spec)
         self.engine = BatchEngine(
             spec, self.runtime, buckets=BucketPlan(spec.bucket_edges) if spec.bucket_edges else None,
@@ -62,6 +62,8 @@ class LatteModel:
         if spec.scheduler == "affinity":
             self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, spec.lanes, lane_cpus(spec))
         self.responses = ResponseBuilder(pb, [t.name for t in spec.outputs])
+        # Publishing is off the request path: each Triton metric update is a round trip to the server.
+        self.publisher = TritonPublisher(pb, self.metrics.aggregate, spec.name, refresh=self._refresh_gauges)
         warmed = self._warmup() if spec.warmup else 0
         pb.Logger.log_info(
             f"latte: {spec.name} ready ({spec.runtime}, {spec.model_path.name}, max_batch_size={spec.max_batch_size}, "
@@ -109,13 +111,12 @@ class LatteModel:
         for outcome, opts in zip(outcomes, options):
             error = outcome if isinstance(outcome, Exception) else None
             self.metrics.request(outcome_label(error), opts.priority if opts else 0, elapsed)
-        self._publish_gauges()
         return [self.responses.build(outcome) for outcome in outcomes]
 
     def _on_batch(self, record: BatchRecord) -> None:
-        self.metrics.batch(record.rows, record.seconds, record.padded_length, None)
+        self.metrics.batch(record.rows, record.seconds)
 
-    def _publish_gauges(self) -> None:
+    def _refresh_gauges(self) -> None:
         if self.dispatcher is not None:
             self.metrics.scheduler(self.dispatcher.metrics())
         if self.arena is not None:
@@ -126,6 +127,7 @@ class LatteModel:
             self.metrics.sessions(s.live, s.started, s.ended, s.expired)
 
     def finalize(self) -> None:
+        self.publisher.close()
         if self.dispatcher is not None:
             self.dispatcher.close()
         self.runtime.close()

@@ -38,6 +38,15 @@ def baseline_model(repo: Path, source: Path) -> str:
     return context["name"]
 
 
+def latte_variant(repo: Path, source: Path, name: str, **parameters) -> str:
+    """A copy of the latte sequence model with some parameters changed (an ablation)."""
+    context = model_context(EXAMPLES["sequence"], "onnx", "model.onnx")
+    context["name"] = name
+    context["parameters"] = {**context["parameters"], **parameters}
+    write_model(repo, context, {"model.onnx": source})
+    return name
+
+
 def in_process_limit(model_file: Path, samples, batch: int, seconds: float = 5.0) -> float:
     """Rows per second of the same ONNX model run in batches on one thread (padded per batch)."""
     import onnxruntime as ort
@@ -70,6 +79,8 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", default="4:16:4", help="perf_analyzer concurrency range start:end:step")
     parser.add_argument("--measurement-ms", type=int, default=3000)
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--ablation", action="store_true",
+                        help="also measure latte with one scheduler lane and with shape buckets off")
     args = parser.parse_args(argv)
     start, end, step = (int(x) for x in args.concurrency.split(":"))
     levels = list(range(start, end + 1, step))
@@ -77,14 +88,20 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="latte-serving-"))
     repo = build_examples(work / "repo", names=["sequence"])
     shutil.rmtree(repo / "sequence_torchscript")
-    baseline = baseline_model(repo, repo / "sequence_onnx" / "1" / "model.onnx")
+    source = repo / "sequence_onnx" / "1" / "model.onnx"
+    baseline = baseline_model(repo, source)
+    # The same thread budget as the baseline: one lane, one intra-op thread.
+    latte = latte_variant(repo, source, "sequence_latte", lanes="1")
+    variants = [latte_variant(repo, source, "sequence_latte_1lane_scheduler", lanes="1", scheduler="affinity"),
+                latte_variant(repo, source, "sequence_latte_no_buckets", lanes="1", bucket_edges="none"),
+                latte_variant(repo, source, "sequence_latte_2lanes", lanes="2")] if args.ablation else []
     rng = np.random.default_rng(5)
     samples = [{"tokens": EXAMPLES["sequence"].sample(1, rng)["tokens"][0]} for _ in range(256)]
     data = write_input_data(work / "inputs.json", samples)
 
     results = {}
     with TritonServer(repo, log_path=work / "tritonserver.log") as server:
-        for model in ("sequence_onnx", baseline):
+        for model in [latte, baseline] + variants:
             print(f"measuring {model} at concurrency {levels} ...", flush=True)
             results[model] = run_perf_analyzer(model, server.grpc_url, concurrency=levels, input_data=data,
                                                measurement_ms=args.measurement_ms, max_trials=8,
@@ -95,11 +112,14 @@ def main(argv=None) -> int:
     for model, points in results.items():
         for p in points:
             print(f"{model:28} {p.concurrency:>5} {p.throughput:>9.0f} {p.p50_ms:>8.2f} {p.p99_ms:>8.2f}")
-    latte = best_under_slo(results["sequence_onnx"], args.slo_ms)
-    base = best_under_slo(results[baseline], args.slo_ms)
+    best = {model: best_under_slo(points, args.slo_ms) for model, points in results.items()}
+    latte = best[latte]
+    base = best[baseline]
     print(f"\nthroughput at P99 <= {args.slo_ms:g} ms:")
     print(f"  latte backend            {latte.throughput if latte else 0:>9.0f} infer/s")
     print(f"  stock Python backend     {base.throughput if base else 0:>9.0f} infer/s")
+    for model in variants:
+        print(f"  {model:28} {best[model].throughput if best[model] else 0:>9.0f} infer/s")
     print(f"  in-process limit (1 thread, batch 32) {limit:>9.0f} rows/s")
     figures = {"slo_ms": args.slo_ms, "latte": latte.as_dict() if latte else None,
                "baseline": base.as_dict() if base else None, "in_process_limit": limit}

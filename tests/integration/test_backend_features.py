@@ -1,5 +1,6 @@
 """Sessions, deadlines and Latte's metrics through a real tritonserver."""
 
+import time
 import urllib.request
 
 import numpy as np
@@ -38,14 +39,29 @@ def test_bad_request_parameters_are_refused_clearly(clients):
         clients.infer("http", "mlp_onnx", {"features": np.ones((1, 16), np.float32)}, parameters={"priority_level": 99})
 
 
+def _scrape_until(url, predicate, timeout=15.0):
+    """Latte publishes its series about once a second; poll the endpoint until they show."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = urllib.request.urlopen(url).read().decode()
+        if predicate(text) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.25)
+
+
+def _success_count(text):
+    lines = [line for line in text.splitlines()
+             if line.startswith("latte_requests_total") and 'model="mlp_onnx"' in line and 'outcome="success"' in line]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+
+
 def test_latte_metrics_appear_next_to_tritons(server, clients):
+    before = _success_count(urllib.request.urlopen(server.metrics_url).read().decode())
     clients.infer("http", "mlp_onnx", {"features": np.ones((2, 16), np.float32)})
-    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    clients.infer("http", "sequence_onnx", {"tokens": np.ones((1, 8), np.int64)})
+    text = _scrape_until(server.metrics_url, lambda t: _success_count(t) > before and "latte_scheduler" in t)
     assert "nv_inference_request_success" in text
     for series in ("latte_requests_total", "latte_batch_size_bucket", "latte_request_duration_us_count",
-                   "latte_sessions", "latte_arena_bytes", "latte_arena_fragmentation",
-                   "latte_scheduler"):
+                   "latte_sessions", "latte_arena_bytes", "latte_arena_fragmentation", "latte_scheduler"):
         assert series in text, f"{series} missing from {server.metrics_url}"
-    success = [line for line in text.splitlines()
-               if line.startswith("latte_requests_total") and 'model="mlp_onnx"' in line and 'outcome="success"' in line]
-    assert success and float(success[0].rsplit(" ", 1)[1]) >= 1
+    assert _success_count(text) == before + 1
