@@ -22,7 +22,7 @@ def _results():
               {"kind": "request_rate", "level": 1100, "t_start": 9, "t_end": 10, "error": "perf_analyzer failed (exit 1)",
                "server": {"mean_batch_size": 0, "batch_size_counts": {}}}]
     samples = [Sample(t, {"latte_arena_reserved_bytes": 1024.0}, {"tritonserver": (300 + t) * 2**20,
-                                                                  "stub:41": 500 * 2**20})
+                                                                  "stub:41:mlp_onnx_0_0": 500 * 2**20})
                for t in (0.0, 0.5, 1.0, 1.5)]
     return {"model": "mlp_onnx", "protocol": "grpc", "started_at": "2026-11-21 10:00:00", "duration_s": 12.0,
             "machine": "Linux x86_64, 2 cores", "lengths": {"distribution": "lognormal:median=24", "variable": True,

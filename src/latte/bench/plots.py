@@ -72,13 +72,14 @@ def queue_compute_split(points: List[dict]) -> bytes:
     labels = [f"c={p['level']:g}" if p["kind"] == "concurrency" else f"{p['level']:g}/s" for p in pts]
     queue = [p["queue_us"] / 1000 for p in pts]
     compute = [p["compute_us"] / 1000 for p in pts]
-    other = [max(0.0, p["avg_ms"] - q - c) for p, q, c in zip(pts, queue, compute)]
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     x = range(len(pts))
     ax.bar(x, queue, color="#ff7f0e", label="server queue")
     ax.bar(x, compute, bottom=queue, color="#2ca02c", label="server compute (input + infer + output)")
-    ax.bar(x, other, bottom=[q + c for q, c in zip(queue, compute)], color="#c7c7c7",
-           label="client, network, protocol")
+    # Triton times the server side per request; the client's own average is drawn beside it, not
+    # stacked, because the two clocks overlap rather than add up.
+    ax.plot(list(x), [p["avg_ms"] for p in pts], "k_", markersize=28, markeredgewidth=2.5,
+            label="average latency seen by the client")
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, fontsize=8, rotation=30)
     ax.set_ylabel("average latency (ms)")
@@ -101,7 +102,9 @@ def batch_sizes(points: List[dict]) -> bytes:
                     label=label)
     axes[0].set_xlabel("batch size (rows per model execution)")
     axes[0].set_ylabel("executions")
-    axes[0].set_xticks(sizes)
+    from matplotlib.ticker import MaxNLocator
+
+    axes[0].xaxis.set_major_locator(MaxNLocator(integer=True, nbins=16))
     axes[0].legend(fontsize=8)
     axes[0].grid(alpha=0.3, axis="y")
     for kind, (color, marker, label) in SWEEP_STYLE.items():
@@ -116,14 +119,24 @@ def batch_sizes(points: List[dict]) -> bytes:
     return _png(fig)
 
 
-def memory_over_time(samples: List[dict], points: List[dict]) -> bytes:
+def memory_over_time(samples: List[dict], points: List[dict], model: str = None) -> bytes:
     fig, ax = plt.subplots(figsize=(10, 3.8))
     t = [s["t"] for s in samples]
     names = sorted({n for s in samples for n in s["rss"]}, key=lambda n: (n != "tritonserver", n))
+    others = 0
     for name in names:
-        label = name if name == "tritonserver" else f"python stub pid {name.split(':')[1]}"
-        ax.plot(t, [s["rss"].get(name, float("nan")) / 2**20 for s in samples], label=label,
-                linewidth=2.2 if name == "tritonserver" else 1.2)
+        parts = name.split(":")
+        instance = parts[2] if len(parts) > 2 else "?"
+        series = [s["rss"].get(name, float("nan")) / 2**20 for s in samples]
+        if name == "tritonserver":
+            ax.plot(t, series, label="tritonserver", linewidth=2.4, color="black")
+        elif model is None or instance.startswith(model + "_"):
+            ax.plot(t, series, label=f"stub of {instance} (pid {parts[1]})", linewidth=2.0)
+        else:
+            # Stubs of models not under load: drawn faintly, as a check that they stay flat.
+            ax.plot(t, series, color="#9a9a9a", linewidth=0.9, alpha=0.7,
+                    label="stubs of the other models" if others == 0 else None)
+            others += 1
     for p in points:
         color = SWEEP_STYLE[p["kind"]][0]
         ax.axvspan(p["t_start"], p["t_end"], color=color, alpha=0.06)
@@ -132,7 +145,7 @@ def memory_over_time(samples: List[dict], points: List[dict]) -> bytes:
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     if names:
-        ax.legend(fontsize=8, ncol=2)
+        ax.legend(fontsize=8, loc="lower right", framealpha=0.95)
     return _png(fig)
 
 

@@ -70,12 +70,22 @@ def stub_pids(server_pid: int) -> List[int]:
     return sorted(pids)
 
 
+def stub_instance(pid: int) -> str:
+    """The model instance a stub serves (its command line carries e.g. mlp_onnx_0_0), or '?'."""
+    args = [a.decode(errors="replace") for a in (PROC / str(pid) / "cmdline").read_bytes().split(b"\0") if a]
+    # argv: stub, model.py, shm region, shm size, shm growth, parent pid, backend dir, ipc size, instance, ...
+    return args[8] if len(args) > 8 else "?"
+
+
 def server_memory(server_pid: int) -> List[ProcessMemory]:
-    """RSS of the server followed by each of its stubs; processes that just ended are skipped."""
+    """RSS of the server followed by each of its stubs; processes that just ended are skipped.
+
+    Stubs are named stub:<pid>:<model instance>.
+    """
     result = []
     for pid in [server_pid] + stub_pids(server_pid):
         try:
-            name = "tritonserver" if pid == server_pid else f"stub:{pid}"
+            name = "tritonserver" if pid == server_pid else f"stub:{pid}:{stub_instance(pid)}"
             result.append(ProcessMemory(pid, name, rss_bytes(pid)))
         except OSError:
             continue

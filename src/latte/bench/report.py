@@ -81,6 +81,8 @@ def render_bench_report(results: dict) -> str:
     detail_rows = []
     for p in points:
         level = f"{p['level']:g} concurrent" if p["kind"] == "concurrency" else f"{p['level']:g} req/s (Poisson)"
+        relaxed = p.get("stability_percentage", 0) > results["settings"]["stability_percentage"]
+        level += " †" if relaxed else ""
         if "error" in p:
             detail_rows.append((level, f'<span class="bad">{html.escape(p["error"].splitlines()[0])}</span>',
                                 "", "", "", "", "", ""))
@@ -92,6 +94,9 @@ def render_bench_report(results: dict) -> str:
                     detail_rows)
     ok = [p for p in points if "error" not in p]
     sections = ["<h2>Summary</h2>", headline, "<h2>Every load point</h2>", details]
+    if any(p.get("stability_percentage", 0) > results["settings"]["stability_percentage"] for p in points):
+        sections.append("<p class=\"meta\">† perf_analyzer could not settle within the stability asked for; the "
+                        "point was measured again with a 100 % bound, so treat it as noisier.</p>")
     if ok:
         sections += [
             "<h2>Latency against throughput</h2>",
@@ -104,8 +109,9 @@ def render_bench_report(results: dict) -> str:
                    "requests arriving at random (Poisson) at the given mean rate."),
             "<h2>Where the time goes</h2>",
             figure(plots.queue_compute_split(points),
-                   "Average latency split into time queued in Triton, time computing (input + infer + output, per "
-                   "request as Triton reports it) and the rest (client, network, protocol)."),
+                   "Server-side time per request as Triton reports it: queued (orange) and computing, input + infer + "
+                   "output (green); the black bar is the average latency the client saw. A tall orange bar means "
+                   "requests wait for the model; a gap above the green means client, network or protocol time."),
             "<h2>Batching</h2>",
             figure(plots.batch_sizes(points),
                    "Left: how many model executions ran at each batch size (from Triton's statistics API, deltas "
@@ -114,9 +120,9 @@ def render_bench_report(results: dict) -> str:
         ]
     if results["samples"] and results["samples"][0]["rss"]:
         sections += ["<h2>Memory over time</h2>",
-                     figure(plots.memory_over_time(results["samples"], points),
-                            "Resident memory of tritonserver and of each Python backend stub process (one per model "
-                            "instance), read from /proc every "
+                     figure(plots.memory_over_time(results["samples"], points, results["model"]),
+                            "Resident memory of tritonserver (black), of the Python backend stub serving this model "
+                            "(colour) and of the other models' stubs (grey), read from /proc every "
                             f"{results['samples'][1]['t'] - results['samples'][0]['t']:.1f} s. Flat lines across "
                             "the sweep mean no growth under load." if len(results["samples"]) > 1 else
                             "Resident memory of tritonserver and its stubs.")]

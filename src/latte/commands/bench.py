@@ -64,6 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--measurement-ms", type=int, default=1500, help="perf_analyzer measurement window")
     p.add_argument("--max-trials", type=int, default=4, help="perf_analyzer trials per load point")
     p.add_argument("--out", default=".latte/bench", help="output folder (default .latte/bench)")
+    p.add_argument("--report-from", metavar="RESULTS_JSON",
+                   help="only re-render report.html beside an existing results.json (no server, no load)")
     p.add_argument("--soak", metavar="N|DURATION",
                    help="run a soak instead: a request count (20000, 1M) or a duration (90s, 10min, 2h)")
     p.add_argument("--in-flight", type=int, default=4, help="soak: requests in flight at once")
@@ -92,6 +94,12 @@ def _bench(args) -> int:
     from latte.bench.target import start_or_attach
 
     console = Console()
+    if args.report_from:
+        from latte.bench.report import write_bench_report
+
+        results_path = Path(args.report_from)
+        console.print(f"report: {write_bench_report(json.loads(results_path.read_text()), results_path.parent)}")
+        return 0
     if args.url and args.repo:
         raise ValueError("give either a repository to serve or --url of a running server, not both")
     models = _models(args)
