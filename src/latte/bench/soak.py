@@ -17,6 +17,10 @@ from latte.bench.target import Target
 
 # Targets after 1M requests (the on-demand long soak).
 LONG_TARGETS = {"rss_growth": 0.02, "p99_drift": 0.05, "fragmentation": 0.10}
+# The short CI soak (20k requests on a shared 2-core machine): memory bounds stay tight because
+# RSS is not disturbed by neighbours; latency bounds are loose because P99 over a few thousand
+# requests is, and P50 and the median-of-thirds P99 stand in for the single-window figure.
+SHORT_TARGETS = {"rss_growth": 0.05, "p50_drift": 0.5, "p99_drift_thirds": 3.0, "fragmentation": 0.25}
 
 
 @dataclass
@@ -64,6 +68,21 @@ def parse_soak_amount(text: str) -> dict:
     except ValueError:
         raise ValueError(f"--soak takes a request count (20000, 20k, 1M) or a duration (90s, 10min, 2h); "
                          f"got {text!r}") from None
+
+
+def model_stubs(rss: dict, model: str) -> dict:
+    """RSS of the stubs serving `model` (their instances are named <model>_<group>_<index>)."""
+    return {k: v for k, v in rss.items() if k.startswith("stub:") and k.split(":")[-1].startswith(model + "_")}
+
+
+def _thirds(windows: List[dict], key: str):
+    """Median of `key` over the first third of the windows and over the last third.
+
+    On a shared machine one window's P99 can be a neighbour's burst; the median of several
+    windows shows drift without betting on a single one.
+    """
+    n = max(1, len(windows) // 3)
+    return float(np.median([w[key] for w in windows[:n]])), float(np.median([w[key] for w in windows[-n:]]))
 
 
 def _growth(first: Optional[float], last: Optional[float]) -> Optional[float]:
@@ -115,7 +134,8 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
                 "errors": outcomes.failed - failed_before,
                 "throughput": round(len(latencies) / elapsed, 1) if elapsed > 0 else 0.0,
                 "p50_ms": round(percentile(latencies, 50), 3), "p99_ms": round(percentile(latencies, 99), 3),
-                "server_rss_mb": round(sample.server_rss / 2**20, 2), "stubs_rss_mb": round(sample.stubs_rss / 2**20, 2),
+                "server_rss_mb": round(sample.server_rss / 2**20, 2),
+                "stubs_rss_mb": round(sum(model_stubs(sample.rss, settings.model).values()) / 2**20, 2),
                 "stub_rss_mb": {k: round(v / 2**20, 2) for k, v in sample.rss.items() if k.startswith("stub:")},
                 **arena_figures(sample.metrics),
             }
@@ -132,6 +152,8 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
         "server_rss_growth": _growth(first["server_rss_mb"], last["server_rss_mb"]),
         "stubs_rss_growth": _growth(first["stubs_rss_mb"], last["stubs_rss_mb"]),
         "p99_drift": _growth(first["p99_ms"], last["p99_ms"]),
+        "p99_drift_thirds": _growth(*_thirds(windows, "p99_ms")),
+        "p50_drift": _growth(first["p50_ms"], last["p50_ms"]),
         "throughput_change": _growth(first["throughput"], last["throughput"]),
         "fragmentation_last": last["fragmentation"],
         "arena_reserved_growth": _growth(first["arena_reserved_bytes"], last["arena_reserved_bytes"]),
@@ -146,6 +168,7 @@ def check_ratios(ratios: dict, bounds: dict) -> List[str]:
     """Messages for each ratio over its bound (empty when all hold); absent figures are skipped."""
     failures = []
     checks = [("server_rss_growth", "rss_growth"), ("stubs_rss_growth", "rss_growth"), ("p99_drift", "p99_drift"),
+              ("p99_drift_thirds", "p99_drift_thirds"), ("p50_drift", "p50_drift"),
               ("fragmentation_last", "fragmentation")]
     for key, bound_key in checks:
         value = ratios.get(key)
@@ -160,6 +183,8 @@ def format_ratios(ratios: dict) -> List[str]:
     return [f"tritonserver RSS growth, first -> last window: {pct(ratios['server_rss_growth'])}",
             f"Python stubs RSS growth, first -> last window:  {pct(ratios['stubs_rss_growth'])}",
             f"P99 drift, first -> last window:                {pct(ratios['p99_drift'])}",
+            f"P99 drift, median of first -> last third:       {pct(ratios['p99_drift_thirds'])}",
+            f"P50 drift, first -> last window:                {pct(ratios['p50_drift'])}",
             f"throughput change, first -> last window:        {pct(ratios['throughput_change'])}",
             f"arena fragmentation, last window:               "
             f"{'not exported' if ratios['fragmentation_last'] is None else format(ratios['fragmentation_last'], '.1%')}",
