@@ -36,8 +36,9 @@ class OverloadSettings:
     below: float = 0.5               # baseline/recovery load as a fraction of capacity
     overload: float = 3.0            # step load as a multiple of capacity
     high_share: float = 0.2          # fraction of requests sent at high priority
-    high_slo_ms: float = 250.0       # the high-priority class's P99 objective during the step
+    high_slo_ms: float = 500.0       # the high-priority class's P99 objective during the step
     abandoned_sessions: int = 16
+    rows: int = 8                    # rows per request: heavier requests keep the client's own load small
     in_flight_limit: int = 512
     lengths: LengthDistribution = field(default_factory=lambda: LengthDistribution.parse("fixed:length=64"))
     seed: int = 0
@@ -61,7 +62,6 @@ def overload_variant_context(context: dict, queue_timeout_us: int, max_queue_siz
         "default_queue_policy": {
             "timeout_action": "REJECT",
             "default_timeout_microseconds": queue_timeout_us,
-            "allow_timeout_override": "true",
             "max_queue_size": max_queue_size,
         },
     }
@@ -84,8 +84,35 @@ def write_overload_repository(example_repo: Path, model: str, out: Path, queue_t
                                        queue_timeout_us, max_queue_size)
     if out.exists():
         shutil.rmtree(out)
-    write_model(out, context, {model_file.name: model_file})
+    model_dir = write_model(out, context, {model_file.name: model_file})
+    config = model_dir / "config.pbtxt"
+    config.write_text(with_high_priority_policy(config.read_text(), f"{model}/config.pbtxt"))
     return out
+
+
+# The high-priority level is never shed by its queue's timeout: a short default timeout cannot be
+# lengthened per request (Triton lets requests only shorten it), so level 1 gets its own policy.
+HIGH_PRIORITY_POLICY = f"""
+  priority_queue_policy {{
+    key: {HIGH}
+    value {{
+      timeout_action: DELAY
+      default_timeout_microseconds: 0
+      max_queue_size: 0
+    }}
+  }}"""
+
+
+def with_high_priority_policy(config_text: str, where: str) -> str:
+    """config.pbtxt text with HIGH_PRIORITY_POLICY added to its dynamic_batching block, checked by Triton's schema."""
+    from latte.generator.validate import parse_config
+
+    marker = "dynamic_batching {"
+    if marker not in config_text:
+        raise ValueError(f"{where} has no dynamic_batching block to add a priority queue policy to")
+    text = config_text.replace(marker, marker + HIGH_PRIORITY_POLICY, 1)
+    parse_config(text, where)
+    return text
 
 
 def _class_report(outcomes: Outcomes, slo_ms: Optional[float] = None) -> dict:
@@ -111,7 +138,7 @@ def _abandon_sessions(grpc_url: str, model: str, feed: Dict[str, np.ndarray], co
     for i in range(count):
         client = grpcclient.InferenceServerClient(grpc_url)
         try:
-            client.async_infer(model, grpc_inputs(feed), callback=lambda *_: None, sequence_id=first_id + i,
+            client.async_infer(model, grpc_inputs(feed), callback=lambda result, error: None, sequence_id=first_id + i,
                                sequence_start=True, priority=LOW)
             opened += 1
         finally:
@@ -131,7 +158,8 @@ def run_overload(target: Target, settings: OverloadSettings,
     say = progress or (lambda message: None)
     rng = np.random.default_rng(settings.seed)
     model_inputs = fetch_model_inputs(target.http_url, settings.model)
-    feeds = model_inputs.requests(rng, 128, settings.lengths)
+    lengths = settings.lengths.sample(rng, 128, model_inputs.max_length) if model_inputs.variable else [1] * 128
+    feeds = [model_inputs.request(rng, int(n), rows=settings.rows) for n in lengths]
     sampler = MetricsSampler(target.metrics_url, target.server_pid, interval=3600)
 
     say("measuring capacity (closed loop)")

@@ -62,7 +62,7 @@ def headline_rows(results: dict) -> List[Tuple[str, str]]:
     if "server_rss_mb_start" in s:
         rows.append(("tritonserver RSS, start → end",
                      f"{s['server_rss_mb_start']:.1f} → {s['server_rss_mb_end']:.1f} MiB"))
-        rows.append(("Python stubs RSS (sum), start → end",
+        rows.append(("RSS of this model's stub(s), start → end",
                      f"{s['stubs_rss_mb_start']:.1f} → {s['stubs_rss_mb_end']:.1f} MiB"))
     failed = s.get("failed_points", 0)
     rows.append(("Load points measured", f'{s["points"] - failed} of {s["points"]}'

@@ -144,13 +144,14 @@ def run_bench(target: Target, settings: BenchSettings, progress: Optional[Progre
                      "measurement_ms": settings.measurement_ms, "max_trials": settings.max_trials,
                      "stability_percentage": settings.stability_percentage},
         "points": points,
-        "summary": summarize(points, samples),
+        "summary": summarize(points, samples, settings.model),
         "samples": [s.as_dict() for s in samples],
         "sampler_errors": sampler.errors,
     }
 
 
-def summarize(points: List[dict], samples: List[Sample]) -> dict:
+def summarize(points: List[dict], samples: List[Sample], model: Optional[str] = None) -> dict:
+    """Headline figures; memory counts tritonserver and the stubs serving `model` (all stubs if None)."""
     ok = [p for p in points if "error" not in p]
     summary: dict = {"points": len(points), "failed_points": len(points) - len(ok)}
     if ok:
@@ -170,10 +171,16 @@ def summarize(points: List[dict], samples: List[Sample]) -> dict:
         summary.update({
             "server_rss_mb_start": round(first.server_rss / 2**20, 1),
             "server_rss_mb_end": round(last.server_rss / 2**20, 1),
-            "stubs_rss_mb_start": round(first.stubs_rss / 2**20, 1),
-            "stubs_rss_mb_end": round(last.stubs_rss / 2**20, 1),
+            "stubs_rss_mb_start": round(_stubs(first, model) / 2**20, 1),
+            "stubs_rss_mb_end": round(_stubs(last, model) / 2**20, 1),
         })
     return summary
+
+
+def _stubs(sample: Sample, model: Optional[str]) -> int:
+    from latte.bench.soak import model_stubs
+
+    return sum(model_stubs(sample.rss, model).values()) if model else sample.stubs_rss
 
 
 def write_results(results: dict, out_dir: Path) -> Path:
