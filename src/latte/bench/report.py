@@ -96,7 +96,7 @@ def render_bench_report(results: dict) -> str:
     sections = ["<h2>Summary</h2>", headline, "<h2>Every load point</h2>", details]
     if any(p.get("stability_percentage", 0) > results["settings"]["stability_percentage"] for p in points):
         sections.append("<p class=\"meta\">† perf_analyzer could not settle within the stability asked for; the "
-                        "point was measured again with a 100 % bound, so treat it as noisier.</p>")
+                        "point was measured again with a 400 % bound (windows may differ several-fold), so treat it as noisy.</p>")
     if ok:
         sections += [
             "<h2>Latency against throughput</h2>",
