@@ -15,7 +15,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:10
 h1{font-size:1.6em;margin-bottom:.2em} h2{margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}
 .meta{color:#666;font-size:.9em}
 table{border-collapse:collapse;margin:.8em 0;font-size:.92em}
-th,td{padding:.35em .8em;border-bottom:1px solid #e3e3e3;text-align:right}
+th,td{padding:.35em .8em;border-bottom:1px solid #e3e3e3;text-align:right;white-space:nowrap}
 th:first-child,td:first-child{text-align:left}
 thead th{background:#f5f5f7}
 table.headline td{font-size:1.1em} table.headline td.v{font-weight:600}
@@ -37,7 +37,8 @@ def figure(png: bytes, caption: str) -> str:
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], css: str = "") -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
-    return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    thead = f"<thead><tr>{head}</tr></thead>" if any(headers) else ""
+    return f'<table class="{css}">{thead}<tbody>{body}</tbody></table>'
 
 
 def page(title: str, meta: str, sections: List[str]) -> str:
@@ -84,7 +85,9 @@ def render_bench_report(results: dict) -> str:
         relaxed = p.get("stability_percentage", 0) > results["settings"]["stability_percentage"]
         level += " †" if relaxed else ""
         if "error" in p:
-            detail_rows.append((level, f'<span class="bad">{html.escape(p["error"].splitlines()[0])}</span>',
+            lines = p["error"].strip().splitlines()
+            why = lines[0].split(" for model")[0] + (": " + lines[-1] if len(lines) > 1 else "")
+            detail_rows.append((level, f'<span class="bad">{html.escape(why)}</span>',
                                 "", "", "", "", "", ""))
             continue
         detail_rows.append((level, _fmt(p["throughput"], 1), _fmt(p["p50_ms"]), _fmt(p["p90_ms"]), _fmt(p["p99_ms"]),
@@ -94,9 +97,13 @@ def render_bench_report(results: dict) -> str:
                     detail_rows)
     ok = [p for p in points if "error" not in p]
     sections = ["<h2>Summary</h2>", headline, "<h2>Every load point</h2>", details]
-    if any(p.get("stability_percentage", 0) > results["settings"]["stability_percentage"] for p in points):
-        sections.append("<p class=\"meta\">† perf_analyzer could not settle within the stability asked for; the "
-                        "point was measured again with a 400 % bound (windows may differ several-fold), so treat it as noisy.</p>")
+    relaxed = sorted({p["stability_percentage"] for p in points
+                      if p.get("stability_percentage", 0) > results["settings"]["stability_percentage"]})
+    if relaxed:
+        bound = " / ".join(f"{b:g} %" for b in relaxed)
+        sections.append(f"<p class=\"meta\">† perf_analyzer could not settle within the stability asked for; the "
+                        f"point was measured again with a {bound} bound (windows may differ several-fold), so "
+                        f"treat it as noisy.</p>")
     if ok:
         sections += [
             "<h2>Latency against throughput</h2>",
@@ -152,9 +159,12 @@ def write_index(results_list: List[dict], out_dir: Path) -> Path:
         rows.append((f'<a href="{html.escape(r["model"])}/report.html">{html.escape(r["model"])}</a>',
                      _fmt(s.get("peak_throughput"), 1), _fmt(s.get("p50_ms_light_load")),
                      _fmt(s.get("p99_ms_light_load")), _fmt(s.get("p99_ms_at_peak")),
-                     _fmt(s.get("mean_batch_size_at_peak")), s.get("failed_points", 0)))
+                     _fmt(s.get("mean_batch_size_at_peak")),
+                     f'{_fmt(s.get("server_rss_mb_start"), 0)} → {_fmt(s.get("server_rss_mb_end"), 0)}',
+                     f'{_fmt(s.get("stubs_rss_mb_start"), 0)} → {_fmt(s.get("stubs_rss_mb_end"), 0)}',
+                     s.get("failed_points", 0)))
     body = table(("model", "peak infer/s", "P50 ms light", "P99 ms light", "P99 ms at peak", "mean batch at peak",
-                  "failed points"), rows)
+                  "tritonserver MiB", "model stub MiB", "failed points"), rows)
     meta = html.escape(results_list[0]["machine"]) if results_list else ""
     path = Path(out_dir) / "index.html"
     path.write_text(page("Serving benchmarks", meta, ["<h2>Summary</h2>", body]))

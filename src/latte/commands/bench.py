@@ -64,8 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--measurement-ms", type=int, default=1500, help="perf_analyzer measurement window")
     p.add_argument("--max-trials", type=int, default=4, help="perf_analyzer trials per load point")
     p.add_argument("--out", default=".latte/bench", help="output folder (default .latte/bench)")
-    p.add_argument("--report-from", metavar="RESULTS_JSON",
-                   help="only re-render report.html beside an existing results.json (no server, no load)")
+    p.add_argument("--report-from", metavar="RESULTS_JSON", nargs="+",
+                   help="only re-render report.html beside existing results.json files (no server, no load); "
+                        "with several, also the index.html one folder up")
     p.add_argument("--soak", metavar="N|DURATION",
                    help="run a soak instead: a request count (20000, 1M) or a duration (90s, 10min, 2h)")
     p.add_argument("--in-flight", type=int, default=4, help="soak: requests in flight at once")
@@ -95,10 +96,14 @@ def _bench(args) -> int:
 
     console = Console()
     if args.report_from:
-        from latte.bench.report import write_bench_report
+        from latte.bench.report import write_bench_report, write_index
 
-        results_path = Path(args.report_from)
-        console.print(f"report: {write_bench_report(json.loads(results_path.read_text()), results_path.parent)}")
+        loaded = []
+        for results_path in map(Path, args.report_from):
+            loaded.append(json.loads(results_path.read_text()))
+            console.print(f"report: {write_bench_report(loaded[-1], results_path.parent)}")
+        if len(loaded) > 1:
+            console.print(f"index: {write_index(loaded, Path(args.report_from[0]).parent.parent)}")
         return 0
     if args.url and args.repo:
         raise ValueError("give either a repository to serve or --url of a running server, not both")
