@@ -85,7 +85,9 @@ def _models(args) -> List[str]:
         if models:
             return models
         raise ValueError(f"{args.repo} holds no model folder with a config.pbtxt")
-    raise ValueError("with --url, name the models to benchmark with --model")
+    if args.url:
+        raise ValueError("with --url, name the models to benchmark with --model")
+    raise ValueError("give a model repository to serve, or --url of a running tritonserver")
 
 
 def _bench(args) -> int:
@@ -108,6 +110,10 @@ def _bench(args) -> int:
     if args.url and args.repo:
         raise ValueError("give either a repository to serve or --url of a running server, not both")
     models = _models(args)
+    if args.soak:
+        from latte.bench.soak import parse_soak_amount
+
+        parse_soak_amount(args.soak)  # a typo is reported before a server starts
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f}"),
