@@ -41,7 +41,7 @@ $(LATTE_STAMP): $(DEPS_STAMP) $(SOURCES)
 demo: setup
 	$(LATTE) demo
 
-test: setup
+test: setup sanitize
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
@@ -50,5 +50,43 @@ test-unit: setup
 test-integration: setup
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
+# --- memory (BuddyArena) ---
+# The C++ suites without Python: plain, then with AddressSanitizer + UBSan and every
+# invariant re-checked after each operation. Separate build trees keep the flags apart.
+CMAKE_TESTS := -DLATTE_BUILD_PYTHON=OFF -DLATTE_BUILD_TESTS=ON
+test-cpp:
+	cmake -S . -B build/cpp-tests $(CMAKE_TESTS) -DCMAKE_BUILD_TYPE=Release > /dev/null
+	nice cmake --build build/cpp-tests -j2
+	ctest --test-dir build/cpp-tests --output-on-failure
+
+sanitize:
+	cmake -S . -B build/cpp-sanitize $(CMAKE_TESTS) -DLATTE_SANITIZE=address,undefined -DLATTE_DEBUG_CHECKS=ON -DLATTE_CUDA=OFF > /dev/null
+	nice cmake --build build/cpp-sanitize -j2
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 \
+	  ctest --test-dir build/cpp-sanitize --output-on-failure
+# --- end memory ---
+
 clean:
 	rm -rf build $(VENV) .latte
+
+# --- scheduling (AffinityScheduler) ---
+# C++ tests of the scheduler, built apart from the wheel: Debug with invariants re-checked.
+SCHED_TEST_BUILD := build/sched-tests
+SCHED_TSAN_BUILD := build/sched-tsan
+.PHONY: test-scheduling-cpp tsan
+
+test-scheduling-cpp:
+	cmake -S . -B $(SCHED_TEST_BUILD) -DLATTE_BUILD_PYTHON=OFF -DLATTE_BUILD_TESTS=ON \
+	  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-DLATTE_DEBUG_CHECKS > /dev/null
+	cmake --build $(SCHED_TEST_BUILD) -j 2 --target test_scheduler_core stress_affinity_scheduler
+	$(SCHED_TEST_BUILD)/csrc/tests/test_scheduler_core
+	$(SCHED_TEST_BUILD)/csrc/tests/stress_affinity_scheduler
+
+# The seeded multi-threaded stress test under ThreadSanitizer; any report fails the run.
+tsan:
+	cmake -S . -B $(SCHED_TSAN_BUILD) -DLATTE_BUILD_PYTHON=OFF -DLATTE_BUILD_TESTS=ON \
+	  -DLATTE_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+	cmake --build $(SCHED_TSAN_BUILD) -j 2 --target stress_affinity_scheduler
+	TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1" \
+	  $(SCHED_TSAN_BUILD)/csrc/tests/stress_affinity_scheduler
+# --- end scheduling ---

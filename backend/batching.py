@@ -2,52 +2,76 @@
 
 The stock Python backend runs requests one at a time even when Triton's dynamic
 batcher hands it many; here every compatible request goes into one call and the
-outputs are split back by rows.
+outputs are split back by rows. Ragged inputs are padded to their shape bucket's edge,
+so requests of one bucket share a batch and the model sees a few recurring shapes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Hashable, List, Sequence, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.requests import ParsedRequest
+
+Allocate = Callable[[tuple, np.dtype], np.ndarray]
 
 
 @dataclass
 class Batch:
     inputs: Dict[str, np.ndarray]
-    members: List[Tuple[int, int]]   # (position in execute's request list, rows)
+    members: List[Tuple[int, int]]        # (position in execute's request list, rows)
+    lengths: List[Optional[int]]          # each member's own ragged length (None when not ragged)
+    padded_length: Optional[int] = None   # the ragged length the batch was padded to
 
     @property
     def rows(self) -> int:
         return sum(rows for _, rows in self.members)
 
 
-def _compat_key(spec: ModelSpec, request: ParsedRequest) -> Hashable:
-    # Requests batch together when every non-ragged input agrees on its inner shape;
-    # ragged inputs are padded, so only their rank matters.
+def ragged_length(spec: ModelSpec, request: ParsedRequest) -> Optional[int]:
+    """The longest variable dimension among the request's ragged inputs."""
+    longest = None
+    for t in spec.inputs:
+        if not t.ragged or t.name not in request.inputs:
+            continue
+        inner = request.inputs[t.name].shape[1:]
+        for size, dim in zip(inner, t.dims):
+            if dim == -1:
+                longest = size if longest is None else max(longest, size)
+    return longest
+
+
+def affinity_key(spec: ModelSpec, request: ParsedRequest, buckets: Optional[BucketPlan]) -> Hashable:
+    """Requests with equal keys can share a batch: equal non-ragged inner shapes and, for
+    ragged inputs, the same shape bucket."""
     key = []
     for t in spec.inputs:
         array = request.inputs.get(t.name)
         if array is None:
             key.append((t.name, None))
-            continue
-        inner = array.shape[1:]
-        key.append((t.name, len(inner) if t.ragged else tuple(inner)))
+        elif t.ragged:
+            key.append((t.name, array.ndim))
+        else:
+            key.append((t.name, tuple(array.shape[1:])))
+    length = ragged_length(spec, request)
+    if length is not None and buckets is not None:
+        key.append(("bucket", buckets.edge_for(length)))
     return tuple(key)
 
 
-def plan_batches(spec: ModelSpec, requests: Sequence[Tuple[int, ParsedRequest]]) -> List[List[Tuple[int, ParsedRequest]]]:
+def plan_batches(spec: ModelSpec, requests: Sequence[Tuple[int, ParsedRequest]],
+                 buckets: Optional[BucketPlan] = None) -> List[List[Tuple[int, ParsedRequest]]]:
     """Group (position, request) pairs into batches of compatible requests within max_batch_size."""
     if not spec.batched:
         return [[item] for item in requests]
     groups: Dict[Hashable, List[List[Tuple[int, ParsedRequest]]]] = {}
     order: List[Hashable] = []
     for item in requests:
-        key = _compat_key(spec, item[1])
+        key = affinity_key(spec, item[1], buckets)
         if key not in groups:
             groups[key] = [[]]
             order.append(key)
@@ -59,46 +83,64 @@ def plan_batches(spec: ModelSpec, requests: Sequence[Tuple[int, ParsedRequest]])
     return [batch for key in order for batch in groups[key]]
 
 
-def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]]) -> Batch:
+def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], buckets: Optional[BucketPlan] = None,
+             allocate: Allocate = np.empty) -> Batch:
     members = [(pos, req.rows) for pos, req in group]
+    lengths = [ragged_length(spec, req) for _, req in group]
     if not spec.batched:
-        return Batch(inputs=dict(group[0][1].inputs), members=members)
+        return Batch(inputs=dict(group[0][1].inputs), members=members, lengths=lengths)
+    known = [n for n in lengths if n is not None]
+    padded = None
+    if known:
+        padded = max(known)
+        if buckets is not None:
+            padded = buckets.edge_for(padded)
     inputs: Dict[str, np.ndarray] = {}
     for t in spec.inputs:
         parts = [req.inputs[t.name] for _, req in group if t.name in req.inputs]
         if not parts:
             continue
-        if len(parts) == 1:
-            inputs[t.name] = parts[0]
-            continue
+        rows = sum(p.shape[0] for p in parts)
         if t.ragged:
-            inner = np.max([p.shape[1:] for p in parts], axis=0)
-            rows = sum(p.shape[0] for p in parts)
-            out = np.full((rows, *inner), spec.pad_value, dtype=t.dtype)
+            inner = tuple(padded if dim == -1 else size for size, dim in zip(parts[0].shape[1:], t.dims))
+            out = allocate((rows, *inner), t.dtype)
+            out.fill(spec.pad_value)
             at = 0
             for p in parts:
-                index = (slice(at, at + p.shape[0]),) + tuple(slice(0, s) for s in p.shape[1:])
-                out[index] = p
+                out[(slice(at, at + p.shape[0]),) + tuple(slice(0, s) for s in p.shape[1:])] = p
                 at += p.shape[0]
-            inputs[t.name] = out
+        elif len(parts) == 1:
+            out = parts[0]
         else:
-            inputs[t.name] = np.concatenate(parts, axis=0)
-    return Batch(inputs=inputs, members=members)
+            out = allocate((rows, *parts[0].shape[1:]), t.dtype)
+            np.concatenate(parts, axis=0, out=out)
+        inputs[t.name] = out
+    return Batch(inputs=inputs, members=members, lengths=lengths, padded_length=padded)
 
 
 def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray]) -> List[Dict[str, np.ndarray]]:
-    """Per-request outputs, in the order of batch.members."""
+    """Per-request outputs, in the order of batch.members.
+
+    An output dimension declared -1 whose size equals the padded length is cut back to
+    each request's own length, so per-token outputs come back un-padded.
+    """
     if not spec.batched:
         return [outputs]
     total = batch.rows
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] != total:
-            raise RuntimeError(
-                f"output {name!r} has shape {list(array.shape)}; expected {total} rows for this batch"
-            )
+            raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {total} rows for this batch")
+    declared = {t.name: t.dims for t in spec.outputs}
     results = []
     at = 0
-    for _, rows in batch.members:
-        results.append({name: array[at:at + rows] for name, array in outputs.items()})
+    for (_, rows), length in zip(batch.members, batch.lengths):
+        per_request = {}
+        for name, array in outputs.items():
+            index = [slice(at, at + rows)]
+            for size, dim in zip(array.shape[1:], declared.get(name, ())):
+                trim = dim == -1 and length is not None and size == batch.padded_length
+                index.append(slice(0, length) if trim else slice(None))
+            per_request[name] = array[tuple(index)]
+        results.append(per_request)
         at += rows
     return results

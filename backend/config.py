@@ -53,6 +53,15 @@ class ModelSpec:
     max_sequence_length: Optional[int] = None
     device: str = "cpu"
     parameters: Mapping[str, str] = field(default_factory=dict)
+    bucket_edges: Optional[Tuple[int, ...]] = None   # for ragged inputs; None = pad to the batch's longest
+    session_input: Optional[str] = None              # ragged input whose prefix a session keeps
+    session_ttl_s: float = 300.0
+    max_sessions: int = 10000
+    arena_bytes: int = 64 << 20
+    lanes: int = 1
+    warmup: bool = True
+    scheduler: str = "affinity"                      # "affinity" (scheduler lanes) or "inline"
+    pin_lanes: bool = False
 
     @property
     def batched(self) -> bool:
@@ -119,11 +128,15 @@ def instance_count(config: Mapping) -> int:
     return sum(int(g.get("count", 1)) for g in groups)
 
 
-def usable_cores() -> int:
+def usable_core_ids() -> set:
     try:
-        return len(os.sched_getaffinity(0))
+        return set(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        return set(range(os.cpu_count() or 1))
+
+
+def usable_cores() -> int:
+    return len(usable_core_ids())
 
 
 def parse_model_config(config: Mapping, model_dir: Path, version: str, device: str = "cpu") -> ModelSpec:
@@ -164,22 +177,62 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
     inter = _int_param(params, "inter_op_threads", 1)
     count = instance_count(config)
     cores = usable_cores()
-    if count * intra > cores:
-        # Intra-op threads that outnumber free cores wait on each other for whole time
-        # slices (measured: 14 us vs 32 ms per call); refuse rather than degrade.
-        raise ConfigError(
-            f"model {name!r}: {count} instance(s) x intra_op_threads={intra} = {count * intra} threads "
-            f"exceed the {cores} core(s) this server may use; lower intra_op_threads or the instance count"
-        )
     try:
         pad_value = float(params.get("pad_value", "0") or 0)
     except ValueError:
         raise ConfigError(f"model {name!r}: parameters[\"pad_value\"] must be a number, got {params['pad_value']!r}") from None
+    ragged = [t for t in inputs if t.ragged]
+    max_len = _int_param(params, "max_sequence_length", None)
+    edges_text = params.get("bucket_edges", "").strip()
+    if edges_text.lower() == "none" or not ragged:
+        bucket_edges = None
+    elif edges_text:
+        from latte.backend.buckets import BucketPlan
+
+        try:
+            bucket_edges = tuple(BucketPlan.parse(edges_text).edges)
+        except ValueError as exc:
+            raise ConfigError(f"model {name!r}: {exc}") from None
+    else:
+        from latte.backend.buckets import BucketPlan
+
+        default = BucketPlan.default(max_len)
+        bucket_edges = tuple(default.edges) if default else None
+    session_input = params.get("session_input") or None
+    if session_input is not None and session_input not in [t.name for t in ragged]:
+        raise ConfigError(f"model {name!r}: parameters[\"session_input\"] is {session_input!r}; "
+                          f"it must name a ragged input ({[t.name for t in ragged]})")
+    try:
+        ttl = float(params.get("session_ttl_s", "300") or 300)
+    except ValueError:
+        raise ConfigError(f"model {name!r}: parameters[\"session_ttl_s\"] must be a number of seconds") from None
+    if ttl <= 0:
+        raise ConfigError(f"model {name!r}: parameters[\"session_ttl_s\"] must be > 0")
+    lanes = _int_param(params, "lanes", 1)
+    if count * lanes * intra > cores:
+        # Intra-op threads that outnumber free cores wait on each other for whole time
+        # slices (measured: 14 us vs 32 ms per call); refuse rather than degrade.
+        raise ConfigError(
+            f"model {name!r}: {count} instance(s) x lanes={lanes} x intra_op_threads={intra} = "
+            f"{count * lanes * intra} threads exceed the {cores} core(s) this server may use"
+        )
+    flags = {}
+    for key, default in (("warmup", "true"), ("pin_lanes", "false")):
+        value = params.get(key, default).strip().lower()
+        if value not in ("true", "false", "1", "0"):
+            raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be true or false, got {value!r}")
+        flags[key] = value in ("true", "1")
+    scheduler = params.get("scheduler", "affinity").strip().lower()
+    if scheduler not in ("affinity", "inline"):
+        raise ConfigError(f"model {name!r}: parameters[\"scheduler\"] must be affinity or inline, got {scheduler!r}")
     return ModelSpec(
         name=name, inputs=inputs, outputs=outputs, max_batch_size=max_batch_size, runtime=runtime,
         model_path=model_path, intra_op_threads=intra, inter_op_threads=inter, instance_count=count,
-        pad_value=pad_value, max_sequence_length=_int_param(params, "max_sequence_length", None),
-        device=device, parameters=params,
+        pad_value=pad_value, max_sequence_length=max_len,
+        device=device, parameters=params, bucket_edges=bucket_edges, session_input=session_input,
+        session_ttl_s=ttl, max_sessions=_int_param(params, "max_sessions", 10000),
+        arena_bytes=_int_param(params, "arena_bytes", 64 << 20, minimum=1 << 16), lanes=lanes,
+        warmup=flags["warmup"], pin_lanes=flags["pin_lanes"], scheduler=scheduler,
     )
 
 

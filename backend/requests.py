@@ -20,11 +20,16 @@ class RequestError(ValueError):
     """This request cannot be served; the message says what was wrong and what was expected."""
 
 
+class RequestCancelled(RuntimeError):
+    """The client gave up on the request before it ran."""
+
+
 @dataclass
 class ParsedRequest:
     inputs: Dict[str, np.ndarray]
     rows: int                                  # batch rows this request contributes (1 when unbatched)
     parameters: Mapping[str, object] = field(default_factory=dict)
+    timeout_us: int = 0                        # Triton's own request timeout, 0 = none
 
 
 def _dtype_name(dtype: np.dtype) -> str:
@@ -62,7 +67,9 @@ class RequestReader:
                 rows = r
             elif r != rows:
                 raise RequestError(f"inputs disagree on the batch size: {name!r} has {r} rows, others {rows}")
-        return ParsedRequest(inputs=arrays, rows=rows or 1, parameters=_parameters(request))
+        timeout = getattr(request, "timeout", None)
+        return ParsedRequest(inputs=arrays, rows=rows or 1, parameters=_parameters(request),
+                             timeout_us=int(timeout()) if timeout is not None else 0)
 
     def _check(self, spec: TensorSpec, array: np.ndarray) -> None:
         if array.dtype != spec.dtype:

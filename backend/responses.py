@@ -7,8 +7,8 @@ from typing import Dict
 import numpy as np
 
 from latte.backend.config import ConfigError
-from latte.backend.engine import ModelError
-from latte.backend.requests import RequestError
+from latte.backend.engine import DeadlineExceeded, ModelError
+from latte.backend.requests import RequestCancelled, RequestError
 
 
 class ResponseBuilder:
@@ -30,6 +30,10 @@ class ResponseBuilder:
             code = getattr(TritonError, "INVALID_ARG", None)
         elif isinstance(exc, MemoryError):
             code = getattr(TritonError, "UNAVAILABLE", None)
+        elif isinstance(exc, RequestCancelled):
+            code = getattr(TritonError, "CANCELLED", None)
+        elif isinstance(exc, DeadlineExceeded):
+            code = getattr(TritonError, "DEADLINE_EXCEEDED", getattr(TritonError, "UNAVAILABLE", None))
         elif isinstance(exc, ModelError):
             code = getattr(TritonError, "INTERNAL", None)
         message = str(exc) or type(exc).__name__

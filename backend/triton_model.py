@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
-from typing import List
+import time
+from typing import List, Optional
 
-from latte.backend.config import parse_args, parse_model_config
-from latte.backend.engine import BatchEngine
-from latte.backend.requests import RequestError, RequestReader
+import numpy as np
+
+from latte.backend import autocomplete
+from latte.backend.buckets import BucketPlan
+from latte.backend.config import parse_args, parse_model_config, usable_core_ids
+from latte.backend.lanes import LaneDispatcher
+from latte.backend.engine import BatchEngine, BatchRecord
+from latte.backend.metrics import BackendMetrics, outcome_label
+from latte.backend.options import read_options
+from latte.backend.requests import RequestCancelled, RequestError, RequestReader
 from latte.backend.responses import ResponseBuilder
-from latte.backend.runtimes import load_runtime
+from latte.backend.precision import load_at_precision
+from latte.backend.sessions import SessionStore
+from latte.backend.warmup import warmup_requests, warmup_shapes
+
+
+def lane_cpus(spec) -> Optional[List[List[int]]]:
+    """CPU sets for pinned lanes (parameter pin_lanes), intra_op_threads cores each.
+
+    Unpinned by default: several models in one server would otherwise all pin their first
+    lane to the same core.
+    """
+    if not spec.pin_lanes:
+        return None
+    cores = sorted(usable_core_ids())
+    per = spec.intra_op_threads
+    return [cores[i * per:(i + 1) * per] for i in range(spec.lanes)]
 
 
 def instance_device(args) -> str:
@@ -21,35 +44,88 @@ class LatteModel:
     def __init__(self, args, pb) -> None:
         self.pb = pb
         config, model_dir, version = parse_args(args)
-        self.spec = parse_model_config(config, model_dir, version, device=instance_device(args))
-        self.runtime = load_runtime(
-            self.spec.runtime, self.spec.model_path,
-            [t.name for t in self.spec.inputs], [t.name for t in self.spec.outputs],
-            self.spec.intra_op_threads, self.spec.inter_op_threads, self.spec.device,
+        self.spec = spec = parse_model_config(config, model_dir, version, device=instance_device(args))
+        self.runtime, accuracy = load_at_precision(spec, warmup_shapes(spec))
+        if accuracy is not None:
+            pb.Logger.log_info(f"latte: {spec.name}: {accuracy.text()}")
+        self.arena = self._make_arena()
+        allocate = self.arena.empty if self.arena is not None else np.empty
+        self.sessions = (SessionStore(spec.session_ttl_s, spec.max_sessions, spec.max_sequence_length, allocate)
+                         if spec.session_input else None)
+        self.metrics = BackendMetrics(pb, spec.name, spec.max_batch_size)
+        self.reader = RequestReader(spec)
+        self.engine = BatchEngine(
+            spec, self.runtime, buckets=BucketPlan(spec.bucket_edges) if spec.bucket_edges else None,
+            sessions=self.sessions, session_input=spec.session_input, allocate=allocate, on_batch=self._on_batch,
         )
-        self.reader = RequestReader(self.spec)
-        self.engine = BatchEngine(self.spec, self.runtime)
-        self.responses = ResponseBuilder(pb, [t.name for t in self.spec.outputs])
+        self.dispatcher = None
+        if spec.scheduler == "affinity":
+            self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, spec.lanes, lane_cpus(spec))
+        self.responses = ResponseBuilder(pb, [t.name for t in spec.outputs])
+        warmed = self._warmup() if spec.warmup else 0
         pb.Logger.log_info(
-            f"latte: {self.spec.name} ready ({self.spec.runtime}, {self.spec.model_path.name}, "
-            f"max_batch_size={self.spec.max_batch_size}, intra_op_threads={self.spec.intra_op_threads})"
+            f"latte: {spec.name} ready ({spec.runtime}, {spec.model_path.name}, max_batch_size={spec.max_batch_size}, "
+            f"intra_op_threads={spec.intra_op_threads}, scheduler={spec.scheduler}, lanes={spec.lanes}, buckets={list(spec.bucket_edges or [])}, "
+            f"warmup batches={warmed}, arena={'%d MiB' % (spec.arena_bytes >> 20) if self.arena else 'off'})"
         )
+
+    def _make_arena(self):
+        try:
+            from latte.memory import BuddyArena
+        except ImportError:
+            return None
+        return BuddyArena(self.spec.arena_bytes, "cpu")
+
+    def _warmup(self) -> int:
+        requests = warmup_requests(self.spec)
+        for outcome in self.engine.infer(requests):
+            if isinstance(outcome, Exception):
+                raise RuntimeError(f"warmup of model {self.spec.name!r} failed: {outcome}")
+        return len(requests)
 
     @staticmethod
     def auto_complete_config(auto_complete_model_config, pb):
+        additions = autocomplete.complete(auto_complete_model_config.as_dict(), autocomplete.stub_version_dir())
+        autocomplete.apply(auto_complete_model_config, additions)
         return auto_complete_model_config
 
     def execute(self, requests) -> List:
-        parsed = []
+        started = time.monotonic()
+        parsed, options = [], []
         for request in requests:
             try:
-                parsed.append(self.reader.read(request))
-            except RequestError as exc:
-                parsed.append(exc)
+                if request.is_cancelled():
+                    raise RequestCancelled("the client cancelled this request before it ran")
+                item = self.reader.read(request)
+                opts = read_options(item.parameters, triton_timeout_us=item.timeout_us)
+            except (RequestError, RequestCancelled) as exc:
+                item, opts = exc, None
             except Exception as exc:  # a reader bug must still answer this request alone
-                parsed.append(RequestError(f"could not read request: {type(exc).__name__}: {exc}"))
-        outcomes = self.engine.infer(parsed)
+                item, opts = RequestError(f"could not read request: {type(exc).__name__}: {exc}"), None
+            parsed.append(item)
+            options.append(opts)
+        outcomes = self.engine.infer(parsed, options)
+        elapsed = time.monotonic() - started
+        for outcome, opts in zip(outcomes, options):
+            error = outcome if isinstance(outcome, Exception) else None
+            self.metrics.request(outcome_label(error), opts.priority if opts else 0, elapsed)
+        self._publish_gauges()
         return [self.responses.build(outcome) for outcome in outcomes]
 
+    def _on_batch(self, record: BatchRecord) -> None:
+        self.metrics.batch(record.rows, record.seconds, record.padded_length, None)
+
+    def _publish_gauges(self) -> None:
+        if self.dispatcher is not None:
+            self.metrics.scheduler(self.dispatcher.metrics())
+        if self.arena is not None:
+            self.metrics.arena(self.arena.stats())
+        if self.sessions is not None:
+            self.sessions.reap()
+            s = self.sessions.stats()
+            self.metrics.sessions(s.live, s.started, s.ended, s.expired)
+
     def finalize(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.close()
         self.runtime.close()

@@ -32,11 +32,13 @@ class Runtime:
 
 
 def load_runtime(kind: str, path, input_names: Sequence[str], output_names: Sequence[str],
-                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu") -> Runtime:
+                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu", half: bool = False) -> Runtime:
     if kind in ("torchscript", "torch_export"):
         from latte.backend.runtimes.torch_runtime import TorchRuntime
 
-        return TorchRuntime(kind, path, input_names, output_names, intra_op_threads, inter_op_threads, device)
+        return TorchRuntime(kind, path, input_names, output_names, intra_op_threads, inter_op_threads, device, half)
+    if half:
+        raise RuntimeLoadError(f"half precision is available for torch models, not {kind}")
     if kind == "onnx":
         from latte.backend.runtimes.onnx_runtime import OnnxRuntime
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Dict, Sequence
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from latte.backend.runtimes.base import Runtime, RuntimeLoadError
 
 _threads_set = False
+_lane = threading.local()
 
 
 def set_torch_threads(intra: int, inter: int) -> None:
@@ -27,7 +29,7 @@ def set_torch_threads(intra: int, inter: int) -> None:
 
 class TorchRuntime(Runtime):
     def __init__(self, kind: str, path, input_names: Sequence[str], output_names: Sequence[str],
-                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu") -> None:
+                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu", half: bool = False) -> None:
         super().__init__(input_names, output_names)
         import torch
 
@@ -44,6 +46,10 @@ class TorchRuntime(Runtime):
                 module.to(self.device)
         except Exception as exc:
             raise RuntimeLoadError(f"torch could not load {path}: {exc}") from exc
+        self.intra_op_threads = intra_op_threads
+        self.half = half
+        if half:
+            module = module.half()
         self.module = module
         self._arg_order = self._argument_order(module, list(input_names))
 
@@ -67,7 +73,13 @@ class TorchRuntime(Runtime):
 
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         torch = self._torch
+        if getattr(_lane, "threads", None) != self.intra_op_threads:
+            # OpenMP's thread count is per calling thread: scheduler lanes set their own.
+            torch.set_num_threads(self.intra_op_threads)
+            _lane.threads = self.intra_op_threads
         args = [torch.from_numpy(np.ascontiguousarray(feed[name])).to(self.device) for name in self._arg_order]
+        if self.half:
+            args = [a.half() if a.is_floating_point() else a for a in args]
         with torch.inference_mode():
             result = self.module(*args)
         if isinstance(result, torch.Tensor):
@@ -76,4 +88,5 @@ class TorchRuntime(Runtime):
             result = tuple(result[name] for name in self.output_names)
         if len(result) != len(self.output_names):
             raise RuntimeError(f"model returned {len(result)} outputs; the config declares {len(self.output_names)}")
-        return {name: t.detach().to("cpu").numpy() for name, t in zip(self.output_names, result)}
+        return {name: (t.float() if self.half and t.is_floating_point() else t).detach().to("cpu").numpy()
+                for name, t in zip(self.output_names, result)}

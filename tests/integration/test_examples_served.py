@@ -35,18 +35,24 @@ def test_concurrent_ragged_requests_are_batched_and_each_gets_its_own_answer(ser
     example = EXAMPLES["sequence"]
     reference = reference_runner(example_repo, "sequence_onnx")
     http = httpclient.InferenceServerClient(server.http_url, concurrency=16)
-    feeds = [example.sample(1, rng, length=int(n)) for n in rng.integers(1, 129, size=47)]
-    too_long = 20
-    feeds.insert(too_long, {"tokens": np.ones((1, 129), np.int64)})
-    before = _stats(http, "sequence_onnx")
-    pending = [http.async_infer("sequence_onnx", clients.inputs("http", feed)) for feed in feeds]
-    for i, (feed, handle) in enumerate(zip(feeds, pending)):
-        if i == too_long:
-            with pytest.raises(Exception, match="length 129 exceeds this model's maximum of 128"):
-                handle.get_result()
-            continue
-        got = handle.get_result().as_numpy("embedding")
-        np.testing.assert_allclose(got, reference(feed)["embedding"], rtol=1e-5, atol=1e-6)
-    inferences, executions = (a - b for a, b in zip(_stats(http, "sequence_onnx"), before))
-    assert inferences == len(feeds)  # Triton counts the request answered with an error too
-    assert executions < inferences, "requests of different lengths were never batched together"
+    batched = False
+    # A loaded machine can serve a burst one by one; a few bursts make a shared batch certain.
+    for _ in range(6):
+        feeds = [example.sample(1, rng, length=int(n)) for n in rng.integers(1, 129, size=47)]
+        too_long = 20
+        feeds.insert(too_long, {"tokens": np.ones((1, 129), np.int64)})
+        before = _stats(http, "sequence_onnx")
+        pending = [http.async_infer("sequence_onnx", clients.inputs("http", feed)) for feed in feeds]
+        for i, (feed, handle) in enumerate(zip(feeds, pending)):
+            if i == too_long:
+                with pytest.raises(Exception, match="length 129 exceeds this model's maximum of 128"):
+                    handle.get_result()
+                continue
+            got = handle.get_result().as_numpy("embedding")
+            np.testing.assert_allclose(got, reference(feed)["embedding"], rtol=1e-5, atol=1e-6)
+        inferences, executions = (a - b for a, b in zip(_stats(http, "sequence_onnx"), before))
+        assert inferences == len(feeds)  # Triton counts the request answered with an error too
+        if executions < inferences:
+            batched = True
+            break
+    assert batched, "requests of different lengths were never batched together"

@@ -72,3 +72,79 @@ def test_a_model_exception_fails_only_the_request_that_caused_it(tmp_path):
 def test_onnx_runtime_refuses_a_config_that_names_tensors_the_graph_lacks(example_repo):
     with pytest.raises(RuntimeLoadError, match="config and ONNX graph disagree"):
         load_runtime("onnx", example_repo / "mlp_onnx" / "1" / "model.onnx", ["wrong"], ["logits"], 1, 1)
+
+
+class PerToken(torch.nn.Module):
+    """Token ids -> one 2-d vector per position (a per-token output of dims [-1, 2])."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.to(torch.float32).unsqueeze(-1)
+        return torch.cat([t, t * 10.0], dim=-1)
+
+
+def per_token_engine(tmp_path, **kwargs):
+    from latte.backend.buckets import BucketPlan
+
+    model_dir = tmp_path / "per_token"
+    (model_dir / "1").mkdir(parents=True)
+    torch.jit.script(PerToken()).save(str(model_dir / "1" / "model.pt"))
+    config = {"name": "per_token", "max_batch_size": 8,
+              "input": [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1], "allow_ragged_batch": True}],
+              "output": [{"name": "vectors", "data_type": "TYPE_FP32", "dims": [-1, 2]}],
+              "parameters": {"max_sequence_length": {"string_value": "64"}}}
+    spec = parse_model_config(config, model_dir, "1")
+    runtime = load_runtime("torchscript", spec.model_path, ["tokens"], ["vectors"], 1, 1)
+    return BatchEngine(spec, runtime, buckets=BucketPlan(spec.bucket_edges), **kwargs)
+
+
+def test_ragged_inputs_pad_to_their_bucket_and_per_token_outputs_come_back_unpadded(tmp_path):
+    records = []
+    engine = per_token_engine(tmp_path, on_batch=records.append)
+    lengths = (3, 5, 20)  # buckets 16, 16, 32
+    requests = [ParsedRequest(inputs={"tokens": np.arange(1, n + 1, dtype=np.int64)[None]}, rows=1) for n in lengths]
+    results = engine.infer(requests)
+    for n, result in zip(lengths, results):
+        assert result["vectors"].shape == (1, n, 2)
+        np.testing.assert_array_equal(result["vectors"][0, :, 0], np.arange(1, n + 1))
+    assert sorted((r.rows, r.padded_length) for r in records) == [(1, 32), (2, 16)]
+
+
+def test_a_request_past_its_timeout_fails_without_running(tmp_path):
+    from latte.backend.engine import DeadlineExceeded
+    from latte.backend.options import RequestOptions
+
+    now = [100.0]
+    engine = per_token_engine(tmp_path, clock=lambda: now[0])
+    request = ParsedRequest(inputs={"tokens": np.ones((1, 4), np.int64)}, rows=1)
+    original_run = engine._run
+
+    def slow_run(group):  # the first batch takes 50 ms of (virtual) time
+        now[0] += 0.05
+        return original_run(group)
+
+    engine._run = slow_run
+    urgent = RequestOptions(priority=1)
+    patient, hurried = RequestOptions(timeout_ms=1000), RequestOptions(timeout_ms=10)
+    long_request = ParsedRequest(inputs={"tokens": np.ones((1, 40), np.int64)}, rows=1)
+    ok_first, ok_late, timed_out = engine.infer([request, long_request, long_request],
+                                                [urgent, patient, hurried])
+    assert ok_first["vectors"].shape == (1, 4, 2)
+    assert ok_late["vectors"].shape == (1, 40, 2)
+    assert isinstance(timed_out, DeadlineExceeded) and "timeout_ms=10" in str(timed_out)
+
+
+def test_a_full_arena_fails_the_batch_with_memory_error_and_the_next_request_succeeds(example_repo):
+    from latte.memory import BuddyArena
+
+    arena = BuddyArena(256 << 10)  # room for small batches only
+    spec, engine = engine_for(example_repo, "cnn_onnx")
+    engine.allocate = arena.empty
+    rng = np.random.default_rng(3)
+    big = [ParsedRequest(inputs=EXAMPLES["cnn"].sample(16, rng), rows=16) for _ in range(2)]
+    first, second = engine.infer(big)  # 32 x 3 x 32 x 32 floats = 384 KiB in one buffer
+    for outcome in (first, second):
+        assert isinstance(outcome, MemoryError) and "bytes" in str(outcome)
+    small = [ParsedRequest(inputs=EXAMPLES["cnn"].sample(2, rng), rows=2) for _ in range(2)]
+    results = engine.infer(small)
+    assert all(r["logits"].shape == (2, 10) for r in results)
+    assert arena.stats()["live"] == 0  # every batch buffer went back

@@ -1,0 +1,113 @@
+"""Filling a minimal config.pbtxt from the model file, so hand-written configs stay short.
+
+Triton calls `auto_complete_config` before `initialize`, without the model's path.
+The Python backend's stub is started as `triton_python_backend_stub <version dir>/model.py
+...`, so the version folder is read from the process's command line.
+
+Sources, in order: a sidecar `<model file>.json` ({"inputs": [...], "outputs": [...],
+"max_batch_size": N}, tensors as {"name", "data_type", "dims"}), then the ONNX graph.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional
+
+from latte.backend.config import _EXTENSIONS, parameters_of
+
+# ONNX TensorProto element types -> Triton types.
+_ONNX_TYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16",
+               6: "TYPE_INT32", 7: "TYPE_INT64", 9: "TYPE_BOOL", 10: "TYPE_FP16", 11: "TYPE_FP64",
+               12: "TYPE_UINT32", 13: "TYPE_UINT64"}
+DEFAULT_MAX_BATCH_SIZE = 8
+
+
+def stub_version_dir(cmdline_path: str = "/proc/self/cmdline") -> Optional[Path]:
+    try:
+        argv = Path(cmdline_path).read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if len(argv) < 2 or not argv[1].endswith(b"model.py"):
+        return None
+    return Path(argv[1].decode()).parent
+
+
+def find_model_file(version_dir: Path, params: Mapping[str, str]) -> Optional[Path]:
+    if params.get("model_file"):
+        path = Path(params["model_file"])
+        return path if path.is_absolute() else version_dir / path
+    candidates = sorted(p for p in version_dir.iterdir() if p.suffix in _EXTENSIONS) if version_dir.is_dir() else []
+    return candidates[0] if len(candidates) == 1 else None
+
+
+def describe_onnx(path: Path) -> Dict:
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {i.name for i in graph.initializer}
+
+    def tensors(values) -> List[Dict]:
+        out = []
+        for v in values:
+            if v.name in initializers:
+                continue
+            t = v.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+            data_type = _ONNX_TYPES.get(t.elem_type)
+            if data_type is None:
+                raise ValueError(f"{path.name}: tensor {v.name!r} has an ONNX type latte cannot serve ({t.elem_type})")
+            out.append({"name": v.name, "data_type": data_type, "dims": dims})
+        return out
+
+    inputs, outputs = tensors(graph.input), tensors(graph.output)
+    batched = all(t["dims"] and t["dims"][0] == -1 for t in inputs + outputs)
+    return {"inputs": inputs, "outputs": outputs, "batched": batched}
+
+
+def describe_model(path: Path) -> Optional[Dict]:
+    sidecar = path.with_name(path.name + ".json")
+    if sidecar.exists():
+        described = json.loads(sidecar.read_text())
+        described.setdefault("batched", "max_batch_size" in described)
+        return described
+    if path.suffix == ".onnx":
+        return describe_onnx(path)
+    return None
+
+
+def complete(config: Mapping, version_dir: Optional[Path]) -> Dict:
+    """What to add to `config`: max_batch_size, inputs, outputs, dynamic_batching (may be empty)."""
+    additions: Dict = {}
+    if version_dir is None or (config.get("input") and config.get("output")):
+        return additions
+    path = find_model_file(version_dir, parameters_of(config))
+    if path is None or not path.exists():
+        return additions
+    described = describe_model(path)
+    if described is None:
+        return additions
+    max_batch_size = int(config.get("max_batch_size", 0))
+    if max_batch_size == 0 and described.get("batched"):
+        max_batch_size = int(described.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE))
+        additions["max_batch_size"] = max_batch_size
+    strip = 1 if max_batch_size > 0 and described.get("batched") else 0
+    if not config.get("input"):
+        additions["inputs"] = [{**t, "dims": t["dims"][strip:]} for t in described["inputs"]]
+    if not config.get("output"):
+        additions["outputs"] = [{**t, "dims": t["dims"][strip:]} for t in described["outputs"]]
+    if max_batch_size > 0 and not config.get("dynamic_batching") and not config.get("sequence_batching"):
+        additions["dynamic_batching"] = True
+    return additions
+
+
+def apply(auto_complete_model_config, additions: Mapping) -> None:
+    """Write `additions` through the stub's ModelConfig helper."""
+    if "max_batch_size" in additions:
+        auto_complete_model_config.set_max_batch_size(additions["max_batch_size"])
+    for t in additions.get("inputs", []):
+        auto_complete_model_config.add_input(t)
+    for t in additions.get("outputs", []):
+        auto_complete_model_config.add_output(t)
+    if additions.get("dynamic_batching"):
+        auto_complete_model_config.set_dynamic_batching()

@@ -1,0 +1,101 @@
+"""Running the batches of one `execute` call on the AffinityScheduler's lanes.
+
+Each request is submitted with its affinity key (model, shape bucket) and its priority and
+deadline; the scheduler groups requests of one key into batches, places each batch on the
+lane that ran that key last, and reports every request exactly once through `_complete`.
+`run` blocks (without the GIL) until all requests of the call are answered, which keeps
+Triton's one-response-per-request contract for ordinary (non-decoupled) models.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from latte.backend.engine import BatchEngine, DeadlineExceeded, ModelError, Result, Work
+from latte.backend.requests import RequestError
+
+
+class Overloaded(RuntimeError):
+    """The scheduler's bounded queue could not take the request."""
+
+
+class _Call:
+    """The requests of one execute call, answered as the lanes finish them."""
+
+    def __init__(self, count: int) -> None:
+        self.remaining = count
+        self.results: Dict[int, Result] = {}
+        self.done = threading.Event()
+        if count == 0:
+            self.done.set()
+
+
+def _error_for(reason: str) -> Exception:
+    name = reason.split(":", 1)[0]
+    if name in ("deadline_passed", "deadline_expired"):
+        return DeadlineExceeded(f"timed out in the scheduler ({reason})")
+    if name in ("queue_full", "displaced", "shutdown"):
+        return Overloaded(f"overloaded: the request was not admitted ({reason})")
+    if name == "too_large":
+        return RequestError(f"request too large for a batch ({reason})")
+    return ModelError(f"batch failed ({reason})")
+
+
+class LaneDispatcher:
+    def __init__(self, engine: BatchEngine, lanes: int, lane_cpus: Optional[Sequence[Sequence[int]]] = None,
+                 queue_capacity: int = 4096) -> None:
+        from latte.scheduling import PRIORITY_LEVELS, AffinityScheduler
+
+        self.engine = engine
+        self._top_priority = PRIORITY_LEVELS - 1
+        self._lock = threading.Lock()
+        self._pending: Dict[int, Tuple[Work, _Call]] = {}
+        self._ids = itertools.count(1)
+        batch = max(1, engine.spec.max_batch_size)
+        self.scheduler = AffinityScheduler(
+            self._execute, self._complete, lanes=list(lane_cpus) if lane_cpus else lanes,
+            max_batch_size=batch, max_batch_bytes=1 << 40, queue_capacity=queue_capacity,
+            # Triton's dynamic batcher already waited for this call's requests; nothing more
+            # can arrive until execute returns, so holding a batch back would only add latency.
+            max_window_s=0.0,
+        )
+
+    def run(self, work: Sequence[Work], now: float) -> Dict[int, Result]:
+        call = _Call(len(work))
+        for w in work:
+            request_id = next(self._ids)
+            with self._lock:
+                self._pending[request_id] = (w, call)
+            timeout = None if w.options.timeout_ms is None else max(0.0, w.deadline - now)
+            # A refusal is also reported through _complete, the request's one answer.
+            self.scheduler.submit(request_id, repr(self.engine.affinity_key(w.request)),
+                                  priority=min(w.options.priority, self._top_priority),
+                                  timeout_s=timeout, size=w.request.rows)
+        call.done.wait()
+        return call.results
+
+    def _execute(self, key: str, request_ids: List[int], lane: int) -> None:
+        with self._lock:
+            items = [self._pending[i] for i in request_ids]
+        for position, outcome in self.engine.run_group([w for w, _ in items]):
+            for w, call in items:
+                if w.position == position:
+                    call.results[position] = outcome
+
+    def _complete(self, request_id: int, error: Optional[str]) -> None:
+        with self._lock:
+            w, call = self._pending.pop(request_id)
+            if error is not None and w.position not in call.results:
+                call.results[w.position] = _error_for(error)
+            call.remaining -= 1
+            finished = call.remaining == 0
+        if finished:
+            call.done.set()
+
+    def metrics(self) -> dict:
+        return self.scheduler.metrics()
+
+    def close(self) -> None:
+        self.scheduler.close(drain=False)

@@ -1,0 +1,64 @@
+"""Per-request options carried in Triton request parameters.
+
+    priority_level int >= 0, higher runs first (default 0); "priority" itself is reserved by
+                   Triton for its own queue priority, which the dynamic batcher applies first
+    timeout_ms     the request fails instead of running once it has waited this long; without
+                   it, Triton's own request timeout (the client's `timeout`, in us) applies
+    session_id     string; the request continues that session's state
+    session_start  bool; create the session (an unknown session is otherwise an error)
+    session_end    bool; drop the session's state after this request
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from latte.backend.requests import RequestError
+
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    priority: int = 0
+    timeout_ms: Optional[float] = None
+    session_id: Optional[str] = None
+    session_start: bool = False
+    session_end: bool = False
+
+
+def _bool(params: Mapping, key: str) -> bool:
+    value = params.get(key, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    raise RequestError(f"parameter {key!r} must be a boolean, got {value!r}")
+
+
+def read_options(params: Mapping[str, object], max_priority: int = 15, triton_timeout_us: int = 0) -> RequestOptions:
+    priority = params.get("priority_level", 0)
+    if isinstance(priority, str) and priority.strip().lstrip("-").isdigit():
+        priority = int(priority)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= max_priority:
+        raise RequestError(f"parameter 'priority_level' must be an integer from 0 to {max_priority}, got {priority!r}")
+    timeout = params.get("timeout_ms")
+    if timeout is None and triton_timeout_us > 0:
+        timeout = triton_timeout_us / 1000.0
+    if timeout is not None:
+        try:
+            timeout = float(timeout)
+        except (TypeError, ValueError):
+            raise RequestError(f"parameter 'timeout_ms' must be a number of milliseconds, got {timeout!r}") from None
+        if not timeout > 0:
+            raise RequestError(f"parameter 'timeout_ms' must be > 0, got {timeout}")
+    session = params.get("session_id")
+    if session is not None:
+        session = str(session)
+        if not session or len(session) > 256:
+            raise RequestError("parameter 'session_id' must be a non-empty string of at most 256 characters")
+    start, end = _bool(params, "session_start"), _bool(params, "session_end")
+    if (start or end) and session is None:
+        raise RequestError("session_start / session_end need a session_id")
+    return RequestOptions(priority=priority, timeout_ms=timeout, session_id=session,
+                          session_start=start, session_end=end)

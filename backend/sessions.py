@@ -1,0 +1,109 @@
+"""Per-session state with an idle TTL, so abandoned sessions cannot pile up.
+
+A session holds the token prefix seen so far for the model's `session_input`; each
+request of the session is run on prefix + its own tokens, and the combined sequence
+becomes the new prefix. Sessions end explicitly (session_end) or when idle for `ttl_s`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
+
+import numpy as np
+
+from latte.backend.requests import RequestError
+
+
+@dataclass
+class Session:
+    prefix: np.ndarray
+    last_used: float
+    requests: int = 0
+
+
+@dataclass
+class SessionStats:
+    live: int = 0
+    started: int = 0
+    ended: int = 0
+    expired: int = 0
+
+
+class SessionStore:
+    def __init__(self, ttl_s: float, max_sessions: int, max_length: Optional[int],
+                 allocate: Callable[[tuple, np.dtype], np.ndarray] = np.empty,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if ttl_s <= 0:
+            raise ValueError(f"session TTL must be > 0 seconds, got {ttl_s}")
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        self.ttl_s = ttl_s
+        self.max_sessions = max_sessions
+        self.max_length = max_length
+        self._allocate = allocate
+        self._clock = clock
+        self._sessions: Dict[str, Session] = {}
+        self._stats = SessionStats()
+        self._lock = threading.Lock()
+
+    def reap(self) -> int:
+        """Drop sessions idle for longer than the TTL; returns how many."""
+        now = self._clock()
+        with self._lock:
+            expired = [key for key, s in self._sessions.items() if now - s.last_used > self.ttl_s]
+            for key in expired:
+                del self._sessions[key]
+            self._stats.expired += len(expired)
+            return len(expired)
+
+    def extend(self, session_id: str, tokens: np.ndarray, start: bool) -> np.ndarray:
+        """The sequence to run for this request: the session's prefix followed by `tokens` (1 x n)."""
+        if tokens.ndim != 2 or tokens.shape[0] != 1:
+            raise RequestError(f"session requests carry one sequence (1 row); got shape {list(tokens.shape)}")
+        self.reap()
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None and not start:
+                raise RequestError(
+                    f"unknown session {session_id!r}: it was never started (session_start: true), "
+                    f"ended, or idle for more than {self.ttl_s:g} s"
+                )
+            if session is not None and start:
+                raise RequestError(f"session {session_id!r} is already open; send session_start only once")
+            if session is None and len(self._sessions) >= self.max_sessions:
+                raise RequestError(f"too many open sessions ({self.max_sessions}); end some or wait for the TTL")
+            prefix = session.prefix if session is not None else tokens[0, :0]
+        total = prefix.shape[0] + tokens.shape[1]
+        if self.max_length is not None and total > self.max_length:
+            raise RequestError(
+                f"session {session_id!r} would reach {total} tokens; the model takes at most {self.max_length} "
+                f"(end the session and start a new one)"
+            )
+        combined = self._allocate((1, total), tokens.dtype)
+        combined[0, :prefix.shape[0]] = prefix
+        combined[0, prefix.shape[0]:] = tokens[0]
+        return combined
+
+    def commit(self, session_id: str, sequence: np.ndarray, end: bool) -> None:
+        """Store `sequence` (1 x n) as the new prefix, or drop the session when it ends."""
+        with self._lock:
+            if end:
+                if self._sessions.pop(session_id, None) is not None:
+                    self._stats.ended += 1
+                return
+            existing = self._sessions.get(session_id)
+            if existing is None:
+                self._stats.started += 1
+                self._sessions[session_id] = Session(prefix=sequence[0], last_used=self._clock(), requests=1)
+            else:
+                existing.prefix = sequence[0]
+                existing.last_used = self._clock()
+                existing.requests += 1
+
+    def stats(self) -> SessionStats:
+        with self._lock:
+            return SessionStats(live=len(self._sessions), started=self._stats.started,
+                                ended=self._stats.ended, expired=self._stats.expired)

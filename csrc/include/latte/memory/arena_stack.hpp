@@ -1,0 +1,50 @@
+#pragma once
+// The usual assembly, in one object: backing resource -> BuddyArena -> optional limit ->
+// statistics. Used by the Python module and the PyTorch allocator plug-in.
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "latte/memory/buddy_arena.hpp"
+#include "latte/memory/limiting_adaptor.hpp"
+#include "latte/memory/memory_resource.hpp"
+#include "latte/memory/statistics_adaptor.hpp"
+
+namespace latte::memory {
+
+enum class Device { cpu, cuda };
+
+struct ArenaStackOptions {
+  std::size_t capacity = 0;
+  Device device = Device::cpu;
+  int device_id = 0;
+  ArenaOptions arena = {};
+  std::size_t limit = 0;  // 0: no limit below the capacity
+  bool prefault = true;   // host only
+  bool pin = true;        // host only: cudaHostRegister when a CUDA device exists
+};
+
+class ArenaStack {
+ public:
+  explicit ArenaStack(const ArenaStackOptions& options);
+  ~ArenaStack();
+
+  MemoryResource& resource() noexcept { return *statistics_; }
+  const StatisticsAdaptor& statistics() const noexcept { return *statistics_; }
+  BuddyArena& arena() noexcept { return *arena_; }
+  const ArenaStackOptions& options() const noexcept { return options_; }
+  bool pinned() const noexcept { return pinned_; }
+
+ private:
+  ArenaStackOptions options_;
+  std::unique_ptr<MemoryResource> backing_;
+  std::unique_ptr<BuddyArena> arena_;
+  std::unique_ptr<LimitingAdaptor> limit_;
+  std::unique_ptr<StatisticsAdaptor> statistics_;
+  bool pinned_ = false;
+};
+
+// Whether this build can place arenas in CUDA device memory.
+bool cuda_device_memory_compiled() noexcept;
+
+}  // namespace latte::memory

@@ -1,0 +1,49 @@
+#include "latte/memory/arena_stack.hpp"
+
+#include "latte/memory/error.hpp"
+#include "latte/memory/host_resource.hpp"
+#ifdef LATTE_WITH_CUDA
+#include "latte/memory/cuda_device_resource.hpp"
+#endif
+
+namespace latte::memory {
+
+bool cuda_device_memory_compiled() noexcept {
+#ifdef LATTE_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+ArenaStack::ArenaStack(const ArenaStackOptions& options) : options_(options) {
+  if (options.device == Device::cuda) {
+#ifdef LATTE_WITH_CUDA
+    backing_ = std::make_unique<CudaDeviceResource>(options.device_id);
+#else
+    throw logic_error("device 'cuda' needs Latte built with the CUDA toolkit (this build has none)");
+#endif
+  } else {
+    backing_ = std::make_unique<HostResource>(HostResourceOptions{options.prefault, options.pin});
+  }
+  arena_ = std::make_unique<BuddyArena>(*backing_, options.capacity, options.arena);
+  if (options.device == Device::cpu) {
+    pinned_ = static_cast<HostResource&>(*backing_).is_pinned(arena_->base());
+  }
+  MemoryResource* top = arena_.get();
+  if (options.limit != 0) {
+    limit_ = std::make_unique<LimitingAdaptor>(*top, options.limit);
+    top = limit_.get();
+  }
+  statistics_ = std::make_unique<StatisticsAdaptor>(*top);
+}
+
+ArenaStack::~ArenaStack() {
+  // Adaptors first, then the arena, then the memory under it.
+  statistics_.reset();
+  limit_.reset();
+  arena_.reset();
+  backing_.reset();
+}
+
+}  // namespace latte::memory

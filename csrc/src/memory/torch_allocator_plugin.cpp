@@ -1,0 +1,68 @@
+// Shared library for torch.cuda.memory.CUDAPluggableAllocator: one BuddyArena per device over
+// a single cudaMalloc'd region. Capacity: LATTE_CUDA_ARENA_BYTES, or 80% of the device's free
+// memory when the first allocation on that device happens.
+#include <cuda_runtime_api.h>
+#include <sys/types.h>
+
+#include <array>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+
+#include "latte/memory/arena_stack.hpp"
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+std::mutex arenas_mutex;
+std::array<std::unique_ptr<latte::memory::ArenaStack>, kMaxDevices> arenas;
+
+latte::memory::ArenaStack* arena_for(int device) {
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  std::lock_guard<std::mutex> lock(arenas_mutex);
+  if (!arenas[device]) {
+    std::size_t capacity = 0;
+    if (const char* env = std::getenv("LATTE_CUDA_ARENA_BYTES")) capacity = std::strtoull(env, nullptr, 10);
+    if (capacity == 0) {
+      std::size_t free_bytes = 0, total_bytes = 0;
+      if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+        return nullptr;
+      }
+      capacity = free_bytes / 10 * 8;
+    }
+    latte::memory::ArenaStackOptions options;
+    options.capacity = capacity;
+    options.device = latte::memory::Device::cuda;
+    options.device_id = device;
+    try {
+      arenas[device] = std::make_unique<latte::memory::ArenaStack>(options);
+    } catch (const std::exception&) {
+      return nullptr;
+    }
+  }
+  return arenas[device].get();
+}
+
+}  // namespace
+
+extern "C" {
+
+// The stream is not used: blocks are reusable as soon as they are freed (see docs/memory.md).
+__attribute__((visibility("default"))) void* latte_malloc(ssize_t size, int device, cudaStream_t) {
+  latte::memory::ArenaStack* arena = arena_for(device);
+  if (arena == nullptr || size < 0) return nullptr;
+  try {
+    return arena->resource().allocate(static_cast<std::size_t>(size));
+  } catch (const std::exception&) {
+    return nullptr;  // PyTorch turns a null pointer into torch.OutOfMemoryError
+  }
+}
+
+__attribute__((visibility("default"))) void latte_free(void* ptr, ssize_t size, int device, cudaStream_t) {
+  if (ptr == nullptr || device < 0 || device >= kMaxDevices) return;
+  latte::memory::ArenaStack* arena = arenas[device].get();
+  if (arena != nullptr) arena->resource().deallocate(ptr, static_cast<std::size_t>(size));
+}
+
+}  // extern "C"

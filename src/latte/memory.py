@@ -1,0 +1,128 @@
+"""Latte's memory arena: a buddy allocator over one pre-reserved region.
+
+Arrays from :meth:`BuddyArena.empty` are zero-copy views of arena blocks; a block goes back
+to the arena when the last reference to its array (or any view of it) dies. See
+docs/memory.md for the design and its trade-offs.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from pathlib import Path
+from typing import Any, Sequence, Union
+
+import numpy as np
+
+from latte._native import BuddyArena as _NativeArena
+from latte._native import cuda_device_memory_compiled, cuda_runtime_available
+
+__all__ = [
+    "BuddyArena",
+    "cuda_device_memory_compiled",
+    "cuda_runtime_available",
+    "torch_allocator_library",
+    "torch_pluggable_allocator",
+    "torch_mem_pool",
+]
+
+Shape = Union[int, Sequence[int]]
+
+
+def _normalize_shape(shape: Shape) -> tuple[int, ...]:
+    try:
+        dims = (operator.index(shape),)
+    except TypeError:
+        try:
+            dims = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
+    if any(d < 0 for d in dims):
+        raise ValueError(f"shape must not have negative dimensions, got {dims}")
+    return dims
+
+
+class BuddyArena(_NativeArena):
+    """A fixed-capacity arena; allocation never touches the operating system.
+
+    capacity: bytes reserved up front (rounded down to ``min_block``).
+    device: ``"cpu"`` (mmap'd, pre-faulted, pinned when a CUDA device exists) or ``"cuda[:N]"``
+        (one cudaMalloc'd region; needs a CUDA build and device).
+    limit: optional byte limit below the capacity; requests beyond it raise MemoryError.
+
+    Inherited from the native class (no Python frame on the hot path):
+    ``empty(shape, dtype)`` -- an uninitialised C-contiguous numpy array over an arena block,
+    returned to the arena when the last reference to it or a view of it dies;
+    ``stats()`` -- capacity, reserved, live (requested) and allocated (rounded) bytes, peaks,
+    internal/external fragmentation, counts of allocations, frees and failures;
+    ``check_invariants()`` -- raises ValueError naming a broken invariant (do not run it
+    concurrently with allocations from other threads);
+    ``release_cached()`` -- returns cached empty slabs to the buddy lists.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        device: str = "cpu",
+        *,
+        min_block: int = 256,
+        limit: int | None = None,
+        size_classes: bool = True,
+        prefault: bool = True,
+    ) -> None:
+        capacity = operator.index(capacity)
+        if capacity <= 0:
+            raise ValueError(f"capacity must be a positive number of bytes, got {capacity}")
+        if not isinstance(device, str):
+            raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
+        if limit is not None and operator.index(limit) <= 0:
+            raise ValueError(f"limit must be a positive number of bytes or None, got {limit}")
+        super().__init__(capacity, device, min_block, limit, size_classes, prefault)
+
+    def empty_torch(self, shape: Shape, dtype: Any = None) -> Any:
+        """Like :meth:`empty` but a CPU torch tensor (sharing the block, no copy)."""
+        import torch
+
+        dtype = torch.float32 if dtype is None else dtype
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        dims = _normalize_shape(shape)
+        raw = self.empty(math.prod(dims) * dtype.itemsize, np.uint8)
+        return torch.from_numpy(raw).view(dtype).reshape(dims)
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return f"BuddyArena(capacity={s['capacity']}, device={self.device!r}, live={s['live']})"
+
+
+def torch_allocator_library() -> Path:
+    """Path of the shared library exporting latte_malloc/latte_free (CUDA builds only)."""
+    path = Path(__file__).resolve().parent / "liblatte_torch_allocator.so"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing: Latte was built without the CUDA toolkit, so there is no "
+            "PyTorch allocator plug-in (rebuild on a machine with nvcc / CUDA headers)"
+        )
+    return path
+
+
+def torch_pluggable_allocator() -> Any:
+    """A torch.cuda.memory.CUDAPluggableAllocator backed by one BuddyArena per device.
+
+    Install it process-wide, before any CUDA tensor exists, with
+    ``torch.cuda.memory.change_current_allocator(torch_pluggable_allocator())``; the arena's
+    capacity comes from LATTE_CUDA_ARENA_BYTES (default: 80% of the device's free memory).
+    """
+    import torch
+
+    return torch.cuda.memory.CUDAPluggableAllocator(str(torch_allocator_library()), "latte_malloc", "latte_free")
+
+
+def torch_mem_pool() -> Any:
+    """A torch.cuda.MemPool (torch >= 2.5) served by the arena, for use as
+    ``with torch.cuda.use_mem_pool(pool): ...`` while the default allocator serves the rest."""
+    import torch
+
+    if not hasattr(torch.cuda, "MemPool"):
+        raise RuntimeError(f"torch.cuda.MemPool needs torch >= 2.5, this is torch {torch.__version__}")
+    return torch.cuda.MemPool(torch_pluggable_allocator().allocator())

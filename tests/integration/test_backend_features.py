@@ -1,0 +1,51 @@
+"""Sessions, deadlines and Latte's metrics through a real tritonserver."""
+
+import urllib.request
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from latte.examples import reference_runner
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_session_continues_its_prefix_and_ends(clients, example_repo, protocol):
+    model = "sequence_onnx"
+    reference = reference_runner(example_repo, model)
+    sid = f"chat-{protocol}"
+    first = np.array([[5, 6, 7]], np.int64)
+    second = np.array([[8, 9]], np.int64)
+    out1 = clients.infer(protocol, model, {"tokens": first}, parameters={"session_id": sid, "session_start": True})
+    np.testing.assert_allclose(out1.as_numpy("embedding"), reference({"tokens": first})["embedding"], rtol=1e-5, atol=1e-6)
+    out2 = clients.infer(protocol, model, {"tokens": second}, parameters={"session_id": sid, "session_end": True})
+    whole = np.concatenate([first, second], axis=1)
+    np.testing.assert_allclose(out2.as_numpy("embedding"), reference({"tokens": whole})["embedding"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(InferenceServerException, match=f"unknown session '{sid}'"):
+        clients.infer(protocol, model, {"tokens": second}, parameters={"session_id": sid})
+
+
+def test_a_request_whose_timeout_passes_before_it_runs_gets_a_timeout_error(clients):
+    with pytest.raises(InferenceServerException, match="timed out"):
+        clients.infer("grpc", "sequence_torchscript", {"tokens": np.ones((1, 8), np.int64)},
+                      parameters={"timeout_ms": 0.0001})
+    ok = clients.infer("grpc", "sequence_torchscript", {"tokens": np.ones((1, 8), np.int64)}, parameters={"timeout_ms": 10000})
+    assert ok.as_numpy("embedding").shape == (1, 32)
+
+
+def test_bad_request_parameters_are_refused_clearly(clients):
+    with pytest.raises(InferenceServerException, match="'priority_level' must be an integer from 0 to 15"):
+        clients.infer("http", "mlp_onnx", {"features": np.ones((1, 16), np.float32)}, parameters={"priority_level": 99})
+
+
+def test_latte_metrics_appear_next_to_tritons(server, clients):
+    clients.infer("http", "mlp_onnx", {"features": np.ones((2, 16), np.float32)})
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    assert "nv_inference_request_success" in text
+    for series in ("latte_requests_total", "latte_batch_size_bucket", "latte_request_duration_us_count",
+                   "latte_sessions", "latte_arena_bytes", "latte_arena_fragmentation",
+                   "latte_scheduler"):
+        assert series in text, f"{series} missing from {server.metrics_url}"
+    success = [line for line in text.splitlines()
+               if line.startswith("latte_requests_total") and 'model="mlp_onnx"' in line and 'outcome="success"' in line]
+    assert success and float(success[0].rsplit(" ", 1)[1]) >= 1

@@ -1,0 +1,45 @@
+"""The engine's batches on the AffinityScheduler's lanes: same answers, one answer each."""
+
+import itertools
+
+import numpy as np
+
+from latte.backend.engine import DeadlineExceeded
+from latte.backend.lanes import LaneDispatcher
+from latte.backend.options import RequestOptions
+from latte.backend.requests import ParsedRequest
+from latte.examples import EXAMPLES, reference_runner
+
+from test_engine import engine_for
+
+
+def test_two_lanes_answer_every_request_like_the_model_in_process(example_repo):
+    spec, engine = engine_for(example_repo, "sequence_onnx")
+    engine.dispatcher = LaneDispatcher(engine, lanes=2)
+    try:
+        rng = np.random.default_rng(9)
+        feeds = [EXAMPLES["sequence"].sample(1, rng) for _ in range(40)]
+        results = engine.infer([ParsedRequest(inputs=f, rows=1) for f in feeds])
+        reference = reference_runner(example_repo, "sequence_onnx")
+        for feed, result in zip(feeds, results):
+            np.testing.assert_allclose(result["embedding"], reference(feed)["embedding"], rtol=1e-5, atol=1e-6)
+        figures = engine.dispatcher.metrics()
+        assert figures["completed"] == 40
+        assert figures["batches"] < 40  # requests of one bucket shared batches
+    finally:
+        engine.dispatcher.close()
+
+
+def test_an_expired_request_is_answered_once_with_a_timeout(example_repo):
+    spec, engine = engine_for(example_repo, "mlp_onnx")
+    engine.dispatcher = LaneDispatcher(engine, lanes=1)
+    ticks = itertools.count(0.0, 1.0)
+    engine.clock = lambda: next(ticks)  # every look at the clock is a second later
+    try:
+        feed = EXAMPLES["mlp"].sample(1, np.random.default_rng(0))
+        request = ParsedRequest(inputs=feed, rows=1)
+        ok, late = engine.infer([request, request], [RequestOptions(), RequestOptions(timeout_ms=1)])
+        assert ok["logits"].shape == (1, 8)
+        assert isinstance(late, DeadlineExceeded)
+    finally:
+        engine.dispatcher.close()

@@ -1,0 +1,86 @@
+import numpy as np
+import pytest
+
+from latte.backend.buckets import BucketPlan
+from latte.backend.options import read_options
+from latte.backend.requests import RequestError
+from latte.backend.sessions import SessionStore
+
+
+def test_request_parameters_become_options():
+    opts = read_options({"priority_level": 2, "timeout_ms": "50", "session_id": "chat-1", "session_start": "true"})
+    assert (opts.priority, opts.timeout_ms, opts.session_id, opts.session_start, opts.session_end) == \
+        (2, 50.0, "chat-1", True, False)
+    assert read_options({}).priority == 0 and read_options({}).timeout_ms is None
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"priority_level": -1}, "'priority_level' must be an integer from 0 to 15"),
+    ({"priority_level": "high"}, "'priority_level' must be an integer"),
+    ({"timeout_ms": 0}, "'timeout_ms' must be > 0"),
+    ({"timeout_ms": "soon"}, "'timeout_ms' must be a number"),
+    ({"session_end": True}, "need a session_id"),
+    ({"session_id": "a", "session_start": "maybe"}, "'session_start' must be a boolean"),
+])
+def test_bad_options_are_request_errors(params, message):
+    with pytest.raises(RequestError, match=message):
+        read_options(params)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def tokens(*values):
+    return np.array([values], dtype=np.int64)
+
+
+def test_a_session_runs_each_request_on_its_prefix_and_ends_explicitly():
+    store = SessionStore(ttl_s=10, max_sessions=4, max_length=8)
+    first = store.extend("s", tokens(1, 2), start=True)
+    store.commit("s", first, end=False)
+    second = store.extend("s", tokens(3), start=False)
+    np.testing.assert_array_equal(second, [[1, 2, 3]])
+    store.commit("s", second, end=True)
+    assert store.stats().live == 0 and store.stats().ended == 1
+    with pytest.raises(RequestError, match="unknown session 's'"):
+        store.extend("s", tokens(4), start=False)
+
+
+def test_idle_sessions_are_reclaimed_after_the_ttl():
+    clock = Clock()
+    store = SessionStore(ttl_s=5, max_sessions=100, max_length=None, clock=clock)
+    for i in range(50):  # clients that start a session and vanish
+        store.commit(f"abandoned-{i}", store.extend(f"abandoned-{i}", tokens(1), start=True), end=False)
+    assert store.stats().live == 50
+    clock.now = 5.5
+    assert store.reap() == 50
+    assert store.stats().live == 0 and store.stats().expired == 50
+
+
+def test_sessions_are_bounded_in_count_and_length():
+    store = SessionStore(ttl_s=5, max_sessions=1, max_length=3)
+    store.commit("a", store.extend("a", tokens(1, 2), start=True), end=False)
+    with pytest.raises(RequestError, match="too many open sessions"):
+        store.extend("b", tokens(1), start=True)
+    with pytest.raises(RequestError, match="would reach 4 tokens; the model takes at most 3"):
+        store.extend("a", tokens(3, 4), start=False)
+    with pytest.raises(RequestError, match="already open"):
+        store.extend("a", tokens(3), start=True)
+
+
+def test_bucket_edges_default_to_powers_of_two_up_to_the_maximum():
+    plan = BucketPlan.default(100)
+    assert plan.edges == [16, 32, 64, 100]
+    assert [plan.edge_for(n) for n in (1, 16, 17, 99, 100, 130)] == [16, 16, 32, 100, 100, 130]
+    with pytest.raises(ValueError, match="comma-separated"):
+        BucketPlan.parse("8,x")
+
+
+def test_tritons_own_request_timeout_applies_when_no_timeout_ms_is_given():
+    assert read_options({}, triton_timeout_us=2500).timeout_ms == 2.5
+    assert read_options({"timeout_ms": 7}, triton_timeout_us=2500).timeout_ms == 7.0
