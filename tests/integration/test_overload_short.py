@@ -32,6 +32,7 @@ def test_the_variant_config_has_two_priority_levels_and_a_shedding_queue(overloa
     assert "priority_levels: 2" in config and "default_priority_level: 2" in config
     assert "timeout_action: REJECT" in config and "max_queue_size: 64" in config
     assert "priority_queue_policy" in config and "timeout_action: DELAY" in config  # level 1 is never shed
+    assert 'key: "session_input"' in config and 'key: "session_ttl_s"' in config
 
 
 def test_a_three_times_capacity_step_keeps_high_priority_within_its_slo(overload_server):
@@ -51,5 +52,8 @@ def test_a_three_times_capacity_step_keeps_high_priority_within_its_slo(overload
     assert step["high"]["shed_rate"] <= 0.02, step["high"]
     assert step["low"]["shed_rate"] > step["high"]["shed_rate"]      # the overload fell on the low class
     assert result["server_alive_after"]
+    # The vanished clients' sessions were open during the step and reclaimed by their idle TTL.
+    assert result["abandoned_sessions"] == 16
+    assert result["sessions_peak"] >= 16 and result["live_sessions_after"] == 0
     assert result["memory_return"]["server_rss_after_vs_baseline"] <= 0.20
     assert result["memory_return"]["stubs_rss_after_vs_baseline"] <= 0.10

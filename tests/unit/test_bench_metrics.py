@@ -14,9 +14,12 @@ nv_inference_count{model="cnn_onnx",version="1"} 30
 nv_inference_exec_count{model="mlp_onnx",version="1"} 40
 nv_pinned_memory_pool_total_bytes 268435456
 process_cpu_seconds_total 3.5
-latte_arena_reserved_bytes{model="mlp_onnx"} 1048576
-latte_arena_live_bytes{model="mlp_onnx"} 917504
-latte_sessions_live{model="mlp_onnx"} 3
+latte_arena_bytes{model="mlp_onnx",state="reserved"} 1048576
+latte_arena_bytes{model="mlp_onnx",state="live"} 917504
+latte_arena_bytes{model="cnn_onnx",state="reserved"} 2097152
+latte_arena_fragmentation{kind="external",model="cnn_onnx"} 0.25
+latte_sessions{model="mlp_onnx",state="live"} 3
+latte_sessions{model="mlp_onnx",state="started"} 9
 """
 
 
@@ -24,7 +27,7 @@ def test_triton_and_latte_series_are_kept_and_others_dropped():
     values = parse_prometheus(TRITON_TEXT)
     assert values['nv_inference_count{model="mlp_onnx",version="1"}'] == 120
     assert values["nv_pinned_memory_pool_total_bytes"] == 268435456
-    assert values['latte_sessions_live{model="mlp_onnx"}'] == 3
+    assert values['latte_sessions{model="mlp_onnx",state="live"}'] == 3
     assert not any(k.startswith("process_") for k in values)
 
 
@@ -47,11 +50,15 @@ def test_a_malformed_line_names_its_line_number():
         parse_prometheus("nv_bad{a=\"b\"} many\n")
 
 
-def test_arena_figures_derive_fragmentation_when_only_reserved_and_live_are_exported():
-    figures = arena_figures(parse_prometheus(TRITON_TEXT))
-    assert figures["arena_reserved_bytes"] == 1048576
-    assert figures["fragmentation"] == pytest.approx(1 - 917504 / 1048576)
-    assert figures["live_sessions"] == 3
+def test_arena_figures_are_read_per_model_from_the_backends_labelled_series():
+    values = parse_prometheus(TRITON_TEXT)
+    mlp = arena_figures(values, "mlp_onnx")
+    assert mlp["arena_reserved_bytes"] == 1048576 and mlp["arena_live_bytes"] == 917504
+    # No fragmentation series for this model: derived from reserved and live bytes.
+    assert mlp["fragmentation"] == pytest.approx(1 - 917504 / 1048576)
+    assert mlp["live_sessions"] == 3
+    assert arena_figures(values, "cnn_onnx")["fragmentation"] == 0.25
+    assert arena_figures(values)["arena_reserved_bytes"] == 1048576 + 2097152
     assert arena_figures(parse_prometheus("nv_inference_count 1\n"))["fragmentation"] is None
 
 

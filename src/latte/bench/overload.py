@@ -39,6 +39,7 @@ class OverloadSettings:
     high_slo_ms: float = 500.0       # the high-priority class's P99 objective during the step
     abandoned_sessions: int = 16
     rows: int = 8                    # rows per request: heavier requests keep the client's own load small
+    session_ttl_s: float = 3.0       # the variant config's idle TTL for sessions
     in_flight_limit: int = 512
     lengths: LengthDistribution = field(default_factory=lambda: LengthDistribution.parse("fixed:length=64"))
     seed: int = 0
@@ -52,9 +53,18 @@ class OverloadSettings:
             raise ValueError("every phase of the overload run needs a duration > 0 s")
 
 
-def overload_variant_context(context: dict, queue_timeout_us: int, max_queue_size: int) -> dict:
-    """A model context (as rendered by the generator) with two priority levels and a shedding queue."""
+def overload_variant_context(context: dict, queue_timeout_us: int, max_queue_size: int,
+                             session_ttl_s: float = 3.0) -> dict:
+    """A model context (as rendered by the generator) with two priority levels and a shedding queue.
+
+    A model with a ragged input also keeps sessions on it, with a short idle TTL, so that the
+    sessions abandoned during the step are seen to be reclaimed.
+    """
     variant = dict(context)
+    ragged = [t["name"] for t in context["inputs"] if t.get("allow_ragged_batch")]
+    if ragged:
+        variant["parameters"] = {**context.get("parameters", {}), "session_input": ragged[0],
+                                 "session_ttl_s": f"{session_ttl_s:g}"}
     variant["dynamic_batching"] = {
         **(context.get("dynamic_batching") or {}),
         "priority_levels": 2,
@@ -69,7 +79,7 @@ def overload_variant_context(context: dict, queue_timeout_us: int, max_queue_siz
 
 
 def write_overload_repository(example_repo: Path, model: str, out: Path, queue_timeout_us: int = 100_000,
-                              max_queue_size: int = 64) -> Path:
+                              max_queue_size: int = 64, session_ttl_s: float = 3.0) -> Path:
     """A repository holding only `model` from an example repository, rendered with the overload variant."""
     from latte.examples import EXAMPLES, FORMATS, model_context
     from latte.generator.render import write_model
@@ -81,7 +91,7 @@ def write_overload_repository(example_repo: Path, model: str, out: Path, queue_t
     example = EXAMPLES[info["example"]]
     model_file = Path(example_repo) / model / "1" / FORMATS[info["runtime"]]
     context = overload_variant_context(model_context(example, info["runtime"], model_file.name),
-                                       queue_timeout_us, max_queue_size)
+                                       queue_timeout_us, max_queue_size, session_ttl_s)
     if out.exists():
         shutil.rmtree(out)
     model_dir = write_model(out, context, {model_file.name: model_file})
@@ -131,25 +141,27 @@ def _class_report(outcomes: Outcomes, slo_ms: Optional[float] = None) -> dict:
 
 
 def _abandon_sessions(grpc_url: str, model: str, feed: Dict[str, np.ndarray], count: int, first_id: int) -> int:
-    """Clients that open a session, send its first request and vanish without reading the answer."""
+    """Clients that open a session, get its first answer, and vanish without ever ending it."""
     import tritonclient.grpc as grpcclient
 
     opened = 0
     for i in range(count):
         client = grpcclient.InferenceServerClient(grpc_url)
         try:
-            client.async_infer(model, grpc_inputs(feed), callback=lambda result, error: None, sequence_id=first_id + i,
-                               sequence_start=True, priority=LOW)
+            client.infer(model, grpc_inputs(feed), priority=HIGH, client_timeout=30,
+                         parameters={"session_id": f"abandoned-{first_id + i}", "session_start": True})
             opened += 1
+        except Exception:  # a refused session is counted as not opened; the run goes on
+            pass
         finally:
             client.close()
     return opened
 
 
-def _memory(sampler: MetricsSampler) -> dict:
+def _memory(sampler: MetricsSampler, model: str) -> dict:
     sample = sampler.sample_now()
     return {"server_rss_mb": round(sample.server_rss / 2**20, 2), "stubs_rss_mb": round(sample.stubs_rss / 2**20, 2),
-            **arena_figures(sample.metrics)}
+            **arena_figures(sample.metrics, model)}
 
 
 def run_overload(target: Target, settings: OverloadSettings,
@@ -196,20 +208,30 @@ def run_overload(target: Target, settings: OverloadSettings,
         say(f"{name}: {rate:.0f} req/s for {duration:g} s")
         lags[name] = round(run_open_loop(times, send), 3)
 
-    memory["before"] = _memory(sampler)
+    memory["before"] = _memory(sampler, settings.model)
     phase("baseline", settings.below * capacity, settings.baseline_s)
     drained = sender.drain(60)
-    memory["baseline"] = _memory(sampler)
+    memory["baseline"] = _memory(sampler, settings.model)
     say(f"abandoning {settings.abandoned_sessions} sessions")
-    abandoned = _abandon_sessions(target.grpc_url, settings.model, feeds[0], settings.abandoned_sessions, 1_000_000)
+    one_row = model_inputs.request(rng, int(lengths[0]), rows=1)
+    abandoned = _abandon_sessions(target.grpc_url, settings.model, one_row, settings.abandoned_sessions, 1_000_000)
+    memory["sessions_opened"] = _memory(sampler, settings.model)
     phase("step", settings.overload * capacity, settings.step_s)
-    memory["peak"] = _memory(sampler)
+    memory["peak"] = _memory(sampler, settings.model)
     drained = sender.drain(120) and drained
     phase("recovery", settings.below * capacity, settings.recovery_s)
     drained = sender.drain(120) and drained
     sender.close()
     time.sleep(1.0)  # lets the server release what the last batches held before memory is read
-    memory["after"] = _memory(sampler)
+    memory["after"] = _memory(sampler, settings.model)
+    if memory["after"]["live_sessions"]:
+        # Idle sessions are reclaimed when the backend next runs; one light request lets it.
+        time.sleep(settings.session_ttl_s)
+        tail = AsyncSender(target.grpc_url, settings.model, limit=1)
+        tail.send(feeds[0], Outcomes(), priority=HIGH)
+        tail.drain(30)
+        tail.close()
+        memory["after"] = _memory(sampler, settings.model)
 
     sent_total = sum(o.sent for per_class in phases.values() for o in per_class.values())
     answered_total = sum(o.answered for per_class in phases.values() for o in per_class.values())
@@ -226,6 +248,8 @@ def run_overload(target: Target, settings: OverloadSettings,
         "whole_run": {"sent": sent_total, "answered": answered_total, "drained": drained,
                       "every_request_answered_once": drained and sent_total == answered_total},
         "abandoned_sessions": abandoned,
+        "live_sessions_after": memory["after"]["live_sessions"],
+        "sessions_peak": memory["sessions_opened"]["live_sessions"],
         "server_alive_after": _server_ready(target.http_url),
         "memory": memory,
         "memory_return": {

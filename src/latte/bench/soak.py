@@ -137,7 +137,7 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
                 "server_rss_mb": round(sample.server_rss / 2**20, 2),
                 "stubs_rss_mb": round(sum(model_stubs(sample.rss, settings.model).values()) / 2**20, 2),
                 "stub_rss_mb": {k: round(v / 2**20, 2) for k, v in sample.rss.items() if k.startswith("stub:")},
-                **arena_figures(sample.metrics),
+                **arena_figures(sample.metrics, settings.model),
             }
             windows.append(row)
             if progress:
