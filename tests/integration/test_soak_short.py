@@ -1,10 +1,11 @@
 """A short soak in the default suite: 20k variable-length requests must leave memory and latency flat.
 
 Bounds (looser than the 1M-request targets of docs/benchmarks.md, see SHORT_TARGETS): RSS of
-tritonserver and of the model's stub +5 % at most, P50 drift +50 %, P99 drift (median of the first
-third of the windows against the last third) +300 %, arena fragmentation 25 % when exported.
+tritonserver and of the model's stub +5 % at most, P50 drift +100 %, P99 drift (median of the first
+third of the windows against the last third) +300 %, arena fragmentation up by at most 10 points
+from the first window when exported (its level sits near 50 % in a buddy arena with one live block).
 The P99 bound only catches a blow-up: on the shared 2-core CI machine a window's P99 over 1000
-requests moves by 2-4x with the neighbours' load, while P50 and memory stay put.
+requests moves by 2-4x with the neighbours' load, P50 by up to 1.5x, while memory stays put.
 """
 
 from latte.bench.lengths import LengthDistribution

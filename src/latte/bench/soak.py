@@ -20,7 +20,10 @@ LONG_TARGETS = {"rss_growth": 0.02, "p99_drift": 0.05, "fragmentation": 0.10}
 # The short CI soak (20k requests on a shared 2-core machine): memory bounds stay tight because
 # RSS is not disturbed by neighbours; latency bounds are loose because P99 over a few thousand
 # requests is, and P50 and the median-of-thirds P99 stand in for the single-window figure.
-SHORT_TARGETS = {"rss_growth": 0.05, "p50_drift": 0.5, "p99_drift_thirds": 3.0, "fragmentation": 0.25}
+# Fragmentation is checked as change (points of 1.0) from the first window: the buddy arena's
+# external fragmentation (1 - largest free / free) sits near 50 % whenever one block is live in
+# an otherwise empty arena, so its level says little in a short run; its growth does.
+SHORT_TARGETS = {"rss_growth": 0.05, "p50_drift": 1.0, "p99_drift_thirds": 3.0, "fragmentation_change": 0.10}
 
 
 @dataclass
@@ -155,7 +158,10 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
         "p99_drift_thirds": _growth(*_thirds(windows, "p99_ms")),
         "p50_drift": _growth(first["p50_ms"], last["p50_ms"]),
         "throughput_change": _growth(first["throughput"], last["throughput"]),
+        "fragmentation_first": first["fragmentation"],
         "fragmentation_last": last["fragmentation"],
+        "fragmentation_change": (last["fragmentation"] - first["fragmentation"])
+        if first["fragmentation"] is not None and last["fragmentation"] is not None else None,
         "arena_reserved_growth": _growth(first["arena_reserved_bytes"], last["arena_reserved_bytes"]),
     }
     return {"model": settings.model, "requests": outcomes.sent, "warmup_requests": settings.warmup_requests,
@@ -169,7 +175,7 @@ def check_ratios(ratios: dict, bounds: dict) -> List[str]:
     failures = []
     checks = [("server_rss_growth", "rss_growth"), ("stubs_rss_growth", "rss_growth"), ("p99_drift", "p99_drift"),
               ("p99_drift_thirds", "p99_drift_thirds"), ("p50_drift", "p50_drift"),
-              ("fragmentation_last", "fragmentation")]
+              ("fragmentation_last", "fragmentation"), ("fragmentation_change", "fragmentation_change")]
     for key, bound_key in checks:
         value = ratios.get(key)
         if value is not None and bound_key in bounds and value > bounds[bound_key]:
@@ -186,6 +192,7 @@ def format_ratios(ratios: dict) -> List[str]:
             f"P99 drift, median of first -> last third:       {pct(ratios['p99_drift_thirds'])}",
             f"P50 drift, first -> last window:                {pct(ratios['p50_drift'])}",
             f"throughput change, first -> last window:        {pct(ratios['throughput_change'])}",
-            f"arena fragmentation, last window:               "
-            f"{'not exported' if ratios['fragmentation_last'] is None else format(ratios['fragmentation_last'], '.1%')}",
+            f"arena fragmentation, first -> last window:      "
+            + ("not exported" if ratios["fragmentation_last"] is None else
+               f"{ratios['fragmentation_first']:.1%} -> {ratios['fragmentation_last']:.1%}"),
             f"arena reserved growth:                          {pct(ratios['arena_reserved_growth'])}"]
