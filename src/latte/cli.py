@@ -16,6 +16,7 @@ from typing import List, Optional
 COMMAND_MODULES = [
     "latte.commands.serving",
     "latte.commands.deploy",
+    "latte.commands.generator",
     "latte.commands.bench",
 ]
 

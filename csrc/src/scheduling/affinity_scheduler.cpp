@@ -116,12 +116,17 @@ void AffinityScheduler::run_lane(std::size_t lane, std::vector<int> cpus) {
     if (!expired.empty()) {
       lock.unlock();
       report(expired);
+      // Expiry may have emptied the queue that draining lanes are waiting to see empty.
+      changed_.notify_all();
       lock.lock();
     }
     if (decision.kind == Decision::Kind::kRun) {
       std::optional<Batch> next;
       if (prefetch_) next = core_.peek_next(lane);
+      // This lane is busy now: what it left queued may be worth stealing for an idle lane.
+      const bool left_work = core_.queued_on(lane) > 0;
       lock.unlock();
+      if (left_work) changed_.notify_all();
       if (next) {
         try {
           prefetch_(*next);
@@ -165,6 +170,9 @@ void AffinityScheduler::run_lane(std::size_t lane, std::vector<int> cpus) {
       changed_.wait(lock);
     }
   }
+  lock.unlock();
+  // Whatever let this lane stop may let the others stop too.
+  changed_.notify_all();
 }
 
 }  // namespace latte::scheduling

@@ -105,8 +105,7 @@ bool SchedulerCore::displace_less_urgent_than(const Request& request) {
   Lane& lane = lanes_[victim_lane];
   const std::string key = *victim_key;
   Group& group = lane.groups.at(key);
-  remove_request(victim_lane, key, group, std::prev(group.requests.end()),
-                 RejectReason::kDisplaced);
+  remove_request(victim_lane, group, std::prev(group.requests.end()), RejectReason::kDisplaced);
   if (group.requests.empty()) {
     lane.groups.erase(key);
     group_lane_.erase(key);
@@ -114,10 +113,9 @@ bool SchedulerCore::displace_less_urgent_than(const Request& request) {
   return true;
 }
 
-void SchedulerCore::remove_request(std::size_t lane_index, const std::string& key, Group& group,
+void SchedulerCore::remove_request(std::size_t lane_index, Group& group,
                                    std::set<QueuedRequest, MoreUrgent>::iterator it,
                                    RejectReason reason) {
-  (void)key;
   const Request& request = it->request;
   rejections_.push_back(Outcome{request.id, false, reason, {}});
   metrics_.on_rejected(reason);
@@ -144,7 +142,7 @@ void SchedulerCore::expire(Nanos now) {
       for (auto it = group.requests.begin(); it != group.requests.end();) {
         auto next = std::next(it);
         if (it->request.deadline - shortest <= now) {
-          remove_request(l, g->first, group, it, RejectReason::kDeadlineExpired);
+          remove_request(l, group, it, RejectReason::kDeadlineExpired);
         }
         it = next;
       }
@@ -161,9 +159,10 @@ void SchedulerCore::expire(Nanos now) {
 void SchedulerCore::reject_all(RejectReason reason) {
   for (std::size_t l = 0; l < lanes_.size(); ++l) {
     Lane& lane = lanes_[l];
-    for (auto& [key, group] : lane.groups) {
+    for (auto& entry : lane.groups) {
+      Group& group = entry.second;
       while (!group.requests.empty()) {
-        remove_request(l, key, group, group.requests.begin(), reason);
+        remove_request(l, group, group.requests.begin(), reason);
       }
     }
     lane.groups.clear();

@@ -3,6 +3,7 @@
 // Every request must be answered exactly once. Built with -fsanitize=thread by `make tsan`.
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -35,7 +36,35 @@ void spin_for(std::chrono::microseconds d) {
   }
 }
 
+// A lost wake-up shows as a hang; say so instead of leaving the suite to its timeout.
+class Watchdog {
+ public:
+  explicit Watchdog(unsigned seed)
+      : thread_([this, seed] {
+          std::unique_lock<std::mutex> lock(mutex_);
+          if (!done_cv_.wait_for(lock, std::chrono::seconds(120), [this] { return done_; })) {
+            std::fprintf(stderr, "round with seed %u hung for 120 s\n", seed);
+            std::abort();
+          }
+        }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
 void round(unsigned seed, bool drain, int submitters, int per_submitter) {
+  Watchdog watchdog(seed);
   Ledger ledger;
   std::atomic<int> prefetches{0};
   SchedulerConfig config;
@@ -96,9 +125,12 @@ void round(unsigned seed, bool drain, int submitters, int per_submitter) {
   std::lock_guard<std::mutex> lock(ledger.mutex);
   CHECK_EQ(ledger.answers.size(), static_cast<std::size_t>(submitted.load()));
   for (const auto& [id, count] : ledger.answers) CHECK_EQ(count, 1);
-  CHECK(ledger.reasons["ok"] > 0);
-  CHECK(ledger.reasons["execute_failed"] > 0 || ledger.reasons["ok"] < 50);
-  if (drain) CHECK_EQ(ledger.reasons["shutdown"], 0);
+  if (drain) {
+    // Everything admitted ran or expired; with ~1000 batches some model calls failed.
+    CHECK_EQ(ledger.reasons["shutdown"], 0);
+    CHECK(ledger.reasons["ok"] > 0);
+    CHECK(ledger.reasons["execute_failed"] > 0);
+  }
   MetricsSnapshot m = scheduler.metrics();
   std::printf("     seed %u drain=%d: %zu answered, ok %d, expired %d, full %d, shutdown %d, "
               "batches %llu, steals %llu, prefetches %d\n",

@@ -108,7 +108,7 @@ class SchedulerCore {
                    Nanos* wake_at, bool* window_expired);
   Batch take_batch(std::size_t lane_index, std::map<std::string, Group>::iterator group,
                    Nanos now, bool window_expired);
-  void remove_request(std::size_t lane_index, const std::string& key, Group& group,
+  void remove_request(std::size_t lane_index, Group& group,
                       std::set<QueuedRequest, MoreUrgent>::iterator it, RejectReason reason);
   bool displace_less_urgent_than(const Request& request);
   void touch(Lane& lane, const std::string& key);

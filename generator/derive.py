@@ -1,0 +1,230 @@
+"""Serving settings derived from a measured latency curve and a P99 latency SLO.
+
+The argument is the one Nexus (SOSP '19) makes for batching under an SLO. Let l(b) be
+the P99 latency of one batch of b requests. The unluckiest request arrives just after
+its instance launched a batch: it waits up to l(b) for that batch to finish, up to the
+queue delay d while its own batch forms, then l(b) for its own batch. Hence
+
+    2 * l(b) + d <= SLO
+
+and max_batch_size is the largest measured b meeting it. Everything here is a pure
+function of its arguments so that each rule can be tested against known answers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from latte.generator.profile_data import Point, Profile
+
+# A larger batch must add at least this much throughput to count as an improvement.
+SATURATION_GAIN = 1.05
+# Padding a ragged batch up to the next length must cost at least this much more
+# latency before that length deserves its own bucket.
+BUCKET_SPLIT_RATIO = 1.15
+# Target utilisation when an arrival rate is given: queues grow without bound near 1.
+TARGET_UTILISATION = 0.8
+# The arena holds the largest batch's working set plus room for fragmentation.
+ARENA_HEADROOM = 1.25
+MIN_ARENA_BYTES = 1 << 20
+# Per-batch cost of serving through the latte backend that an in-process profile misses
+# (request decode, padding, response): about 1 ms per batch on the 2-core reference box,
+# from served vs in-process latency of the example MLP. Specs can override it per model.
+DEFAULT_BACKEND_OVERHEAD_MS = 1.0
+
+
+class DerivationError(ValueError):
+    """The SLO cannot be met with the measured model, or the inputs are impossible."""
+
+
+@dataclass
+class Derivation:
+    max_batch_size: int
+    dynamic_batching: Dict
+    instance_count: int
+    instance_kind: str
+    parameters: Dict[str, str]
+    worst_case_ms: float           # 2 * l(b) + d: the bound the SLO is checked against
+    throughput: float              # predicted rows/s of all instances at max_batch_size
+    explanation: List[str] = field(default_factory=list)
+
+    def instance_groups(self) -> List[Dict]:
+        return [{"count": self.instance_count, "kind": self.instance_kind}]
+
+    def explain(self) -> str:
+        return "\n".join(f"  - {line}" for line in self.explanation)
+
+
+def _round_up_pow2(value: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1.0, value))))
+
+
+def _knee(curve: List[Point], limit: int) -> Point:
+    """The smallest batch size after which throughput stops improving by SATURATION_GAIN."""
+    candidates = [p for p in curve if p.batch_size <= limit]
+    knee = candidates[0]
+    for p in candidates[1:]:
+        if p.throughput < knee.throughput * SATURATION_GAIN:
+            break
+        knee = p
+    return knee
+
+
+def bucket_edges(profile: Profile, batch_size: int) -> List[int]:
+    """Sequence lengths worth their own bucket: merge neighbours whose latency is within 15%."""
+    lengths = [b for b in profile.buckets() if b is not None]
+    if not lengths:
+        return []
+    latency = {}
+    for length in lengths:
+        curve = profile.curve(length)
+        at_or_below = [p for p in curve if p.batch_size <= batch_size] or curve[:1]
+        latency[length] = at_or_below[-1].p50_ms
+    edges = []
+    for here, following in zip(lengths, lengths[1:]):
+        if latency[following] / latency[here] >= BUCKET_SPLIT_RATIO:
+            edges.append(here)
+    edges.append(lengths[-1])
+    return edges
+
+
+def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None, cores: int = 1,
+           gpus: int = 0, priority_levels: int = 0, backend_overhead_ms: float = 0.0) -> Derivation:
+    """Choose batching, queueing, instance and arena settings that keep P99 within slo_ms.
+
+    backend_overhead_ms is the per-batch serving cost outside the model (reading requests,
+    padding, writing responses), which an in-process profile does not see; it is added to
+    every measured latency.
+    """
+    if backend_overhead_ms < 0:
+        raise DerivationError(f"backend_overhead_ms must be >= 0, got {backend_overhead_ms}")
+    # Served latency and throughput: the profile's numbers plus the per-batch overhead.
+    curve = [Point(p.batch_size, p.length, p.mean_ms + backend_overhead_ms, p.p50_ms + backend_overhead_ms,
+                   p.p99_ms + backend_overhead_ms, p.peak_bytes) for p in profile.curve()]
+    if slo_ms <= 0:
+        raise DerivationError(f"the SLO must be a positive number of milliseconds, got {slo_ms}")
+    if arrival_rate is not None and arrival_rate <= 0:
+        raise DerivationError(f"the arrival rate must be positive (requests/s), got {arrival_rate}")
+    if cores < 1:
+        raise DerivationError(f"cores must be >= 1, got {cores}")
+    intra = profile.intra_op_threads
+    use_gpu = gpus > 0 and profile.device.startswith("cuda")
+    if not use_gpu and intra > cores:
+        raise DerivationError(f"the profile ran with intra_op_threads={intra} but only {cores} core(s) are "
+                              "available; profile again with --intra-op-threads <= cores")
+    why: List[str] = []
+    if backend_overhead_ms:
+        why.append(f"latencies below include {backend_overhead_ms:g} ms of per-batch backend overhead on top of "
+                   "the profile")
+    worst_bucket = f" at the longest measured length {curve[0].length}" if curve[0].length is not None else ""
+
+    first = curve[0]
+    if 2 * first.p99_ms > slo_ms:
+        raise DerivationError(
+            f"the SLO of {slo_ms:g} ms cannot hold: one request of batch size {first.batch_size} takes "
+            f"P99 {first.p99_ms:.2f} ms{worst_bucket}, and a request arriving just after a launch waits for "
+            f"that batch too (2 x {first.p99_ms:.2f} ms > {slo_ms:g} ms); relax the SLO or speed up the model")
+    feasible = [p for p in curve if 2 * p.p99_ms <= slo_ms]
+    top = feasible[-1]
+    b, l_b = top.batch_size, top.p99_ms
+    beyond = curve[curve.index(top) + 1:]
+    limit_note = (f"batch {beyond[0].batch_size} would need 2 x {beyond[0].p99_ms:.2f} ms > {slo_ms:g} ms"
+                  if beyond else "the largest measured batch size")
+    why.append(f"max_batch_size {b}: the largest batch with 2 x P99 l(b) within the SLO "
+               f"(2 x {l_b:.2f} ms = {2 * l_b:.2f} ms <= {slo_ms:g} ms{worst_bucket}; {limit_note})")
+
+    # Instances: one per intra-op thread group that fits the cores, or as many as the rate needs.
+    kind = "KIND_GPU" if use_gpu else "KIND_CPU"
+    budget = gpus * 2 if use_gpu else max(1, cores // intra)
+    budget_text = (f"{gpus} GPU(s) x 2 (copies overlap compute)" if use_gpu
+                   else f"{cores} core(s) // intra_op_threads {intra}")
+    per_instance = top.throughput
+    if arrival_rate:
+        needed = math.ceil(arrival_rate / (per_instance * TARGET_UTILISATION))
+        count = min(max(1, needed), budget)
+        why.append(f"instance count {count} ({kind}): {arrival_rate:g} req/s over {per_instance:.0f} rows/s per "
+                   f"instance at {TARGET_UTILISATION:.0%} utilisation needs {needed}; the thread budget allows "
+                   f"{budget} ({budget_text})")
+        if needed > budget:
+            why.append(f"warning: {count} instance(s) serve at most {count * per_instance:.0f} rows/s, below the "
+                       f"expected {arrival_rate:g} req/s: queues will grow and requests time out; add hardware")
+    else:
+        count = budget
+        why.append(f"instance count {count} ({kind}): no arrival rate given, so every slot of the thread budget "
+                   f"is used ({budget_text}; instances x intra_op_threads <= cores)")
+
+    # Queue delay. While every instance is busy the queue fills by itself, so the delay only
+    # acts when an instance idles; there, a batch that cannot fill waits the whole delay
+    # (closed-loop clients never fill it). Waiting pays only when the arrival rate needs
+    # batches larger than what forms by itself: then wait for the smallest batch b_req
+    # that keeps up, as Nexus does, but never past the SLO's slack.
+    slack_us = (slo_ms - 2 * l_b) * 1000.0
+    if arrival_rate:
+        keeping_up = [p for p in curve if p.batch_size <= b
+                      and count * p.throughput * TARGET_UTILISATION >= arrival_rate]
+        b_req = keeping_up[0].batch_size if keeping_up else b
+        fill_us = (b_req - 1) / (arrival_rate / count) * 1e6
+        fill_text = (f"batches of {b_req} keep up with {arrival_rate:g} req/s; {b_req - 1} more request(s) at "
+                     f"{arrival_rate / count:g} req/s per instance take {fill_us:.0f} us")
+    else:
+        fill_us = 0.0
+        fill_text = ("no arrival rate given: batches form from the queue that builds while instances are busy, "
+                     "and waiting at an idle instance only adds latency")
+    delay_us = int(max(0.0, min(slack_us, fill_us)))
+    why.append(f"max_queue_delay_microseconds {delay_us}: min(SLO slack {slo_ms:g} ms - 2 x {l_b:.2f} ms = "
+               f"{slack_us:.0f} us, wait worth paying: {fill_text})")
+
+    dynamic: Dict = {"max_queue_delay_microseconds": delay_us}
+    knee = _knee(curve, b)
+    if knee.batch_size < b and knee.throughput >= top.throughput / SATURATION_GAIN:
+        dynamic["preferred_batch_size"] = [knee.batch_size]
+        why.append(f"preferred_batch_size [{knee.batch_size}]: throughput saturates there "
+                   f"({knee.throughput:.0f} vs {top.throughput:.0f} rows/s at {b}), so launching it at once "
+                   "cuts latency at no cost in throughput")
+    else:
+        why.append("preferred_batch_size: not set; throughput keeps improving up to max_batch_size, "
+                   "so batches should grow as large as the delay allows")
+
+    if priority_levels > 1:
+        dynamic["priority_levels"] = priority_levels
+        dynamic["default_priority_level"] = priority_levels
+        why.append(f"priority_levels {priority_levels}: requests without a priority get the lowest level "
+                   f"{priority_levels}, so marked traffic overtakes them")
+    else:
+        why.append("priority_levels: not set; one class of traffic")
+
+    # A request that has already waited SLO - l(b) cannot finish in time: it yields to
+    # requests that still can (DELAY). Rejecting it instead fails whole clients on a
+    # momentary stall (perf_analyzer aborts on the first rejection); REJECT is an override.
+    # The queue holds no more requests than can be served within the SLO.
+    timeout_us = int((slo_ms - l_b) * 1000.0)
+    batches_in_slo = max(1, int((slo_ms - l_b) // l_b))
+    queue_size = count * b * batches_in_slo
+    dynamic["default_queue_policy"] = {
+        "timeout_action": "DELAY",
+        "default_timeout_microseconds": timeout_us,
+        "allow_timeout_override": "true",
+        "max_queue_size": queue_size,
+    }
+    why.append(f"default_queue_policy: timeout {timeout_us} us (SLO - l(b): a request queued longer cannot "
+               f"finish in time, so it yields to requests that still can); max_queue_size {queue_size} = {count} instance(s) x batch "
+               f"{b} x {batches_in_slo} batch(es) that fit in the SLO after the first")
+
+    parameters = {"intra_op_threads": str(intra), "inter_op_threads": "1"}
+    edges = bucket_edges(profile, b)
+    if edges:
+        parameters["bucket_edges"] = ",".join(str(e) for e in edges)
+        why.append(f"bucket_edges {parameters['bucket_edges']}: measured lengths whose padding to the next one "
+                   f"costs >= {BUCKET_SPLIT_RATIO - 1:.0%} more latency keep their own bucket")
+    peak = max((p.peak_bytes for p in curve if p.batch_size <= b), default=0)
+    arena = max(MIN_ARENA_BYTES, _round_up_pow2(peak * ARENA_HEADROOM))
+    parameters["arena_bytes"] = str(arena)
+    why.append(f"arena_bytes {arena}: peak {peak} bytes at batch <= {b}{worst_bucket}, +{ARENA_HEADROOM - 1:.0%}, "
+               "rounded up to a power of two (the arena is a buddy allocator)")
+
+    worst = 2 * l_b + delay_us / 1000.0
+    return Derivation(max_batch_size=b, dynamic_batching=dynamic, instance_count=count, instance_kind=kind,
+                      parameters=parameters, worst_case_ms=worst, throughput=count * per_instance,
+                      explanation=why)

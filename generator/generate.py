@@ -1,0 +1,240 @@
+"""`latte generate`: a pipeline spec in, a complete, validated model repository out."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, StepWiring, TensorInfo, check_ensemble
+from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
+from latte.generator.profile_data import Profile
+from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
+from latte.generator.templates import render
+from latte.generator.validate import parse_config, validate_repository
+
+# Variable dimensions of warm-up samples take this size (or the longest profiled length if shorter).
+WARMUP_LENGTH = 16
+NUMPY_OF = {"TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32,
+            "TYPE_UINT64": np.uint64, "TYPE_INT8": np.int8, "TYPE_INT16": np.int16, "TYPE_INT32": np.int32,
+            "TYPE_INT64": np.int64, "TYPE_FP16": np.float16, "TYPE_FP32": np.float32, "TYPE_FP64": np.float64}
+
+
+@dataclass
+class ModelPlan:
+    """One model folder to write: its config context and the files that go with it."""
+    name: str
+    backend: str
+    context: Dict
+    files: Dict[str, Path]                       # name inside the version folder -> source
+    warmup_files: Dict[str, bytes] = field(default_factory=dict)
+    derivation: Optional[Derivation] = None
+    profile: Optional[Profile] = None
+
+
+def sample_row(data_type: str, dims: List[int], rng: np.random.Generator) -> np.ndarray:
+    """One row of input data: small positive integers (valid ids for most vocabularies) or normals."""
+    dtype = NUMPY_OF[data_type]
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(1, 100, size=dims).astype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=dims).astype(np.bool_)
+    return rng.standard_normal(dims).astype(dtype)
+
+
+def _tensors_from_profile(entries: List[dict], batched: bool) -> List[Tensor]:
+    out = []
+    for t in entries:
+        dims = [int(d) for d in t["dims"]]
+        ragged = bool(t.get("ragged", batched and -1 in dims))
+        out.append(Tensor(t["name"], t["data_type"], dims, ragged=ragged and batched))
+    return out
+
+
+def _merge(base: Dict, extra: Dict) -> Dict:
+    merged = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def plan_latte_model(spec: PipelineSpec, model: ModelEntry, profile: Profile) -> ModelPlan:
+    doc = spec.source
+    overhead = DEFAULT_BACKEND_OVERHEAD_MS if model.backend_overhead_ms is None else model.backend_overhead_ms
+    d = derive(profile, model.slo_ms, model.arrival_rate, spec.cores, spec.gpus, model.priority_levels, overhead)
+    over = model.overrides
+    max_batch = int(over.get("max_batch_size", d.max_batch_size))
+    dynamic = _merge(d.dynamic_batching, over.get("dynamic_batching") or {})
+    if "preferred_batch_size" in dynamic:
+        dynamic["preferred_batch_size"] = [b for b in dynamic["preferred_batch_size"] if b <= max_batch]
+    count = int(over.get("instance_count", d.instance_count))
+    kind = over.get("instance_kind", d.instance_kind)
+    parameters = {**d.parameters, **{k: str(v) for k, v in (over.get("parameters") or {}).items()}}
+    intra = int(parameters.get("intra_op_threads", "1"))
+    if kind == "KIND_CPU" and count * intra > spec.cores:
+        raise doc.error(model.path + ("overrides",), f"{count} instance(s) x intra_op_threads {intra} exceed the "
+                        f"{spec.cores} core(s) in resources.cores; lower one of them")
+    batched = max_batch > 0
+    inputs = model.inputs or _tensors_from_profile(profile.inputs, batched)
+    outputs = model.outputs or _tensors_from_profile(profile.outputs, False)
+    for t in outputs:
+        t.ragged = False
+    lengths = [b for b in profile.buckets() if b is not None]
+    if any(t.ragged for t in inputs) and lengths:
+        parameters.setdefault("max_sequence_length", str(max(lengths)))
+        parameters.setdefault("pad_value", "0")
+    model_file = f"model{model.file.suffix}"
+    parameters = {"model_file": model_file, "runtime": model.runtime, **parameters}
+
+    rng = np.random.default_rng(0)
+    warmup_inputs, warmup_files = [], {}
+    if all(t.data_type in NUMPY_OF for t in inputs):
+        length = min(WARMUP_LENGTH, max(lengths)) if lengths else WARMUP_LENGTH
+        for t in inputs:
+            dims = [length if dim == -1 else dim for dim in t.dims]
+            warmup_files[t.name] = sample_row(t.data_type, dims, rng).tobytes()
+            warmup_inputs.append({"name": t.name, "data_type": t.data_type, "dims": dims, "file": t.name})
+    context = {
+        "name": model.name, "backend": "latte", "max_batch_size": max_batch,
+        "inputs": [t.context() for t in inputs], "outputs": [t.context() for t in outputs],
+        "dynamic_batching": dynamic if batched else None,
+        "instance_groups": [{"count": count, "kind": kind}],
+        "parameters": parameters,
+        "warmup": [{"name": "sample", "batch_size": 1, "inputs": warmup_inputs}] if warmup_inputs else [],
+    }
+    return ModelPlan(model.name, "latte", context, {model_file: model.file}, warmup_files, d, profile)
+
+
+def plan_python_model(model: ModelEntry) -> ModelPlan:
+    context = {
+        "name": model.name, "backend": "python", "max_batch_size": model.max_batch_size,
+        "inputs": [t.context() for t in model.inputs], "outputs": [t.context() for t in model.outputs],
+        "dynamic_batching": None,
+        "instance_groups": [{"count": model.instance_count, "kind": "KIND_CPU"}],
+        "parameters": {},
+    }
+    return ModelPlan(model.name, "python", context, {"model.py": model.file})
+
+
+def _interface(plan: ModelPlan) -> Interface:
+    ctx = plan.context
+    return Interface(
+        name=plan.name, max_batch_size=ctx["max_batch_size"],
+        inputs={t["name"]: TensorInfo(t["data_type"], tuple(t["dims"])) for t in ctx["inputs"]},
+        outputs={t["name"]: TensorInfo(t["data_type"], tuple(t["dims"])) for t in ctx["outputs"]},
+        optional_inputs=tuple(t["name"] for t in ctx["inputs"] if t.get("optional")),
+    )
+
+
+def _spec_where(spec: PipelineSpec, ensemble: EnsembleEntry) -> Callable:
+    """Ensemble key paths as spec file:line: key."""
+
+    def where(path):
+        if path and path[0] in ("inputs", "outputs") and len(path) > 1:
+            tensors = ensemble.inputs if path[0] == "inputs" else ensemble.outputs
+            index = next((i for i, t in enumerate(tensors) if t.name == path[1]), None)
+            path = (path[0], index, "name") if index is not None else path[:1]
+        return spec.source.where(ensemble.path + tuple(path))
+    return where
+
+
+def ensemble_context(ensemble: EnsembleEntry, interfaces: Dict[str, Interface]) -> Dict:
+    steps_batch = [interfaces[s.model].max_batch_size for s in ensemble.steps if s.model in interfaces]
+    max_batch = ensemble.max_batch_size if ensemble.max_batch_size is not None else min(steps_batch, default=0)
+    return {
+        "name": ensemble.name, "max_batch_size": max_batch,
+        "inputs": [t.context() for t in ensemble.inputs], "outputs": [t.context() for t in ensemble.outputs],
+        "steps": [{"model": s.model, "inputs": s.inputs, "outputs": s.outputs} for s in ensemble.steps],
+    }
+
+
+def check_spec_ensembles(spec: PipelineSpec, interfaces: Dict[str, Interface]) -> List[Dict]:
+    """Check every ensemble of the spec; raise EnsembleError naming spec lines, else return contexts."""
+    contexts, problems = [], []
+    for ensemble in spec.ensembles:
+        context = ensemble_context(ensemble, interfaces)
+        wiring = EnsembleWiring(
+            name=ensemble.name, max_batch_size=context["max_batch_size"],
+            inputs={t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in ensemble.inputs},
+            outputs={t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in ensemble.outputs},
+            steps=[StepWiring(s.model, s.inputs, s.outputs) for s in ensemble.steps])
+        problems.extend(check_ensemble(wiring, interfaces, _spec_where(spec, ensemble)))
+        contexts.append(context)
+    if problems:
+        raise EnsembleError(problems)
+    return contexts
+
+
+def _write_model(repo: Path, plan: ModelPlan, templates: Optional[Path]) -> None:
+    text = render("config.pbtxt.j2", {"platform": None, **plan.context}, templates)
+    parse_config(text, f"{plan.name}/config.pbtxt")
+    model_dir = repo / plan.name
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(text)
+    for name, source in plan.files.items():
+        shutil.copy2(source, model_dir / "1" / name)
+    if plan.warmup_files:
+        (model_dir / "warmup").mkdir()
+        for name, data in plan.warmup_files.items():
+            (model_dir / "warmup" / name).write_bytes(data)
+
+
+def _write_ensemble(repo: Path, context: Dict, templates: Optional[Path]) -> None:
+    text = render("ensemble.pbtxt.j2", context, templates)
+    parse_config(text, f"{context['name']}/config.pbtxt")
+    model_dir = repo / context["name"]
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    # Triton wants a version folder even for an ensemble; it stays empty.
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(text)
+
+
+def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, log: Callable[[str], None]) -> Profile:
+    if model.profile is not None:
+        return Profile.load(model.profile)
+    from latte.generator.profile import ProfileOptions, profile_model
+
+    target = profiles_dir / f"{model.name}.json"
+    if target.exists() and target.stat().st_mtime >= model.file.stat().st_mtime:
+        log(f"{model.name}: reusing profile {target}")
+        return Profile.load(target)
+    log(f"{model.name}: profiling {model.file} (no profile in the spec)")
+    inputs = [{"name": t.name, "data_type": t.data_type, "dims": t.dims} for t in model.inputs or []]
+    profile = profile_model(model.file, ProfileOptions(runtime=model.runtime, intra_op_threads=model.intra_op_threads,
+                                                       inputs=inputs or None))
+    profiles_dir.mkdir(parents=True, exist_ok=True)
+    profile.save(target)
+    return profile
+
+
+def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, profiles_dir: Optional[Path] = None,
+             log: Callable[[str], None] = lambda line: None) -> List[ModelPlan]:
+    """Write a model repository for the spec at spec_path into repo and validate it."""
+    spec = load_spec(spec_path)
+    repo = Path(repo)
+    profiles_dir = Path(profiles_dir) if profiles_dir else spec.directory / "profiles"
+    plans = []
+    for model in spec.models:
+        if model.backend == "python":
+            plans.append(plan_python_model(model))
+        else:
+            plans.append(plan_latte_model(spec, model, load_or_profile(spec, model, profiles_dir, log)))
+    interfaces = {p.name: _interface(p) for p in plans}
+    ensembles = check_spec_ensembles(spec, interfaces)
+    repo.mkdir(parents=True, exist_ok=True)
+    for plan in plans:
+        _write_model(repo, plan, templates)
+    for context in ensembles:
+        _write_ensemble(repo, context, templates)
+    validate_repository(repo)
+    return plans

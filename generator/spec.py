@@ -1,0 +1,303 @@
+"""The pipeline spec `latte generate` reads: models, their SLOs, and ensembles wiring them.
+
+    resources: {cores: 2, gpus: 0}          # optional; default: this machine's cores, no GPU
+    models:
+      - name: tokenize                      # a small step written by the user as model.py
+        file: tokenize.py
+        backend: python                     # implied by the .py extension
+        max_batch_size: 8
+        inputs:  [{name: TEXT, data_type: TYPE_STRING, dims: [1]}]
+        outputs: [{name: TOKENS, data_type: TYPE_INT64, dims: [-1]}]
+      - name: encoder                       # served by latte; settings derived from its profile
+        file: models/sequence.onnx
+        slo_ms: 50
+        arrival_rate: 200                   # optional, requests/s
+        profile: profiles/encoder.json      # optional; profiled during generate when absent
+        overrides: {max_batch_size: 8}      # optional; wins over the derived values
+    ensembles:
+      - name: embed_text
+        inputs:  [{name: TEXT, data_type: TYPE_STRING, dims: [1]}]
+        outputs: [{name: EMBEDDING, data_type: TYPE_FP32, dims: [32]}]
+        steps:
+          - {model: tokenize, inputs: {TEXT: TEXT}, outputs: {TOKENS: tokens}}
+          - {model: encoder, inputs: {tokens: tokens}, outputs: {embedding: EMBEDDING}}
+
+Step `inputs` map the model's input name to an ensemble tensor, `outputs` the model's
+output name to an ensemble tensor, as Triton's input_map / output_map do.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from latte.generator.yaml_lines import KeyPath, Located, SpecError, load
+
+TRITON_TYPES = ("TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64", "TYPE_INT8",
+                "TYPE_INT16", "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32", "TYPE_FP64",
+                "TYPE_BF16", "TYPE_STRING")
+LATTE_RUNTIMES = {".pt": "torchscript", ".ts": "torchscript", ".pt2": "torch_export", ".onnx": "onnx",
+                  ".plan": "tensorrt", ".engine": "tensorrt"}
+BACKENDS = ("latte", "python")
+PYTHON_DEFAULT_MAX_BATCH = 16
+MODEL_KEYS = {"name", "file", "backend", "runtime", "slo_ms", "arrival_rate", "priority_levels", "profile",
+              "overrides", "inputs", "outputs", "max_batch_size", "instance_count", "intra_op_threads",
+              "backend_overhead_ms"}
+OVERRIDE_KEYS = {"max_batch_size", "dynamic_batching", "instance_count", "instance_kind", "parameters"}
+ENSEMBLE_KEYS = {"name", "max_batch_size", "inputs", "outputs", "steps"}
+STEP_KEYS = {"model", "inputs", "outputs"}
+
+
+@dataclass
+class Tensor:
+    name: str
+    data_type: str
+    dims: List[int]
+    ragged: bool = False
+    optional: bool = False
+
+    def context(self) -> dict:
+        return {"name": self.name, "data_type": self.data_type, "dims": list(self.dims),
+                "allow_ragged_batch": self.ragged, "optional": self.optional}
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    backend: str
+    file: Path
+    path: KeyPath                        # where the entry sits in the spec, for error messages
+    runtime: Optional[str] = None
+    slo_ms: Optional[float] = None
+    arrival_rate: Optional[float] = None
+    priority_levels: int = 0
+    profile: Optional[Path] = None
+    overrides: Dict[str, Any] = field(default_factory=dict)
+    inputs: Optional[List[Tensor]] = None
+    outputs: Optional[List[Tensor]] = None
+    max_batch_size: Optional[int] = None
+    instance_count: int = 1
+    intra_op_threads: int = 1
+    backend_overhead_ms: Optional[float] = None
+
+
+@dataclass
+class Step:
+    model: str
+    inputs: Dict[str, str]               # model input -> ensemble tensor
+    outputs: Dict[str, str]              # model output -> ensemble tensor
+
+
+@dataclass
+class EnsembleEntry:
+    name: str
+    path: KeyPath
+    inputs: List[Tensor]
+    outputs: List[Tensor]
+    steps: List[Step]
+    max_batch_size: Optional[int] = None
+
+
+@dataclass
+class PipelineSpec:
+    source: Located
+    directory: Path
+    models: List[ModelEntry]
+    ensembles: List[EnsembleEntry]
+    cores: int
+    gpus: int
+
+    def model(self, name: str) -> Optional[ModelEntry]:
+        return next((m for m in self.models if m.name == name), None)
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class _Reader:
+    """Typed access to the loaded YAML that raises SpecError at the right line."""
+
+    def __init__(self, doc: Located) -> None:
+        self.doc = doc
+
+    def get(self, path: KeyPath) -> Any:
+        value = self.doc.value
+        for part in path:
+            value = value[part]
+        return value
+
+    def mapping(self, path: KeyPath, keys: Optional[set] = None) -> dict:
+        value = self.get(path)
+        if not isinstance(value, dict):
+            raise self.doc.error(path, f"expected a mapping, got {type(value).__name__}")
+        if keys is not None:
+            unknown = sorted(set(value) - keys, key=str)
+            if unknown:
+                raise self.doc.error(path + (unknown[0],), f"unknown key; expected one of {', '.join(sorted(keys))}")
+        return value
+
+    def sequence(self, path: KeyPath) -> list:
+        value = self.get(path)
+        if not isinstance(value, list):
+            raise self.doc.error(path, f"expected a list, got {type(value).__name__}")
+        return value
+
+    def string(self, path: KeyPath) -> str:
+        value = self.get(path)
+        if not isinstance(value, str) or not value:
+            raise self.doc.error(path, f"expected a non-empty string, got {value!r}")
+        return value
+
+    def number(self, path: KeyPath, integer: bool = False, minimum: float = 0) -> float:
+        value = self.get(path)
+        kinds = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds) or value < minimum:
+            kind = "an integer" if integer else "a number"
+            raise self.doc.error(path, f"expected {kind} >= {minimum}, got {value!r}")
+        return value
+
+    def optional(self, mapping: dict, path: KeyPath, key: str, kind, **kw):
+        return kind(path + (key,), **kw) if key in mapping else None
+
+    def tensors(self, path: KeyPath) -> List[Tensor]:
+        out = []
+        for i, _ in enumerate(self.sequence(path)):
+            here = path + (i,)
+            entry = self.mapping(here, {"name", "data_type", "dims", "ragged", "optional"})
+            for key in ("name", "data_type", "dims"):
+                if key not in entry:
+                    raise self.doc.error(here + (key,), "missing; every tensor needs name, data_type and dims")
+            data_type = self.string(here + ("data_type",))
+            if not data_type.startswith("TYPE_"):
+                data_type = "TYPE_" + data_type
+            if data_type not in TRITON_TYPES:
+                raise self.doc.error(here + ("data_type",), f"unknown data type {entry['data_type']!r}; expected "
+                                     f"one of {', '.join(TRITON_TYPES)}")
+            dims = self.sequence(here + ("dims",))
+            if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d == 0 or d < -1 for d in dims):
+                raise self.doc.error(here + ("dims",), f"dims must be a non-empty list of positive integers or -1, "
+                                     f"got {dims!r}")
+            name = self.string(here + ("name",))
+            if any(t.name == name for t in out):
+                raise self.doc.error(here + ("name",), f"tensor {name!r} is declared twice")
+            out.append(Tensor(name, data_type, list(dims), bool(entry.get("ragged", False)),
+                              bool(entry.get("optional", False))))
+        return out
+
+    def tensor_map(self, path: KeyPath) -> Dict[str, str]:
+        mapping = self.mapping(path)
+        for key, value in mapping.items():
+            if not isinstance(value, str) or not value:
+                raise self.doc.error(path + (key,), f"expected an ensemble tensor name, got {value!r}")
+        return dict(mapping)
+
+
+def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
+    doc = reader.doc
+    raw = reader.mapping(path, MODEL_KEYS)
+    for key in ("name", "file"):
+        if key not in raw:
+            raise doc.error(path + (key,), f"missing; every model needs a {key}")
+    name = reader.string(path + ("name",))
+    file = directory / reader.string(path + ("file",))
+    if not file.exists():
+        raise doc.error(path + ("file",), f"file {file} does not exist")
+    backend = raw.get("backend") or ("python" if file.suffix == ".py" else "latte")
+    if backend not in BACKENDS:
+        raise doc.error(path + ("backend",), f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    entry = ModelEntry(name=name, backend=backend, file=file, path=path)
+    entry.inputs = reader.tensors(path + ("inputs",)) if "inputs" in raw else None
+    entry.outputs = reader.tensors(path + ("outputs",)) if "outputs" in raw else None
+    entry.max_batch_size = reader.optional(raw, path, "max_batch_size", reader.number, integer=True)
+    entry.instance_count = reader.optional(raw, path, "instance_count", reader.number, integer=True, minimum=1) or 1
+    if backend == "python":
+        if file.suffix != ".py":
+            raise doc.error(path + ("file",), "a python-backend model is a model.py source file (*.py)")
+        for key in ("inputs", "outputs"):
+            if key not in raw:
+                raise doc.error(path + (key,), "missing; a python model declares its inputs and outputs")
+        for key in ("slo_ms", "profile", "runtime", "arrival_rate", "overrides", "backend_overhead_ms"):
+            if key in raw:
+                raise doc.error(path + (key,), "only latte models are profiled and derived; remove it")
+        if entry.max_batch_size is None:
+            entry.max_batch_size = PYTHON_DEFAULT_MAX_BATCH
+        return entry
+
+    entry.runtime = raw.get("runtime") or LATTE_RUNTIMES.get(file.suffix)
+    if entry.runtime not in set(LATTE_RUNTIMES.values()):
+        raise doc.error(path + ("runtime",), f"cannot serve {file.name} with runtime {entry.runtime!r}; set runtime "
+                        f"to one of {', '.join(sorted(set(LATTE_RUNTIMES.values())))}")
+    if "slo_ms" not in raw:
+        raise doc.error(path + ("slo_ms",), "missing; a latte model needs its P99 latency SLO in milliseconds")
+    entry.slo_ms = float(reader.number(path + ("slo_ms",), minimum=0.001))
+    rate = reader.optional(raw, path, "arrival_rate", reader.number, minimum=0.001)
+    entry.arrival_rate = float(rate) if rate is not None else None
+    entry.priority_levels = reader.optional(raw, path, "priority_levels", reader.number, integer=True) or 0
+    entry.intra_op_threads = reader.optional(raw, path, "intra_op_threads", reader.number, integer=True,
+                                             minimum=1) or 1
+    overhead = reader.optional(raw, path, "backend_overhead_ms", reader.number)
+    entry.backend_overhead_ms = float(overhead) if overhead is not None else None
+    if "profile" in raw:
+        entry.profile = directory / reader.string(path + ("profile",))
+        if not entry.profile.exists():
+            raise doc.error(path + ("profile",), f"profile {entry.profile} does not exist; run `latte profile "
+                            f"{file}` or drop the key to profile during generate")
+    if "overrides" in raw:
+        entry.overrides = dict(reader.mapping(path + ("overrides",), OVERRIDE_KEYS))
+    return entry
+
+
+def _ensemble(reader: _Reader, path: KeyPath) -> EnsembleEntry:
+    doc = reader.doc
+    raw = reader.mapping(path, ENSEMBLE_KEYS)
+    for key in ("name", "inputs", "outputs", "steps"):
+        if key not in raw:
+            raise doc.error(path + (key,), f"missing; an ensemble needs name, inputs, outputs and steps")
+    steps = []
+    for i, _ in enumerate(reader.sequence(path + ("steps",))):
+        here = path + ("steps", i)
+        step = reader.mapping(here, STEP_KEYS)
+        for key in STEP_KEYS:
+            if key not in step:
+                raise doc.error(here + (key,), "missing; a step needs model, inputs and outputs")
+        steps.append(Step(reader.string(here + ("model",)), reader.tensor_map(here + ("inputs",)),
+                          reader.tensor_map(here + ("outputs",))))
+    if not steps:
+        raise doc.error(path + ("steps",), "an ensemble needs at least one step")
+    return EnsembleEntry(name=reader.string(path + ("name",)), path=path,
+                         inputs=reader.tensors(path + ("inputs",)), outputs=reader.tensors(path + ("outputs",)),
+                         steps=steps,
+                         max_batch_size=reader.optional(raw, path, "max_batch_size", reader.number, integer=True))
+
+
+def load_spec(spec_path: Path) -> PipelineSpec:
+    """Read and check a pipeline spec; every error names the file, line and key."""
+    doc = load(spec_path)
+    reader = _Reader(doc)
+    top = reader.mapping((), {"models", "ensembles", "resources"})
+    if "models" not in top:
+        raise doc.error(("models",), "missing; the spec lists its models under `models:`")
+    directory = Path(spec_path).resolve().parent
+    models = [_model(reader, directory, ("models", i)) for i, _ in enumerate(reader.sequence(("models",)))]
+    names = set()
+    for m in models:
+        if m.name in names:
+            raise doc.error(m.path + ("name",), f"model {m.name!r} is defined twice")
+        names.add(m.name)
+    ensembles = [_ensemble(reader, ("ensembles", i)) for i, _ in enumerate(reader.sequence(("ensembles",)))] \
+        if "ensembles" in top else []
+    for e in ensembles:
+        if e.name in names:
+            raise doc.error(e.path + ("name",), f"name {e.name!r} is already used by another model or ensemble")
+        names.add(e.name)
+    resources = reader.mapping(("resources",), {"cores", "gpus"}) if "resources" in top else {}
+    cores = int(reader.optional(resources, ("resources",), "cores", reader.number, integer=True, minimum=1)
+                or usable_cores())
+    gpus = int(reader.optional(resources, ("resources",), "gpus", reader.number, integer=True) or 0)
+    return PipelineSpec(source=doc, directory=directory, models=models, ensembles=ensembles, cores=cores, gpus=gpus)

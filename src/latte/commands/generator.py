@@ -1,0 +1,200 @@
+"""`latte profile`, `latte generate`, `latte validate`, `latte verify`: the config generator."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+_RAW = argparse.RawDescriptionHelpFormatter
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile", formatter_class=_RAW,
+        help="measure latency (P50/P99) and memory per batch size and shape bucket",
+        description="""\
+Measure MODEL_FILE in this process with the runtime code the latte backend serves it with,
+at an explicit thread budget. For each shape bucket the batch size doubles from 1 until
+throughput stops improving, memory runs short or one call passes --max-latency-ms.
+
+Writes OUT/profile.json (input to `latte generate` and the derivation) and OUT/profile.png
+(latency and throughput against batch size).
+
+Input shapes come from, in order: --input flags, a config.pbtxt next to the file (or one
+folder up, as in a model repository), or the ONNX graph. A -1 dimension is variable: it is
+measured at several lengths (--lengths) so that latte's bucket edges can be derived.""",
+        epilog="""\
+examples:
+  latte profile model.onnx
+  latte profile model.pt --input image:FP32:3,32,32 --intra-op-threads 2 -o prof/
+  latte profile encoder.onnx --lengths 16,64,128 --slo-ms 20   # also prints derived settings""")
+    p.add_argument("model_file", help="a .onnx, .pt (TorchScript) or .pt2 (torch.export) file")
+    p.add_argument("--runtime", choices=["onnx", "torchscript", "torch_export"],
+                   help="override the runtime detected from the extension")
+    p.add_argument("--input", action="append", metavar="NAME:DTYPE:DIMS", dest="inputs",
+                   help="an input without the batch dimension, e.g. tokens:INT64:-1 (repeatable)")
+    p.add_argument("--intra-op-threads", type=int, default=1, help="threads per call (default 1)")
+    p.add_argument("--max-batch-size", type=int, default=256, help="largest batch tried (default 256)")
+    p.add_argument("--lengths", help="comma-separated lengths for variable dimensions (default 8,16,..,max)")
+    p.add_argument("--max-length", type=int, help="longest length for variable dimensions (default: config's "
+                   "max_sequence_length, else 128)")
+    p.add_argument("--max-latency-ms", type=float, default=2000.0, help="stop a sweep once one call is slower")
+    p.add_argument("--min-seconds", type=float, default=0.2, help="time spent measuring each point (default 0.2)")
+    p.add_argument("--slo-ms", type=float, help="also derive and print the settings for this P99 SLO")
+    p.add_argument("--backend-overhead-ms", type=float, default=1.0,
+                   help="per-batch serving cost added to measured latencies when deriving (default 1.0)")
+    p.add_argument("-o", "--out", default=".", help="output folder (default: current folder)")
+    p.set_defaults(handler=_profile)
+
+    p = sub.add_parser(
+        "generate", formatter_class=_RAW,
+        help="render a model repository (models, ensembles) from a pipeline spec",
+        description="""\
+Read the pipeline spec SPEC (YAML), derive each latte model's settings from its profile and
+SLO (profiling it first when the spec names no profile), render config.pbtxt for every model
+and ensemble from Jinja2 templates, copy model files into version folders, write warm-up
+data, and validate the result as `latte validate` does.
+
+Spec outline (see docs/generator.md for every key):
+  resources: {cores: 2, gpus: 0}
+  models:
+    - {name: pre, file: pre.py, inputs: [...], outputs: [...]}          # backend: python
+    - {name: encoder, file: encoder.onnx, slo_ms: 50, profile: p.json}  # backend: latte
+  ensembles:
+    - name: pipeline
+      inputs: [...]; outputs: [...]
+      steps:
+        - {model: pre, inputs: {MODEL_INPUT: tensor}, outputs: {MODEL_OUTPUT: tensor}}
+
+Each derived number is printed with the reason it was chosen.""",
+        epilog="""\
+examples:
+  latte generate pipeline.yaml -o repo/
+  latte generate pipeline.yaml -o repo/ --templates my_templates/   # your config.pbtxt.j2 / ensemble.pbtxt.j2""")
+    p.add_argument("spec", help="pipeline spec (YAML)")
+    p.add_argument("-o", "--out", required=True, help="model repository folder to write")
+    p.add_argument("--templates", metavar="DIR", help="folder with templates that replace the bundled ones by name "
+                   "(config.pbtxt.j2 for models, ensemble.pbtxt.j2 for ensembles)")
+    p.add_argument("--profiles", metavar="DIR", help="where profiles made during generate are kept "
+                   "(default: profiles/ next to the spec)")
+    p.set_defaults(handler=_generate)
+
+    p = sub.add_parser(
+        "validate", formatter_class=_RAW,
+        help="check configs (Triton's ModelConfig) and ensemble DAGs of a repository",
+        description="""\
+Parse every REPO/*/config.pbtxt with Triton's ModelConfig protobuf, check version folders hold
+their model files, and check every ensemble: no cycles, every tensor produced once and
+consumed, step inputs/outputs exist on the step's model with the same dtypes and shapes,
+and the ensemble's own inputs and outputs are wired. Exits 1 listing every problem.""",
+        epilog="example:\n  latte validate repo/")
+    p.add_argument("repo", help="model repository folder")
+    p.set_defaults(handler=_validate)
+
+    p = sub.add_parser(
+        "verify", formatter_class=_RAW,
+        help="serve a repository and check a model's P99 SLO with perf_analyzer",
+        description="""\
+Start tritonserver on REPO, drive MODEL with perf_analyzer at the operating point its config
+implies (instances x max_batch_size requests in flight), report P99 latency and throughput
+against --slo-ms, and, when the SLO does not hold, suggest the one setting to change.""",
+        epilog="example:\n  latte verify repo/ --model encoder --slo-ms 50")
+    p.add_argument("repo", help="model repository folder")
+    p.add_argument("--model", required=True, help="model (or ensemble) to load")
+    p.add_argument("--slo-ms", type=float, required=True, help="the P99 latency SLO in milliseconds")
+    p.add_argument("--concurrency", type=int, help="requests in flight (default: from the config)")
+    p.add_argument("--length", type=int, default=16, help="length used for variable input dimensions (default 16)")
+    p.add_argument("--measurement-ms", type=int, default=3000, help="perf_analyzer measurement window")
+    p.add_argument("--url", metavar="HOST:PORT", help="gRPC endpoint of a tritonserver already serving REPO "
+                   "(default: start one)")
+    p.add_argument("--tritonserver", metavar="PATH", help="tritonserver binary or install root")
+    p.add_argument("--backend-directory", metavar="DIR", help="folder holding Triton's python/ backend")
+    p.set_defaults(handler=_verify)
+
+
+def _profile(args) -> int:
+    from latte.generator.plot import plot_profile
+    from latte.generator.profile import ProfileOptions, profile_model
+    from latte.generator.shapes import parse_input_flag
+
+    inputs = [parse_input_flag(text) for text in args.inputs or []]
+    lengths = None
+    if args.lengths:
+        try:
+            lengths = [int(x) for x in args.lengths.split(",")]
+        except ValueError:
+            raise ValueError(f"--lengths {args.lengths!r}: expected comma-separated integers, e.g. 16,64,128") from None
+    opts = ProfileOptions(runtime=args.runtime, intra_op_threads=args.intra_op_threads, inputs=inputs or None,
+                          max_batch_size=args.max_batch_size, lengths=lengths, max_length=args.max_length,
+                          max_latency_ms=args.max_latency_ms, min_seconds=args.min_seconds)
+    profile = profile_model(Path(args.model_file), opts, show_progress=sys.stderr.isatty())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = profile.save(out / "profile.json")
+    png_path = plot_profile(profile, out / "profile.png", args.slo_ms)
+    _print_profile(profile)
+    print(f"wrote {json_path} and {png_path} ({profile.wall_s:.1f} s)")
+    if args.slo_ms:
+        from latte.generator.config_summary import derivation_report
+        from latte.generator.derive import derive
+        from latte.generator.spec import usable_cores
+
+        print(derivation_report(Path(args.model_file).stem, derive(profile, args.slo_ms, cores=usable_cores(),
+                                                                    backend_overhead_ms=args.backend_overhead_ms)))
+    return 0
+
+
+def _print_profile(profile) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{Path(profile.model_file).name} ({profile.runtime}, "
+                        f"intra_op_threads={profile.intra_op_threads})")
+    for column in ("length", "batch", "mean ms", "P50 ms", "P99 ms", "rows/s", "peak MiB"):
+        table.add_column(column, justify="right")
+    for p in profile.points:
+        table.add_row("-" if p.length is None else str(p.length), str(p.batch_size), f"{p.mean_ms:.3f}",
+                      f"{p.p50_ms:.3f}", f"{p.p99_ms:.3f}", f"{p.throughput:.0f}", f"{p.peak_bytes / 2**20:.1f}")
+    Console().print(table)
+    for bucket, reason in profile.stop_reason.items():
+        print(f"  sweep at {bucket}: stopped on {reason}")
+
+
+def _generate(args) -> int:
+    from latte.generator.config_summary import derivation_report
+    from latte.generator.generate import generate
+
+    plans = generate(Path(args.spec), Path(args.out), Path(args.templates) if args.templates else None,
+                     Path(args.profiles) if args.profiles else None, log=print)
+    for plan in plans:
+        if plan.derivation is not None:
+            print(derivation_report(plan.name, plan.derivation))
+    print(f"wrote {len(plans)} model(s) to {args.out}; validated")
+    return 0
+
+
+def _validate(args) -> int:
+    from latte.generator.validate import RepositoryError, validate_repository
+
+    try:
+        configs = validate_repository(Path(args.repo))
+    except RepositoryError as exc:
+        print(f"{args.repo}: {len(exc.problems)} problem(s)", file=sys.stderr)
+        for line in exc.problems:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    ensembles = sum(1 for c in configs.values() if c.platform == "ensemble")
+    print(f"{args.repo}: {len(configs)} model(s), {ensembles} ensemble(s): valid")
+    return 0
+
+
+def _verify(args) -> int:
+    from latte.generator.verify import verify
+    from latte.triton import find_triton
+
+    install = None if args.url else find_triton(args.tritonserver, args.backend_directory)
+    report = verify(Path(args.repo), args.model, args.slo_ms, install=install, concurrency=args.concurrency,
+                    length=args.length, measurement_ms=args.measurement_ms, url=args.url)
+    print(report.text())
+    return 0 if report.slo_met else 1

@@ -1,0 +1,157 @@
+"""The derivation against synthetic latency curves whose right answers are known by hand."""
+
+import pytest
+
+from latte.generator.derive import DerivationError, bucket_edges, derive
+from latte.generator.profile_data import Point, Profile
+
+
+def make_profile(latency_by_batch, length=None, intra=1, peak=lambda b: 1000 * b, extra_points=()):
+    points = [Point(batch_size=b, length=length, mean_ms=ms, p50_ms=ms, p99_ms=ms, peak_bytes=peak(b))
+              for b, ms in latency_by_batch.items()]
+    return Profile(model_file="m.onnx", runtime="onnx", device="cpu", intra_op_threads=intra,
+                   inputs=[{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+                   outputs=[{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}],
+                   points=points + list(extra_points))
+
+
+# Flat 2 ms up to batch 8, then linear: throughput saturates at 4000 rows/s from batch 8 on.
+SATURATING = {1: 2.0, 2: 2.0, 4: 2.0, 8: 2.0, 16: 4.0, 32: 8.0, 64: 16.0}
+
+
+def test_max_batch_is_largest_with_twice_p99_within_slo():
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2)
+    # 2 x l(32) = 16 <= 20, 2 x l(64) = 32 > 20
+    assert d.max_batch_size == 32
+    assert d.worst_case_ms <= 20
+
+
+def test_no_queue_delay_without_a_rate():
+    # Without a rate nothing says more requests will come while an instance idles.
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2)
+    assert d.dynamic_batching["max_queue_delay_microseconds"] == 0
+    assert d.worst_case_ms == pytest.approx(16.0)
+
+
+def test_queue_delay_waits_for_the_batch_the_rate_needs():
+    # 3000 req/s on one instance: batch 1 gives 500 rows/s, 2 -> 1000, 4 -> 2000, 8 -> 4000 (x 0.8 = 3200 >= 3000).
+    # Filling 7 more slots at 3000 req/s takes 2333 us, within the slack 20 - 2 x 8 = 4 ms.
+    d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=3000, cores=1)
+    assert d.dynamic_batching["max_queue_delay_microseconds"] == 2333
+    # A light load that batch 1 already serves needs no waiting.
+    assert derive(make_profile(SATURATING), slo_ms=20, arrival_rate=100, cores=1).dynamic_batching[
+        "max_queue_delay_microseconds"] == 0
+
+
+def test_queue_delay_never_exceeds_the_slack_left_by_two_batches():
+    d = derive(make_profile(SATURATING), slo_ms=17, arrival_rate=3000, cores=1)
+    assert d.dynamic_batching["max_queue_delay_microseconds"] == 1000  # 17 - 2 x 8 ms
+    assert d.worst_case_ms == pytest.approx(17.0)
+
+
+def test_queue_delay_is_the_fill_time_when_the_rate_is_high():
+    # 1 ms per batch at every size; 10000 req/s over 2 instances fill 3 more slots of batch 4 in 600 us.
+    profile = make_profile({1: 1.0, 2: 1.0, 4: 1.0, 8: 5.0})
+    d = derive(profile, slo_ms=5, arrival_rate=10000, cores=2)
+    assert d.max_batch_size == 4
+    assert d.instance_count == 2          # 10000 / (4000 rows/s x 0.8) -> 4, capped by 2 cores
+    assert d.dynamic_batching["max_queue_delay_microseconds"] == 600
+    assert any("warning" in line for line in d.explanation)
+
+
+def test_preferred_batch_size_set_where_throughput_saturates():
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2)
+    assert d.dynamic_batching["preferred_batch_size"] == [8]
+
+
+def test_preferred_batch_size_absent_while_throughput_keeps_growing():
+    growing = {1: 1.5, 2: 2.0, 4: 3.0, 8: 5.0, 16: 9.0}
+    d = derive(make_profile(growing), slo_ms=20, cores=2)
+    assert d.max_batch_size == 16
+    assert "preferred_batch_size" not in d.dynamic_batching
+
+
+def test_instances_fill_the_thread_budget_without_a_rate():
+    assert derive(make_profile(SATURATING), slo_ms=20, cores=4).instance_count == 4
+    assert derive(make_profile(SATURATING, intra=2), slo_ms=20, cores=5).instance_count == 2
+    d = derive(make_profile(SATURATING, intra=2), slo_ms=20, cores=5)
+    assert d.instance_count * int(d.parameters["intra_op_threads"]) <= 5
+
+
+def test_instances_follow_the_arrival_rate():
+    # 4000 rows/s per instance at 80% utilisation: 1000 req/s need one instance.
+    d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=1000, cores=8)
+    assert d.instance_count == 1
+    d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=7000, cores=8)
+    assert d.instance_count == 3
+
+
+def test_queue_policy_delays_requests_that_cannot_make_the_slo():
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2)
+    policy = d.dynamic_batching["default_queue_policy"]
+    assert policy["default_timeout_microseconds"] == 12000      # 20 - l(32) = 12 ms
+    assert policy["max_queue_size"] == 2 * 32 * 1               # 2 instances x 32 x one more batch in 12 ms
+    assert policy["timeout_action"] == "DELAY"
+
+
+def test_priority_levels_only_when_asked():
+    assert "priority_levels" not in derive(make_profile(SATURATING), slo_ms=20).dynamic_batching
+    d = derive(make_profile(SATURATING), slo_ms=20, priority_levels=3)
+    assert d.dynamic_batching["priority_levels"] == 3
+    assert d.dynamic_batching["default_priority_level"] == 3
+
+
+def test_arena_is_peak_with_headroom_rounded_to_a_power_of_two():
+    d = derive(make_profile(SATURATING, peak=lambda b: 100_000 * b), slo_ms=20, cores=2)
+    # peak at batch 32 = 3.2 MB, x 1.25 = 4 MB -> 4 MiB (4194304 >= 4000000)
+    assert d.parameters["arena_bytes"] == str(1 << 22)
+
+
+def test_bucket_edges_merge_lengths_with_similar_latency():
+    latency_at = {16: 1.0, 32: 1.05, 64: 1.5, 128: 3.0}
+    points = [Point(b, length, ms * b, ms * b, ms * b, 0) for length, ms in latency_at.items() for b in (1, 2)]
+    profile = Profile("m.onnx", "onnx", "cpu", 1, [{"name": "t", "data_type": "TYPE_INT64", "dims": [-1]}],
+                      [{"name": "e", "data_type": "TYPE_FP32", "dims": [4]}], points)
+    assert bucket_edges(profile, 2) == [32, 64, 128]
+    d = derive(profile, slo_ms=100, cores=1)
+    assert d.parameters["bucket_edges"] == "32,64,128"
+    # The SLO is checked at the longest length, the worst case.
+    assert d.worst_case_ms >= 2 * 6.0
+
+
+def test_every_chosen_number_is_explained():
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2)
+    text = d.explain()
+    for word in ("max_batch_size 32", "instance count 2", "max_queue_delay_microseconds 0",
+                 "preferred_batch_size [8]", "default_queue_policy", "arena_bytes"):
+        assert word in text
+
+
+def test_impossible_slo_is_refused_with_the_numbers():
+    with pytest.raises(DerivationError, match=r"SLO of 3 ms cannot hold.*2 x 2.00 ms"):
+        derive(make_profile(SATURATING), slo_ms=3)
+
+
+def test_thread_budget_larger_than_cores_is_refused():
+    with pytest.raises(DerivationError, match="intra_op_threads=4 but only 2 core"):
+        derive(make_profile(SATURATING, intra=4), slo_ms=20, cores=2)
+
+
+@pytest.mark.parametrize("kwargs, message", [({"slo_ms": 0}, "SLO must be a positive number"),
+                                             ({"slo_ms": 10, "arrival_rate": -1}, "arrival rate must be positive"),
+                                             ({"slo_ms": 10, "cores": 0}, "cores must be >= 1")])
+def test_bad_arguments_are_refused(kwargs, message):
+    with pytest.raises(DerivationError, match=message):
+        derive(make_profile(SATURATING), **kwargs)
+
+
+def test_backend_overhead_is_added_to_every_batch():
+    # l(b) + 1 ms: 2 x l(32) = 18 <= 20 still, but the slack shrinks from 4 ms to 2 ms.
+    d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=3000, cores=1, backend_overhead_ms=1.0)
+    assert d.max_batch_size == 32
+    assert d.dynamic_batching["max_queue_delay_microseconds"] == 2000
+    assert d.worst_case_ms == pytest.approx(20.0)
+    # With 2 ms of overhead 2 x (8 + 2) = 20 still fits; with 3 ms only batch 16 does.
+    assert derive(make_profile(SATURATING), slo_ms=20, backend_overhead_ms=3.0).max_batch_size == 16
+    with pytest.raises(DerivationError, match="backend_overhead_ms must be >= 0"):
+        derive(make_profile(SATURATING), slo_ms=20, backend_overhead_ms=-1)

@@ -1,0 +1,148 @@
+"""`latte generate`: rendered repositories match reviewed golden configs and parse as Triton's."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from latte.cli import main
+from latte.generator.dag import EnsembleError
+from latte.generator.generate import generate
+from latte.generator.validate import RepositoryError, parse_config, validate_repository
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.fixture
+def repo(sequence_pipeline, tmp_path):
+    generate(sequence_pipeline / "pipeline.yaml", tmp_path / "repo")
+    return tmp_path / "repo"
+
+
+@pytest.mark.parametrize("model", ["embed_text", "encoder", "tokenize", "normalize"])
+def test_rendered_config_matches_golden_and_parses(repo, model):
+    text = (repo / model / "config.pbtxt").read_text()
+    assert text == (GOLDEN / f"{model}.pbtxt").read_text()
+    config = parse_config(text, model)
+    assert config.name == model
+
+
+def test_repository_layout_has_versions_model_files_and_warmup(repo):
+    assert (repo / "encoder" / "1" / "model.onnx").stat().st_size > 1000
+    assert (repo / "tokenize" / "1" / "model.py").read_text().startswith('"""Pre-process step')
+    assert (repo / "embed_text" / "1").is_dir()
+    # One row of 16 int64 token ids, valid ids for the encoder's vocabulary.
+    tokens = np.frombuffer((repo / "encoder" / "warmup" / "tokens").read_bytes(), dtype=np.int64)
+    assert tokens.shape == (16,) and tokens.min() >= 1 and tokens.max() < 1000
+    configs = validate_repository(repo)
+    assert configs["embed_text"].platform == "ensemble"
+
+
+def test_overrides_win_over_derived_values(sequence_pipeline, tmp_path):
+    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
+        "    slo_ms: 20\n",
+        "    slo_ms: 20\n    overrides: {max_batch_size: 4, instance_count: 1, "
+        "dynamic_batching: {max_queue_delay_microseconds: 100}, parameters: {pad_value: 7}}\n")
+    path = sequence_pipeline / "override.yaml"
+    path.write_text(spec)
+    generate(path, tmp_path / "repo")
+    config = parse_config((tmp_path / "repo" / "encoder" / "config.pbtxt").read_text())
+    assert config.max_batch_size == 4
+    assert config.instance_group[0].count == 1
+    assert config.dynamic_batching.max_queue_delay_microseconds == 100
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 32    # derived value kept
+    assert config.parameters["pad_value"].string_value == "7"
+    # The ensemble's batch follows its smallest step.
+    assert parse_config((tmp_path / "repo" / "embed_text" / "config.pbtxt").read_text()).max_batch_size == 4
+
+
+def test_thread_budget_override_beyond_cores_is_refused(sequence_pipeline, tmp_path):
+    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
+        "    slo_ms: 20\n", "    slo_ms: 20\n    overrides: {instance_count: 3}\n")
+    path = sequence_pipeline / "threads.yaml"
+    path.write_text(spec)
+    with pytest.raises(ValueError, match=r"threads.yaml:\d+: models\[1\].overrides: 3 instance\(s\) x "
+                                         r"intra_op_threads 1 exceed the 2 core"):
+        generate(path, tmp_path / "repo")
+
+
+def test_ensemble_errors_name_the_spec_line(sequence_pipeline, tmp_path):
+    spec = (sequence_pipeline / "pipeline.yaml").read_text()
+    broken = spec.replace("{RAW: raw_embedding}", "{RAW: raw_embeding}")
+    path = sequence_pipeline / "broken.yaml"
+    path.write_text(broken)
+    line = next(i for i, text in enumerate(broken.splitlines(), 1) if "raw_embeding" in text)
+    with pytest.raises(EnsembleError) as info:
+        generate(path, tmp_path / "repo")
+    text = str(info.value)
+    assert f"broken.yaml:{line}: ensembles[0].steps[2].inputs.RAW: step input tensor 'raw_embeding' is never produced" in text
+    assert "step output tensor 'raw_embedding' is never consumed" in text
+    assert not (tmp_path / "repo").exists()
+
+
+def test_user_templates_replace_the_bundled_ones(sequence_pipeline, tmp_path):
+    from latte.generator.templates import bundled_templates
+
+    mine = tmp_path / "templates"
+    mine.mkdir()
+    text = (bundled_templates() / "ensemble.pbtxt.j2").read_text()
+    (mine / "ensemble.pbtxt.j2").write_text(text.replace('platform: "ensemble"',
+                                                         'platform: "ensemble"\n# reviewed by the serving team'))
+    generate(sequence_pipeline / "pipeline.yaml", tmp_path / "repo", templates=mine)
+    assert "# reviewed by the serving team" in (tmp_path / "repo" / "embed_text" / "config.pbtxt").read_text()
+    assert "# reviewed" not in (tmp_path / "repo" / "encoder" / "config.pbtxt").read_text()
+
+
+def test_validate_reports_each_broken_part(repo):
+    (repo / "tokenize" / "1" / "model.py").unlink()
+    (repo / "encoder" / "warmup" / "tokens").unlink()
+    ensemble = repo / "embed_text" / "config.pbtxt"
+    ensemble.write_text(ensemble.read_text().replace("dims: [ 32 ]", "dims: [ 16 ]"))
+    shutil.copytree(repo / "normalize", repo / "copy")
+    with pytest.raises(RepositoryError) as info:
+        validate_repository(repo)
+    problems = "\n".join(info.value.problems)
+    assert "tokenize/1: a python-backend model needs model.py here" in problems
+    assert "model_warmup 'sample' input 'tokens' reads warmup/tokens, which does not exist" in problems
+    assert "embed_text/config.pbtxt: output['EMBEDDING']: tensor 'EMBEDDING' has dims [32]" in problems
+    assert "copy/config.pbtxt: name 'normalize' differs from its folder 'copy'" in problems
+
+
+def test_validate_names_the_line_of_a_syntax_error(repo):
+    config = repo / "encoder" / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 16", "max_batch_sise: 16"))
+    with pytest.raises(RepositoryError, match=r"encoder/config.pbtxt: 3:\d+ : .*max_batch_sise"):
+        validate_repository(repo)
+
+
+def test_cli_validate_exit_codes(repo, capsys):
+    assert main(["validate", str(repo)]) == 0
+    assert "4 model(s), 1 ensemble(s): valid" in capsys.readouterr().out
+    (repo / "normalize" / "1" / "model.py").unlink()
+    assert main(["validate", str(repo)]) == 1
+    assert "needs model.py" in capsys.readouterr().err
+
+
+def test_cli_generate_prints_the_reasons(sequence_pipeline, tmp_path, capsys):
+    assert main(["generate", str(sequence_pipeline / "pipeline.yaml"), "-o", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "max_batch_size 16: the largest batch with 2 x P99" in out
+    assert "validated" in out
+
+
+@pytest.mark.parametrize("command", ["profile", "generate", "validate", "verify"])
+def test_every_generator_command_has_help_with_an_example(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "example" in out and f"latte {command}" in out
+
+
+def test_cli_spec_errors_are_one_clear_line(tmp_path, capsys):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("models:\n  - name: m\n    file: missing.onnx\n    slo_ms: 5\n")
+    assert main(["generate", str(spec), "-o", str(tmp_path / "repo")]) == 1
+    err = capsys.readouterr().err
+    assert "spec.yaml:3: models[0].file: file" in err and "missing.onnx does not exist" in err

@@ -1,0 +1,96 @@
+"""`latte profile` on the real example models, with latte's own runtimes."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from latte.cli import main
+from latte.generator.profile import ProfileOptions, profile_model
+from latte.generator.shapes import ShapeError, parse_input_flag, resolve_shapes
+
+FAST = dict(min_iterations=3, max_iterations=10, min_seconds=0.0, warmup=1)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from latte.examples import EXAMPLES, export
+
+    root = tmp_path_factory.mktemp("models")
+    return {name: export(EXAMPLES[name], root / name) for name in ("mlp", "sequence")}
+
+
+def test_onnx_shapes_come_from_the_graph(exported):
+    shapes = resolve_shapes(exported["sequence"]["onnx"])
+    assert shapes.source == "the ONNX graph"
+    assert shapes.batched and shapes.variable
+    assert shapes.inputs == [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1], "ragged": True}]
+    assert shapes.outputs[0]["name"] == "embedding"
+
+
+def test_input_flags_and_their_errors():
+    assert parse_input_flag("image:FP32:3,32,32") == {"name": "image", "data_type": "TYPE_FP32", "dims": [3, 32, 32]}
+    assert parse_input_flag("tokens:TYPE_INT64:-1")["dims"] == [-1]
+    with pytest.raises(ShapeError, match="expected name:dtype:dims"):
+        parse_input_flag("image:FP32")
+    with pytest.raises(ShapeError, match="unknown data type 'FLOAT'"):
+        parse_input_flag("image:FLOAT:3")
+    with pytest.raises(ShapeError, match="dims must be positive or -1"):
+        parse_input_flag("image:FP32:0")
+
+
+def test_torchscript_needs_its_inputs_named(exported):
+    with pytest.raises(ShapeError, match="pass --input name:dtype:dims"):
+        resolve_shapes(exported["mlp"]["torchscript"])
+
+
+def test_config_beside_the_file_gives_the_shapes(exported, tmp_path):
+    from latte.examples import EXAMPLES, model_context
+    from latte.generator.render import write_model
+
+    model_dir = write_model(tmp_path, model_context(EXAMPLES["mlp"], "torchscript", "model.pt"),
+                            {"model.pt": exported["mlp"]["torchscript"]})
+    shapes = resolve_shapes(model_dir / "1" / "model.pt")
+    assert shapes.source.endswith("config.pbtxt")
+    assert shapes.inputs[0]["name"] == "features" and shapes.inputs[0]["dims"] == [16]
+
+
+def test_fixed_shape_sweep_doubles_batch_and_records_latency(exported):
+    profile = profile_model(exported["mlp"]["onnx"], ProfileOptions(max_batch_size=16, **FAST))
+    sizes = [p.batch_size for p in profile.points]
+    assert sizes[0] == 1 and all(b == 2 * a for a, b in zip(sizes, sizes[1:]))
+    assert all(p.length is None and 0 < p.p50_ms <= p.p99_ms for p in profile.points)
+    assert all(p.peak_bytes >= p.batch_size * 16 * 4 for p in profile.points)   # at least the input itself
+    assert profile.outputs == [{"name": "logits", "data_type": "TYPE_FP32", "dims": [8]}]
+    assert profile.stop_reason["fixed"]
+
+
+def test_ragged_input_is_measured_per_length_bucket(exported):
+    opts = ProfileOptions(max_batch_size=4, lengths=[8, 32], **FAST)
+    profile = profile_model(exported["sequence"]["onnx"], opts)
+    assert profile.buckets() == [8, 32]
+    assert {p.length for p in profile.curve(32)} == {32}
+
+
+def test_torchscript_with_input_flag(exported):
+    opts = ProfileOptions(inputs=[parse_input_flag("x:FP32:16")], max_batch_size=2, intra_op_threads=1, **FAST)
+    profile = profile_model(exported["mlp"]["torchscript"], opts)
+    assert profile.runtime == "torchscript"
+    assert profile.outputs[0]["dims"] == [8]
+
+
+def test_memory_limit_stops_the_sweep(exported):
+    opts = ProfileOptions(max_batch_size=64, memory_limit_bytes=1, **FAST)
+    profile = profile_model(exported["mlp"]["onnx"], opts)
+    assert len(profile.points) == 1
+    assert profile.stop_reason["fixed"].startswith("memory")
+
+
+def test_cli_writes_profile_json_and_plot(exported, tmp_path, capsys):
+    code = main(["profile", str(exported["mlp"]["onnx"]), "-o", str(tmp_path), "--max-batch-size", "4",
+                 "--min-seconds", "0", "--slo-ms", "50"])
+    assert code == 0
+    data = json.loads((tmp_path / "profile.json").read_text())
+    assert [p["batch_size"] for p in data["points"]] == [1, 2, 4]
+    assert (tmp_path / "profile.png").read_bytes()[:4] == b"\x89PNG"
+    assert "max_batch_size" in capsys.readouterr().out
