@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "latte.commands.serving",
     "latte.commands.deploy",
     "latte.commands.generator",
+    "latte.commands.bench",
 ]
 
 

@@ -102,6 +102,15 @@ def _float(row: Mapping[str, str], key: str) -> float:
     return float(value) if value not in (None, "") else 0.0
 
 
+def _average_ms(row: Mapping[str, str]) -> float:
+    """Average latency; perf_analyzer 2.51 has no "Avg latency" column, only its parts (us)."""
+    if row.get("Avg latency"):
+        return _float(row, "Avg latency") / 1000.0
+    parts = ("Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
+             "Server Compute Infer", "Server Compute Output", "Client Recv")
+    return sum(_float(row, key) for key in parts) / 1000.0
+
+
 def parse_csv(path: Path) -> List[PerfPoint]:
     points = []
     with open(path, newline="") as f:
@@ -116,7 +125,7 @@ def parse_csv(path: Path) -> List[PerfPoint]:
                 p90_ms=_float(row, "p90 latency") / 1000.0,
                 p95_ms=_float(row, "p95 latency") / 1000.0,
                 p99_ms=_float(row, "p99 latency") / 1000.0,
-                avg_ms=_float(row, "Avg latency") / 1000.0,
+                avg_ms=_average_ms(row),
                 queue_us=_float(row, "Server Queue"),
                 compute_us=_float(row, "Server Compute Input") + _float(row, "Server Compute Infer")
                 + _float(row, "Server Compute Output"),

@@ -1,0 +1,72 @@
+"""Overload benchmark: a step to 3x capacity with two priority classes and abandoned sessions.
+
+    .venv/bin/python benchmarks/overload.py                          # sequence_onnx, 30 s step
+    .venv/bin/python benchmarks/overload.py --model cnn_onnx --step-s 60
+
+Builds the example repository, renders a variant config of the model (two priority levels; the
+low level sheds with a 100 ms queue timeout and a 64-request queue, the high level never sheds),
+starts tritonserver on it and reports per-priority P99, shed rate, that every request got exactly
+one answer, and whether memory returned to its pre-step baseline. Writes .latte/overload/<model>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from latte.bench.lengths import LengthDistribution
+from latte.bench.overload import OverloadSettings, run_overload, write_overload_repository
+from latte.bench.runner import machine_description
+from latte.bench.target import start_or_attach
+from latte.examples import build_examples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="sequence_onnx")
+    parser.add_argument("--step-s", type=float, default=30.0)
+    parser.add_argument("--baseline-s", type=float, default=10.0)
+    parser.add_argument("--recovery-s", type=float, default=10.0)
+    parser.add_argument("--overload", type=float, default=3.0, help="step load as a multiple of capacity")
+    parser.add_argument("--high-slo-ms", type=float, default=500.0)
+    parser.add_argument("--lengths", default="fixed:length=128")
+    parser.add_argument("--out", default=".latte/overload")
+    args = parser.parse_args()
+    out = Path(args.out)
+    examples = out / "examples"
+    if not (examples / "examples.json").exists():
+        build_examples(examples)
+    repo = write_overload_repository(examples, args.model, out / "repository")
+    settings = OverloadSettings(args.model, baseline_s=args.baseline_s, step_s=args.step_s,
+                                recovery_s=args.recovery_s, overload=args.overload, high_slo_ms=args.high_slo_ms,
+                                lengths=LengthDistribution.parse(args.lengths))
+    with start_or_attach(repo, log_path=out / "tritonserver.log") as target:
+        result = run_overload(target, settings, lambda message: print(message, flush=True))
+    result["machine"] = machine_description()
+    path = out / f"{args.model}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    step = result["per_phase"]["step"]
+    print(f"\ncapacity {result['capacity_rps']} req/s; step {args.overload:g}x for {args.step_s:g} s "
+          f"on {result['machine']}")
+    for cls in ("high", "low"):
+        c = step[cls]
+        print(f"  {cls:4} priority: sent {c['sent']}, P50 {c['p50_ms']} ms, P99 {c['p99_ms']} ms, "
+              f"shed {c['shed_rate']:.1%} {c['errors'] or ''}")
+    whole = result["whole_run"]
+    print(f"every request answered exactly once: {whole['every_request_answered_once']} "
+          f"({whole['sent']} sent, {whole['answered']} answered)")
+    print(f"high-priority P99 within {args.high_slo_ms:g} ms: {step['high']['slo_held']}")
+    memory = result["memory_return"]
+    print(f"memory after the step vs before: tritonserver {memory['server_rss_after_vs_baseline']:+.1%}, "
+          f"stubs {memory['stubs_rss_after_vs_baseline']:+.1%}")
+    print(f"server ready afterwards: {result['server_alive_after']}; abandoned sessions: "
+          f"{result['abandoned_sessions']}; details: {path}")
+    ok = (whole["every_request_answered_once"] and step["high"]["slo_held"] and result["server_alive_after"]
+          and memory["server_rss_after_vs_baseline"] <= 0.10)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

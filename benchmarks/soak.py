@@ -1,0 +1,59 @@
+"""Soak benchmark: a steady variable-shape load, sampled per window, growth ratios first -> last.
+
+    .venv/bin/python benchmarks/soak.py --requests 1000000               # the target run (on demand)
+    .venv/bin/python benchmarks/soak.py --requests 200000 --model sequence_torchscript
+
+Builds the example repository, starts tritonserver, runs the soak and writes the windows to
+.latte/soak/soak-<model>.json. Targets after 1M requests: RSS growth <= 2 %, P99 drift <= 5 %,
+arena fragmentation <= 10 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from latte.bench.lengths import LengthDistribution
+from latte.bench.runner import machine_description
+from latte.bench.soak import LONG_TARGETS, SoakSettings, check_ratios, format_ratios, run_soak
+from latte.bench.target import start_or_attach
+from latte.examples import build_examples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--model", default="sequence_onnx")
+    parser.add_argument("--windows", type=int, default=20)
+    parser.add_argument("--in-flight", type=int, default=4)
+    parser.add_argument("--lengths", default="lognormal:median=24,sigma=0.8")
+    parser.add_argument("--out", default=".latte/soak")
+    args = parser.parse_args()
+    out = Path(args.out)
+    repo = out / "repository"
+    if not (repo / "examples.json").exists():
+        build_examples(repo)
+    settings = SoakSettings(args.model, requests=args.requests, windows=args.windows, in_flight=args.in_flight,
+                            lengths=LengthDistribution.parse(args.lengths), warmup_requests=2000)
+    started = time.time()
+    with start_or_attach(repo, log_path=out / "tritonserver.log") as target:
+        result = run_soak(target, settings, lambda done, message: print(f"[{done:4.0%}] {message}", flush=True))
+    result["machine"] = machine_description()
+    result["duration_s"] = round(time.time() - started, 1)
+    path = out / f"soak-{args.model}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\n{result['requests']} requests ({result['failed']} errors) in {result['duration_s']} s on "
+          f"{result['machine']}")
+    print("\n".join(format_ratios(result["ratios"])))
+    failures = check_ratios(result["ratios"], LONG_TARGETS)
+    print("targets (RSS growth <= 2 %, P99 drift <= 5 %, fragmentation <= 10 %): "
+          + ("met" if not failures else "NOT met: " + "; ".join(failures)))
+    print(f"windows: {path}")
+    return 0 if not failures else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

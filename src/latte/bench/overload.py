@@ -1,0 +1,272 @@
+"""Overload: a step to several times capacity with two priority classes and abandoned sessions.
+
+The model is served from a variant config with two priority levels and a bounded queue
+whose timeout rejects what cannot be served in time, so overload is shed, not queued
+without end. Level 1 is the high-priority class (Triton serves lower numbers first).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+from latte.bench.arena import arena_figures
+from latte.bench.inputs import fetch_model_inputs
+from latte.bench.lengths import LengthDistribution
+from latte.bench.loadgen import AsyncSender, Outcomes, grpc_inputs, percentile, poisson_schedule, run_open_loop
+from latte.bench.metrics import MetricsSampler
+from latte.bench.target import Target
+
+HIGH, LOW = 1, 2
+
+
+@dataclass
+class OverloadSettings:
+    model: str
+    capacity_s: float = 3.0          # closed-loop measurement of what the server sustains
+    baseline_s: float = 4.0          # offered load below capacity before the step
+    step_s: float = 8.0              # the overload step
+    recovery_s: float = 6.0          # below capacity again after the step
+    below: float = 0.5               # baseline/recovery load as a fraction of capacity
+    overload: float = 3.0            # step load as a multiple of capacity
+    high_share: float = 0.2          # fraction of requests sent at high priority
+    high_slo_ms: float = 500.0       # the high-priority class's P99 objective during the step
+    abandoned_sessions: int = 16
+    rows: int = 8                    # rows per request: heavier requests keep the client's own load small
+    session_ttl_s: float = 3.0       # the variant config's idle TTL for sessions
+    in_flight_limit: int = 512
+    lengths: LengthDistribution = field(default_factory=lambda: LengthDistribution.parse("fixed:length=64"))
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.overload <= 1:
+            raise ValueError(f"an overload step must exceed capacity (multiple > 1), got {self.overload}")
+        if not 0 < self.high_share < 1:
+            raise ValueError(f"the high-priority share must be in (0, 1), got {self.high_share}")
+        if min(self.capacity_s, self.baseline_s, self.step_s, self.recovery_s) <= 0:
+            raise ValueError("every phase of the overload run needs a duration > 0 s")
+
+
+def overload_variant_context(context: dict, queue_timeout_us: int, max_queue_size: int,
+                             session_ttl_s: float = 3.0) -> dict:
+    """A model context (as rendered by the generator) with two priority levels and a shedding queue.
+
+    A model with a ragged input also keeps sessions on it, with a short idle TTL, so that the
+    sessions abandoned during the step are seen to be reclaimed.
+    """
+    variant = dict(context)
+    ragged = [t["name"] for t in context["inputs"] if t.get("allow_ragged_batch")]
+    if ragged:
+        variant["parameters"] = {**context.get("parameters", {}), "session_input": ragged[0],
+                                 "session_ttl_s": f"{session_ttl_s:g}"}
+    variant["dynamic_batching"] = {
+        **(context.get("dynamic_batching") or {}),
+        "priority_levels": 2,
+        "default_priority_level": LOW,
+        "default_queue_policy": {
+            "timeout_action": "REJECT",
+            "default_timeout_microseconds": queue_timeout_us,
+            "max_queue_size": max_queue_size,
+        },
+    }
+    return variant
+
+
+def write_overload_repository(example_repo: Path, model: str, out: Path, queue_timeout_us: int = 100_000,
+                              max_queue_size: int = 64, session_ttl_s: float = 3.0) -> Path:
+    """A repository holding only `model` from an example repository, rendered with the overload variant."""
+    from latte.examples import EXAMPLES, FORMATS, model_context
+    from latte.generator.render import write_model
+
+    manifest = json.loads((Path(example_repo) / "examples.json").read_text())
+    if model not in manifest:
+        raise ValueError(f"{model!r} is not an example model of {example_repo}; expected one of {sorted(manifest)}")
+    info = manifest[model]
+    example = EXAMPLES[info["example"]]
+    model_file = Path(example_repo) / model / "1" / FORMATS[info["runtime"]]
+    context = overload_variant_context(model_context(example, info["runtime"], model_file.name),
+                                       queue_timeout_us, max_queue_size, session_ttl_s)
+    if out.exists():
+        shutil.rmtree(out)
+    model_dir = write_model(out, context, {model_file.name: model_file})
+    config = model_dir / "config.pbtxt"
+    config.write_text(with_high_priority_policy(config.read_text(), f"{model}/config.pbtxt"))
+    return out
+
+
+# The high-priority level is never shed by its queue's timeout: a short default timeout cannot be
+# lengthened per request (Triton lets requests only shorten it), so level 1 gets its own policy.
+HIGH_PRIORITY_POLICY = f"""
+  priority_queue_policy {{
+    key: {HIGH}
+    value {{
+      timeout_action: DELAY
+      default_timeout_microseconds: 0
+      max_queue_size: 0
+    }}
+  }}"""
+
+
+def with_high_priority_policy(config_text: str, where: str) -> str:
+    """config.pbtxt text with HIGH_PRIORITY_POLICY added to its dynamic_batching block, checked by Triton's schema."""
+    from latte.generator.validate import parse_config
+
+    marker = "dynamic_batching {"
+    if marker not in config_text:
+        raise ValueError(f"{where} has no dynamic_batching block to add a priority queue policy to")
+    text = config_text.replace(marker, marker + HIGH_PRIORITY_POLICY, 1)
+    parse_config(text, where)
+    return text
+
+
+def _class_report(outcomes: Outcomes, slo_ms: Optional[float] = None) -> dict:
+    with outcomes.lock:
+        latencies = list(outcomes.latencies_ms)
+        report = {"sent": outcomes.sent, "succeeded": outcomes.succeeded, "failed": outcomes.failed,
+                  "errors": dict(outcomes.errors)}
+    report["answered"] = report["succeeded"] + report["failed"]
+    report["shed_rate"] = round(report["failed"] / report["sent"], 4) if report["sent"] else 0.0
+    report["p50_ms"] = round(percentile(latencies, 50), 2)
+    report["p99_ms"] = round(percentile(latencies, 99), 2)
+    if slo_ms is not None:
+        report["slo_ms"] = slo_ms
+        report["slo_held"] = bool(latencies) and report["p99_ms"] <= slo_ms
+    return report
+
+
+def _abandon_sessions(grpc_url: str, model: str, feed: Dict[str, np.ndarray], count: int, first_id: int) -> int:
+    """Clients that open a session, get its first answer, and vanish without ever ending it."""
+    import tritonclient.grpc as grpcclient
+
+    opened = 0
+    for i in range(count):
+        client = grpcclient.InferenceServerClient(grpc_url)
+        try:
+            client.infer(model, grpc_inputs(feed), priority=HIGH, client_timeout=30,
+                         parameters={"session_id": f"abandoned-{first_id + i}", "session_start": True})
+            opened += 1
+        except Exception:  # a refused session is counted as not opened; the run goes on
+            pass
+        finally:
+            client.close()
+    return opened
+
+
+def _memory(sampler: MetricsSampler, model: str) -> dict:
+    sample = sampler.sample_now()
+    return {"server_rss_mb": round(sample.server_rss / 2**20, 2), "stubs_rss_mb": round(sample.stubs_rss / 2**20, 2),
+            **arena_figures(sample.metrics, model)}
+
+
+def run_overload(target: Target, settings: OverloadSettings,
+                 progress: Optional[Callable[[str], None]] = None) -> dict:
+    settings.validate()
+    say = progress or (lambda message: None)
+    rng = np.random.default_rng(settings.seed)
+    model_inputs = fetch_model_inputs(target.http_url, settings.model)
+    lengths = settings.lengths.sample(rng, 128, model_inputs.max_length) if model_inputs.variable else [1] * 128
+    feeds = [model_inputs.request(rng, int(n), rows=settings.rows) for n in lengths]
+    sampler = MetricsSampler(target.metrics_url, target.server_pid, interval=3600)
+
+    say("measuring capacity (closed loop)")
+    probe = AsyncSender(target.grpc_url, settings.model, limit=16)
+    probe_outcomes = Outcomes()
+    started = time.perf_counter()
+    sent = 0
+    while time.perf_counter() - started < settings.capacity_s:
+        probe.send(feeds[sent % len(feeds)], probe_outcomes, priority=HIGH)
+        sent += 1
+    probe.drain(60)
+    capacity = probe_outcomes.succeeded / (time.perf_counter() - started)
+    probe.close()
+    if capacity <= 0:
+        raise RuntimeError(f"no request to {settings.model!r} succeeded while measuring capacity: "
+                           f"{dict(probe_outcomes.errors)}")
+
+    sender = AsyncSender(target.grpc_url, settings.model, settings.in_flight_limit)
+    phases: Dict[str, Dict[int, Outcomes]] = {}
+    memory = {}
+    lags = {}
+
+    def phase(name: str, rate: float, duration: float) -> None:
+        per_class = phases[name] = {HIGH: Outcomes(), LOW: Outcomes()}
+        times = poisson_schedule(rate, duration, rng)
+        priorities = np.where(rng.random(len(times)) < settings.high_share, HIGH, LOW)
+
+        def send(i: int) -> None:
+            p = int(priorities[i])
+            # Never blocks the schedule: a request the client has no slot for is shed by the client.
+            if not sender.send(feeds[i % len(feeds)], per_class[p], priority=p, block=False):
+                per_class[p].count_sent()
+                per_class[p].record(0.0, "client in-flight limit reached")
+        say(f"{name}: {rate:.0f} req/s for {duration:g} s")
+        lags[name] = round(run_open_loop(times, send), 3)
+
+    memory["before"] = _memory(sampler, settings.model)
+    phase("baseline", settings.below * capacity, settings.baseline_s)
+    drained = sender.drain(60)
+    memory["baseline"] = _memory(sampler, settings.model)
+    say(f"abandoning {settings.abandoned_sessions} sessions")
+    one_row = model_inputs.request(rng, int(lengths[0]), rows=1)
+    abandoned = _abandon_sessions(target.grpc_url, settings.model, one_row, settings.abandoned_sessions, 1_000_000)
+    memory["sessions_opened"] = _memory(sampler, settings.model)
+    phase("step", settings.overload * capacity, settings.step_s)
+    memory["peak"] = _memory(sampler, settings.model)
+    drained = sender.drain(120) and drained
+    phase("recovery", settings.below * capacity, settings.recovery_s)
+    drained = sender.drain(120) and drained
+    sender.close()
+    time.sleep(1.0)  # lets the server release what the last batches held before memory is read
+    memory["after"] = _memory(sampler, settings.model)
+    if memory["after"]["live_sessions"]:
+        # Idle sessions are reclaimed when the backend next runs; one light request lets it.
+        time.sleep(settings.session_ttl_s)
+        tail = AsyncSender(target.grpc_url, settings.model, limit=1)
+        tail.send(feeds[0], Outcomes(), priority=HIGH)
+        tail.drain(30)
+        tail.close()
+        memory["after"] = _memory(sampler, settings.model)
+
+    sent_total = sum(o.sent for per_class in phases.values() for o in per_class.values())
+    answered_total = sum(o.answered for per_class in phases.values() for o in per_class.values())
+    base = memory["baseline"]
+    after = memory["after"]
+    return {
+        "model": settings.model,
+        "capacity_rps": round(capacity, 1),
+        "phases": {"baseline": [settings.below, settings.baseline_s], "step": [settings.overload, settings.step_s],
+                   "recovery": [settings.below, settings.recovery_s]},
+        "sender_lag_s": lags,
+        "per_phase": {name: {"high": _class_report(per_class[HIGH], settings.high_slo_ms if name == "step" else None),
+                              "low": _class_report(per_class[LOW])} for name, per_class in phases.items()},
+        "whole_run": {"sent": sent_total, "answered": answered_total, "drained": drained,
+                      "every_request_answered_once": drained and sent_total == answered_total},
+        "abandoned_sessions": abandoned,
+        "live_sessions_after": memory["after"]["live_sessions"],
+        "sessions_peak": memory["sessions_opened"]["live_sessions"],
+        "server_alive_after": _server_ready(target.http_url),
+        "memory": memory,
+        "memory_return": {
+            "server_rss_after_vs_baseline": round(after["server_rss_mb"] / base["server_rss_mb"] - 1, 4)
+            if base["server_rss_mb"] else None,
+            "stubs_rss_after_vs_baseline": round(after["stubs_rss_mb"] / base["stubs_rss_mb"] - 1, 4)
+            if base["stubs_rss_mb"] else None,
+        },
+    }
+
+
+def _server_ready(http_url: str) -> bool:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
