@@ -63,10 +63,12 @@ inline int run_all() {
     }                                                                                     \
   } while (0)
 
+// Operands are copied: `core.metrics().steals` is a member of a temporary that a reference
+// would outlive.
 #define CHECK_EQ(a, b)                                                                    \
   do {                                                                                    \
-    const auto& lt_a = (a);                                                               \
-    const auto& lt_b = (b);                                                               \
+    const auto lt_a = (a);                                                                \
+    const auto lt_b = (b);                                                                \
     if (!(lt_a == lt_b)) {                                                                \
       std::ostringstream lt_os;                                                           \
       lt_os << __FILE__ << ":" << __LINE__ << ": CHECK_EQ(" #a ", " #b ") failed: "       \
