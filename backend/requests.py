@@ -101,6 +101,11 @@ class RequestReader:
                     )
         if any(size == 0 for size in inner):
             raise RequestError(f"input {spec.name!r}: empty dimension in shape {list(shape)}")
+        if self.spec.reject_nan and array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = np.argwhere(~np.isfinite(array))[0].tolist()
+            raise RequestError(
+                f"input {spec.name!r}: NaN or infinity at index {bad}; this model only takes finite values"
+            )
 
 
 def _parameters(request) -> Mapping[str, object]:

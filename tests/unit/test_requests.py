@@ -68,3 +68,13 @@ def test_a_good_request_is_read_with_its_rows_and_parameters():
 def test_bad_requests_say_what_was_wrong_and_what_was_expected(request_, message):
     with pytest.raises(RequestError, match=message):
         RequestReader(SPEC).read(request_)
+
+
+def test_nan_is_refused_where_the_model_forbids_it():
+    from dataclasses import replace
+
+    request = good()
+    request._tensors[1]._array = np.array([[1.0], [np.nan]], np.float32)
+    assert RequestReader(SPEC).read(request).rows == 2  # allowed unless the config says reject_nan
+    with pytest.raises(RequestError, match=r"input 'scale': NaN or infinity at index \[1, 0\]"):
+        RequestReader(replace(SPEC, reject_nan=True)).read(request)
