@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from latte.backend.engine import BatchEngine, DeadlineExceeded, ModelError, Result, Work
@@ -53,6 +54,8 @@ class LaneDispatcher:
         self._lock = threading.Lock()
         self._pending: Dict[int, Tuple[Work, _Call]] = {}
         self._ids = itertools.count(1)
+        self._started = time.monotonic()
+        self._busy_s: Dict[int, float] = {}
         batch = max(1, engine.spec.max_batch_size)
         self.scheduler = AffinityScheduler(
             self._execute, self._complete, lanes=list(lane_cpus) if lane_cpus else lanes,
@@ -77,12 +80,15 @@ class LaneDispatcher:
         return call.results
 
     def _execute(self, key: str, request_ids: List[int], lane: int) -> None:
+        started = time.monotonic()
         with self._lock:
             items = [self._pending[i] for i in request_ids]
         for position, outcome in self.engine.run_group([w for w, _ in items]):
             for w, call in items:
                 if w.position == position:
                     call.results[position] = outcome
+        with self._lock:
+            self._busy_s[lane] = self._busy_s.get(lane, 0.0) + time.monotonic() - started
 
     def _complete(self, request_id: int, error: Optional[str]) -> None:
         with self._lock:
@@ -95,7 +101,13 @@ class LaneDispatcher:
             call.done.set()
 
     def metrics(self) -> dict:
-        return self.scheduler.metrics()
+        """The scheduler's figures plus each lane's utilization (busy share since start)."""
+        figures = self.scheduler.metrics()
+        elapsed = max(1e-9, time.monotonic() - self._started)
+        with self._lock:
+            for lane in range(self.scheduler.lanes):
+                figures[f"lane{lane}_utilization"] = self._busy_s.get(lane, 0.0) / elapsed
+        return figures
 
     def close(self) -> None:
         self.scheduler.close(drain=False)

@@ -26,6 +26,8 @@ def test_two_lanes_answer_every_request_like_the_model_in_process(example_repo):
         figures = engine.dispatcher.metrics()
         assert figures["completed"] == 40
         assert figures["batches"] < 40  # requests of one bucket shared batches
+        busy = [figures["lane0_utilization"], figures["lane1_utilization"]]
+        assert all(0.0 <= u <= 1.0 for u in busy) and sum(busy) > 0
     finally:
         engine.dispatcher.close()
 
