@@ -9,10 +9,6 @@ from typing import List, Optional
 from latte.generator.spec import LATTE_RUNTIMES, TRITON_TYPES
 
 DEFAULT_MAX_LENGTH = 128
-# ONNX TensorProto element types -> Triton types.
-_ONNX_TYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16", 6: "TYPE_INT32",
-               7: "TYPE_INT64", 9: "TYPE_BOOL", 10: "TYPE_FP16", 11: "TYPE_FP64", 12: "TYPE_UINT32",
-               13: "TYPE_UINT64"}
 
 
 class ShapeError(ValueError):
@@ -63,21 +59,13 @@ def _config_beside(model_file: Path):
 
 
 def _onnx_tensors(model_file: Path):
-    import onnx
+    from latte.backend.autocomplete import describe_onnx
 
-    model = onnx.load(str(model_file), load_external_data=False)
-    initialisers = {i.name for i in model.graph.initializer}
+    described = describe_onnx(Path(model_file))
 
-    def describe(values):
-        out = []
-        for v in values:
-            if v.name in initialisers:
-                continue
-            t = v.type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
-            out.append({"name": v.name, "data_type": _ONNX_TYPES.get(t.elem_type, "TYPE_FP32"), "all_dims": dims})
-        return out
-    return describe(model.graph.input), describe(model.graph.output)
+    def rename(tensors):
+        return [{"name": t["name"], "data_type": t["data_type"], "all_dims": t["dims"]} for t in tensors]
+    return rename(described["inputs"]), rename(described["outputs"])
 
 
 def resolve_shapes(model_file: Path, runtime: Optional[str] = None, inputs: Optional[List[dict]] = None,

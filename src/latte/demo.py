@@ -8,18 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from latte.triton.client import infer_inputs
 from latte.triton.locate import TritonInstall
-
-
-def _client_inputs(module, feed):
-    from tritonclient.utils import np_to_triton_dtype
-
-    inputs = []
-    for name, array in feed.items():
-        tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
 
 
 def run_demo(workdir: Path, install: TritonInstall) -> int:
@@ -59,10 +49,10 @@ def run_demo(workdir: Path, install: TritonInstall) -> int:
             reference = reference_runner(repo, model)
             for protocol, client, module in (("HTTP", http, httpclient), ("gRPC", grpc, grpcclient)):
                 # The first call of a connection pays for its set-up; time the second.
-                client.infer(model, _client_inputs(module, example.sample(1, rng)))
+                client.infer(model, infer_inputs(module, example.sample(1, rng)))
                 feed = example.sample(4, rng)
                 t0 = time.perf_counter()
-                result = client.infer(model, _client_inputs(module, feed))
+                result = client.infer(model, infer_inputs(module, feed))
                 elapsed = (time.perf_counter() - t0) * 1000
                 name = example.outputs[0].name
                 got = result.as_numpy(name)
@@ -73,13 +63,13 @@ def run_demo(workdir: Path, install: TritonInstall) -> int:
 
         bad = {"features": np.ones((1, 16), dtype=np.float64)}
         try:
-            http.infer("mlp_onnx", _client_inputs(httpclient, bad))
+            http.infer("mlp_onnx", infer_inputs(httpclient, bad))
             console.print("[red]a request with the wrong data type was accepted")
             return 1
         except Exception as exc:  # tritonclient raises InferenceServerException
             console.print(f"wrong data type -> clear error: [yellow]{exc}")
         good = EXAMPLES["mlp"].sample(1, rng)
-        http.infer("mlp_onnx", _client_inputs(httpclient, good))
+        http.infer("mlp_onnx", infer_inputs(httpclient, good))
         console.print("the next good request succeeds: [green]ok")
 
         console.rule("[bold]4. perf_analyzer: sequence_onnx, variable-length inputs (1..128 tokens)")

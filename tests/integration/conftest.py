@@ -36,15 +36,9 @@ class Clients:
                         "grpc": grpcclient.InferenceServerClient(server.grpc_url)}
 
     def inputs(self, protocol, feed):
-        from tritonclient.utils import np_to_triton_dtype
+        from latte.triton.client import infer_inputs
 
-        module = self.modules[protocol]
-        tensors = []
-        for name, array in feed.items():
-            tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
-        return tensors
+        return infer_inputs(self.modules[protocol], feed)
 
     def infer(self, protocol, model, feed, **kwargs):
         return self.clients[protocol].infer(model, self.inputs(protocol, feed), **kwargs)

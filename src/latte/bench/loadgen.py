@@ -17,14 +17,10 @@ import numpy as np
 
 def grpc_inputs(feed: Dict[str, np.ndarray]):
     import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
 
-    tensors = []
-    for name, array in feed.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
-    return tensors
+    from latte.triton.client import infer_inputs
+
+    return infer_inputs(grpcclient, feed)
 
 
 @dataclass
