@@ -215,7 +215,12 @@ def run_overload(target: Target, settings: OverloadSettings,
     say(f"abandoning {settings.abandoned_sessions} sessions")
     one_row = model_inputs.request(rng, int(lengths[0]), rows=1)
     abandoned = _abandon_sessions(target.grpc_url, settings.model, one_row, settings.abandoned_sessions, 1_000_000)
+    # The backend publishes its series about once a second: wait for the opened sessions to show.
+    deadline = time.monotonic() + 5.0
     memory["sessions_opened"] = _memory(sampler, settings.model)
+    while memory["sessions_opened"]["live_sessions"] < abandoned and time.monotonic() < deadline:
+        time.sleep(0.25)
+        memory["sessions_opened"] = _memory(sampler, settings.model)
     phase("step", settings.overload * capacity, settings.step_s)
     memory["peak"] = _memory(sampler, settings.model)
     drained = sender.drain(120) and drained
