@@ -10,13 +10,33 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
+PATIENT_MODEL = "sequence_patient"
+
+
 @pytest.fixture(scope="session")
 def server(example_repo, tmp_path_factory):
+    """The example repository plus `sequence_patient`: the ONNX sequence model behind a
+    dynamic batcher that waits up to 100 ms, so that requests sent from Python (about a
+    millisecond apart) are certain to share batches."""
+    import shutil
+
+    from latte.examples import EXAMPLES, model_context
+    from latte.generator.render import write_model
     from latte.triton import TritonServer
 
-    log = tmp_path_factory.mktemp("server") / "tritonserver.log"
-    with TritonServer(example_repo, log_path=log) as running:
+    work = tmp_path_factory.mktemp("server")
+    repo = work / "repository"
+    shutil.copytree(example_repo, repo)
+    context = model_context(EXAMPLES["sequence"], "onnx", "model.onnx")
+    context.update(name=PATIENT_MODEL, dynamic_batching={"max_queue_delay_microseconds": 100000})
+    write_model(repo, context, {"model.onnx": example_repo / "sequence_onnx" / "1" / "model.onnx"})
+    with TritonServer(repo, log_path=work / "tritonserver.log") as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def patient_model(server) -> str:
+    return PATIENT_MODEL
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,8 @@ def _stats(client, model):
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 
-def test_concurrent_ragged_requests_are_batched_and_each_gets_its_own_answer(server, clients, example_repo, rng):
+def test_concurrent_ragged_requests_are_batched_and_each_gets_its_own_answer(server, clients, example_repo, rng,
+                                                                           patient_model):
     """The dynamic batcher hands several lengths to one execute; padding must not change any
     answer, and an over-long sequence in the burst fails alone."""
     import tritonclient.http as httpclient
@@ -36,13 +37,13 @@ def test_concurrent_ragged_requests_are_batched_and_each_gets_its_own_answer(ser
     reference = reference_runner(example_repo, "sequence_onnx")
     http = httpclient.InferenceServerClient(server.http_url, concurrency=16)
     batched = False
-    # A loaded machine can serve a burst one by one; a few bursts make a shared batch certain.
-    for _ in range(6):
+    seen = []
+    for _ in range(3):
         feeds = [example.sample(1, rng, length=int(n)) for n in rng.integers(1, 129, size=47)]
         too_long = 20
         feeds.insert(too_long, {"tokens": np.ones((1, 129), np.int64)})
-        before = _stats(http, "sequence_onnx")
-        pending = [http.async_infer("sequence_onnx", clients.inputs("http", feed)) for feed in feeds]
+        before = _stats(http, patient_model)
+        pending = [http.async_infer(patient_model, clients.inputs("http", feed)) for feed in feeds]
         for i, (feed, handle) in enumerate(zip(feeds, pending)):
             if i == too_long:
                 with pytest.raises(Exception, match="length 129 exceeds this model's maximum of 128"):
@@ -50,9 +51,10 @@ def test_concurrent_ragged_requests_are_batched_and_each_gets_its_own_answer(ser
                 continue
             got = handle.get_result().as_numpy("embedding")
             np.testing.assert_allclose(got, reference(feed)["embedding"], rtol=1e-5, atol=1e-6)
-        inferences, executions = (a - b for a, b in zip(_stats(http, "sequence_onnx"), before))
+        inferences, executions = (a - b for a, b in zip(_stats(http, patient_model), before))
         assert inferences == len(feeds)  # Triton counts the request answered with an error too
+        seen.append((inferences, executions))
         if executions < inferences:
             batched = True
             break
-    assert batched, "requests of different lengths were never batched together"
+    assert batched, f"requests of different lengths were never batched together: (requests, executions) {seen}"
