@@ -63,6 +63,7 @@ class ModelSpec:
     scheduler: str = "affinity"                      # "affinity" (scheduler lanes) or "inline"; see parse
     pin_lanes: bool = False
     reject_nan: bool = False                         # refuse requests with NaN/inf in float inputs
+    check_cancellation: bool = False                 # ask Triton per request whether the client gave up
 
     @property
     def batched(self) -> bool:
@@ -218,7 +219,8 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
             f"{count * lanes * intra} threads exceed the {cores} core(s) this server may use"
         )
     flags = {}
-    for key, default in (("warmup", "true"), ("pin_lanes", "false"), ("reject_nan", "false")):
+    for key, default in (("warmup", "true"), ("pin_lanes", "false"), ("reject_nan", "false"),
+                         ("check_cancellation", "false")):
         value = params.get(key, default).strip().lower()
         if value not in ("true", "false", "1", "0"):
             raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be true or false, got {value!r}")
@@ -237,7 +239,8 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         device=device, parameters=params, bucket_edges=bucket_edges, session_input=session_input,
         session_ttl_s=ttl, max_sessions=_int_param(params, "max_sessions", 10000),
         arena_bytes=_int_param(params, "arena_bytes", 64 << 20, minimum=1 << 16), lanes=lanes,
-        warmup=flags["warmup"], pin_lanes=flags["pin_lanes"], reject_nan=flags["reject_nan"], scheduler=scheduler,
+        warmup=flags["warmup"], pin_lanes=flags["pin_lanes"], reject_nan=flags["reject_nan"],
+        check_cancellation=flags["check_cancellation"], scheduler=scheduler,
     )
 
 

@@ -94,9 +94,12 @@ class LatteModel:
     def execute(self, requests) -> List:
         started = time.monotonic()
         parsed, options = [], []
+        spec_checks_cancel = self.spec.check_cancellation
         for request in requests:
             try:
-                if request.is_cancelled():
+                # Each is_cancelled() is a round trip to the server; Triton itself already drops
+                # requests cancelled while queued, so the check here is opt-in.
+                if spec_checks_cancel and request.is_cancelled():
                     raise RequestCancelled("the client cancelled this request before it ran")
                 item = self.reader.read(request)
                 opts = read_options(item.parameters, triton_timeout_us=item.timeout_us)
