@@ -15,9 +15,9 @@ PATIENT_MODEL = "sequence_patient"
 
 @pytest.fixture(scope="session")
 def server(example_repo, tmp_path_factory):
-    """The example repository plus `sequence_patient`: the ONNX sequence model behind a
-    dynamic batcher that waits up to 100 ms, so that requests sent from Python (about a
-    millisecond apart) are certain to share batches."""
+    """The example repository plus `sequence_patient`: the ONNX sequence model on two
+    scheduler lanes behind a dynamic batcher that waits up to 100 ms, so that requests sent
+    from Python (about a millisecond apart) are certain to share batches."""
     import shutil
 
     from latte.examples import EXAMPLES, model_context
@@ -29,6 +29,8 @@ def server(example_repo, tmp_path_factory):
     shutil.copytree(example_repo, repo)
     context = model_context(EXAMPLES["sequence"], "onnx", "model.onnx")
     context.update(name=PATIENT_MODEL, dynamic_batching={"max_queue_delay_microseconds": 100000})
+    # Two lanes: its batches go through the AffinityScheduler, whose figures the metrics test reads.
+    context["parameters"] = {**context["parameters"], "lanes": "2"}
     write_model(repo, context, {"model.onnx": example_repo / "sequence_onnx" / "1" / "model.onnx"})
     with TritonServer(repo, log_path=work / "tritonserver.log") as running:
         yield running

@@ -55,10 +55,10 @@ def _success_count(text):
     return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 
 
-def test_latte_metrics_appear_next_to_tritons(server, clients):
+def test_latte_metrics_appear_next_to_tritons(server, clients, patient_model):
     before = _success_count(urllib.request.urlopen(server.metrics_url).read().decode())
     clients.infer("http", "mlp_onnx", {"features": np.ones((2, 16), np.float32)})
-    clients.infer("http", "sequence_onnx", {"tokens": np.ones((1, 8), np.int64)})
+    clients.infer("http", patient_model, {"tokens": np.ones((1, 8), np.int64)})
     text = _scrape_until(server.metrics_url, lambda t: _success_count(t) > before and "latte_scheduler" in t)
     assert "nv_inference_request_success" in text
     for series in ("latte_requests_total", "latte_batch_size_bucket", "latte_request_duration_us_count",

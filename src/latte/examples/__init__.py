@@ -117,9 +117,7 @@ def model_context(example: Example, runtime: str, model_file: str) -> dict:
             "inter_op_threads": "1",
             **({"max_sequence_length": str(example.max_sequence_length), "pad_value": "0",
                 # Requests that carry a session_id continue that session's token prefix.
-                "session_input": example.inputs[0].name, "session_ttl_s": "300",
-                # Two lanes: batches of different shape buckets run at once on the AffinityScheduler.
-                "lanes": "2"}
+                "session_input": example.inputs[0].name, "session_ttl_s": "300"}
                if example.max_sequence_length else {}),
         },
     }
