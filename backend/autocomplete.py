@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional
 
-from latte.backend.config import _EXTENSIONS, parameters_of
+from latte.backend.config import RUNTIME_BY_EXTENSION, parameters_of
 
 # ONNX TensorProto element types -> Triton types.
 _ONNX_TYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16",
@@ -37,7 +37,7 @@ def find_model_file(version_dir: Path, params: Mapping[str, str]) -> Optional[Pa
     if params.get("model_file"):
         path = Path(params["model_file"])
         return path if path.is_absolute() else version_dir / path
-    candidates = sorted(p for p in version_dir.iterdir() if p.suffix in _EXTENSIONS) if version_dir.is_dir() else []
+    candidates = sorted(p for p in version_dir.iterdir() if p.suffix in RUNTIME_BY_EXTENSION) if version_dir.is_dir() else []
     return candidates[0] if len(candidates) == 1 else None
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from latte.backend.dtypes import to_numpy
 
 RUNTIMES = ("torchscript", "torch_export", "onnx", "tensorrt")
-_EXTENSIONS = {".pt": "torchscript", ".ts": "torchscript", ".pt2": "torch_export",
+RUNTIME_BY_EXTENSION = {".pt": "torchscript", ".ts": "torchscript", ".pt2": "torch_export",
                ".onnx": "onnx", ".plan": "tensorrt", ".engine": "tensorrt"}
 
 
@@ -116,7 +116,7 @@ def _tensor(entry: Mapping, where: str) -> TensorSpec:
 
 
 def detect_runtime(path: Path) -> str:
-    runtime = _EXTENSIONS.get(Path(path).suffix)
+    runtime = RUNTIME_BY_EXTENSION.get(Path(path).suffix)
     if runtime is None:
         raise ConfigError(
             f"cannot tell the runtime of {path.name} from its extension; set parameters "
@@ -163,7 +163,7 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         path = Path(model_file)
         model_path = path if path.is_absolute() else version_dir / path
     else:
-        candidates = sorted(p for p in version_dir.iterdir() if p.suffix in _EXTENSIONS) if version_dir.is_dir() else []
+        candidates = sorted(p for p in version_dir.iterdir() if p.suffix in RUNTIME_BY_EXTENSION) if version_dir.is_dir() else []
         if len(candidates) != 1:
             raise ConfigError(
                 f"model {name!r}: set parameters[\"model_file\"]; found {len(candidates)} model files in {version_dir}"

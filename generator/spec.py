@@ -33,13 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from latte.backend.config import RUNTIME_BY_EXTENSION
 from latte.generator.yaml_lines import KeyPath, Located, SpecError, load
 
 TRITON_TYPES = ("TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64", "TYPE_INT8",
                 "TYPE_INT16", "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32", "TYPE_FP64",
                 "TYPE_BF16", "TYPE_STRING")
-LATTE_RUNTIMES = {".pt": "torchscript", ".ts": "torchscript", ".pt2": "torch_export", ".onnx": "onnx",
-                  ".plan": "tensorrt", ".engine": "tensorrt"}
+# The backend's own table: a file the generator accepts is one the backend can serve.
+LATTE_RUNTIMES = RUNTIME_BY_EXTENSION
 BACKENDS = ("latte", "python")
 PYTHON_DEFAULT_MAX_BATCH = 16
 MODEL_KEYS = {"name", "file", "backend", "runtime", "slo_ms", "arrival_rate", "priority_levels", "profile",
