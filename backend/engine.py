@@ -88,7 +88,7 @@ class BatchEngine:
         else:
             results_by_position = {}
             for group in self.order(self._groups(work)):
-                results_by_position.update(self.run_group(group))
+                results_by_position.update(self._run_in_time(group))
         for position, outcome in results_by_position.items():
             results[position] = outcome
         return results
@@ -105,11 +105,14 @@ class BatchEngine:
 
     # -- one batch ------------------------------------------------------------------------
     def run_group(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
-        """Run compatible work (split where it exceeds max_batch_size rows); a failure is
-        retried request by request so one bad request does not fail its neighbours."""
-        groups = self._groups(group) if len(group) > 1 else [list(group)]
-        if len(groups) > 1:
-            return [outcome for g in groups for outcome in self.run_group(g)]
+        """Run work of one affinity key as handed over by the scheduler, split where it
+        exceeds max_batch_size rows."""
+        return [outcome for batch in self._groups(group) for outcome in self._run_in_time(batch)]
+
+    def _run_in_time(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
+        """Run one planned batch, failing the requests whose deadline has already passed;
+        a model failure is retried request by request so one bad request does not fail its
+        neighbours."""
         now = self.clock()
         outcomes: List[Tuple[int, Result]] = []
         live = []

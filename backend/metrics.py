@@ -80,7 +80,6 @@ _DESCRIPTIONS = {
     "latte_request_duration_us": "Time from execute to response per request, by priority level",
     "latte_batch_size": "Rows per model call",
     "latte_model_duration_us_total": "Time spent inside the model runtime",
-    "latte_padding_ratio": "Share of padded positions in the last batch of ragged inputs",
     "latte_arena_bytes": "Arena memory by state (capacity, reserved, live, allocated, peak_live)",
     "latte_arena_fragmentation": "Arena fragmentation (internal, external)",
     "latte_sessions": "Sessions by state (live, started, ended, expired)",

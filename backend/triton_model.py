@@ -5,20 +5,19 @@ from __future__ import annotations
 import time
 from typing import List, Optional
 
-import numpy as np
-
 from latte.backend import autocomplete
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import parse_args, parse_model_config, usable_core_ids
-from latte.backend.lanes import LaneDispatcher
 from latte.backend.engine import BatchEngine, BatchRecord
+from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
 from latte.backend.options import read_options
+from latte.backend.precision import load_at_precision
 from latte.backend.requests import RequestCancelled, RequestError, RequestReader
 from latte.backend.responses import ResponseBuilder
-from latte.backend.precision import load_at_precision
 from latte.backend.sessions import SessionStore
 from latte.backend.warmup import warmup_requests, warmup_shapes
+from latte.memory import BuddyArena
 
 
 def lane_cpus(spec) -> Optional[List[List[int]]]:
@@ -48,8 +47,9 @@ class LatteModel:
         self.runtime, accuracy = load_at_precision(spec, warmup_shapes(spec))
         if accuracy is not None:
             pb.Logger.log_info(f"latte: {spec.name}: {accuracy.text()}")
-        self.arena = self._make_arena()
-        allocate = self.arena.empty if self.arena is not None else np.empty
+        # Batch buffers and session state live here, so memory stays flat however shapes vary.
+        self.arena = BuddyArena(spec.arena_bytes, "cpu")
+        allocate = self.arena.empty
         self.sessions = (SessionStore(spec.session_ttl_s, spec.max_sessions, spec.max_sequence_length, allocate)
                          if spec.session_input else None)
         self.metrics = BackendMetrics()
@@ -68,15 +68,8 @@ class LatteModel:
         pb.Logger.log_info(
             f"latte: {spec.name} ready ({spec.runtime}, {spec.model_path.name}, max_batch_size={spec.max_batch_size}, "
             f"intra_op_threads={spec.intra_op_threads}, scheduler={spec.scheduler}, lanes={spec.lanes}, buckets={list(spec.bucket_edges or [])}, "
-            f"warmup batches={warmed}, arena={'%d MiB' % (spec.arena_bytes >> 20) if self.arena else 'off'})"
+            f"warmup batches={warmed}, arena={spec.arena_bytes >> 20} MiB)"
         )
-
-    def _make_arena(self):
-        try:
-            from latte.memory import BuddyArena
-        except ImportError:
-            return None
-        return BuddyArena(self.spec.arena_bytes, "cpu")
 
     def _warmup(self) -> int:
         requests = warmup_requests(self.spec)
@@ -122,8 +115,7 @@ class LatteModel:
     def _refresh_gauges(self) -> None:
         if self.dispatcher is not None:
             self.metrics.scheduler(self.dispatcher.metrics())
-        if self.arena is not None:
-            self.metrics.arena(self.arena.stats())
+        self.metrics.arena(self.arena.stats())
         if self.sessions is not None:
             self.sessions.reap()
             s = self.sessions.stats()
