@@ -64,6 +64,7 @@ class ModelSpec:
     pin_lanes: bool = False
     reject_nan: bool = False                         # refuse requests with NaN/inf in float inputs
     check_cancellation: bool = False                 # ask Triton per request whether the client gave up
+    respond: str = "per_batch"                       # "per_batch" (as each batch finishes) or "per_call"
 
     @property
     def batched(self) -> bool:
@@ -232,6 +233,9 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         # One lane gains nothing from placement, and handing batches to a lane thread costs
         # about 50 us per request (measured in-process on the example sequence model).
         scheduler = "affinity" if lanes > 1 else "inline"
+    respond = params.get("respond", "per_batch").strip().lower()
+    if respond not in ("per_batch", "per_call"):
+        raise ConfigError(f"model {name!r}: parameters[\"respond\"] must be per_batch or per_call, got {respond!r}")
     return ModelSpec(
         name=name, inputs=inputs, outputs=outputs, max_batch_size=max_batch_size, runtime=runtime,
         model_path=model_path, intra_op_threads=intra, inter_op_threads=inter, instance_count=count,
@@ -240,7 +244,7 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         session_ttl_s=ttl, max_sessions=_int_param(params, "max_sessions", 10000),
         arena_bytes=_int_param(params, "arena_bytes", 64 << 20, minimum=1 << 16), lanes=lanes,
         warmup=flags["warmup"], pin_lanes=flags["pin_lanes"], reject_nan=flags["reject_nan"],
-        check_cancellation=flags["check_cancellation"], scheduler=scheduler,
+        check_cancellation=flags["check_cancellation"], scheduler=scheduler, respond=respond,
     )
 
 

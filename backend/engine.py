@@ -70,27 +70,38 @@ class BatchEngine:
 
     # -- the whole call -------------------------------------------------------------------
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
-              options: Optional[Sequence[Optional[RequestOptions]]] = None) -> List[Result]:
-        """One result per item, in order: outputs, or the exception that explains the failure."""
+              options: Optional[Sequence[Optional[RequestOptions]]] = None,
+              on_result: Optional[Callable[[int, Result], None]] = None) -> List[Result]:
+        """One result per item, in order: outputs, or the exception that explains the failure.
+
+        `on_result(position, result)` also receives each result as soon as it is known (an
+        unreadable request at once, the requests of a batch when that batch finishes), so
+        callers can answer early requests before later batches have run.
+        """
         now = self.clock()
-        results: List[Result] = [item if isinstance(item, Exception) else None for item in items]
+        results: List[Result] = [None] * len(items)
+
+        def deliver(position: int, outcome: Result) -> None:
+            results[position] = outcome
+            if on_result is not None:
+                on_result(position, outcome)
+
         work: List[Work] = []
         for i, item in enumerate(items):
             if isinstance(item, Exception):
+                deliver(i, item)
                 continue
             opts = (options[i] if options is not None else None) or RequestOptions()
             try:
                 work.append(Work(i, self._with_session(item, opts), opts, now))
             except RequestError as exc:
-                results[i] = exc
+                deliver(i, exc)
         if self.dispatcher is not None:
-            results_by_position = self.dispatcher.run(work, now)
+            self.dispatcher.run(work, now, deliver)
         else:
-            results_by_position = {}
             for group in self.order(self._groups(work)):
-                results_by_position.update(self._run_in_time(group))
-        for position, outcome in results_by_position.items():
-            results[position] = outcome
+                for position, outcome in self._run_in_time(group):
+                    deliver(position, outcome)
         return results
 
     def _groups(self, work: Sequence[Work]) -> List[List[Work]]:

@@ -3,16 +3,18 @@
 Each request is submitted with its affinity key (model, shape bucket) and its priority and
 deadline; the scheduler groups requests of one key into batches, places each batch on the
 lane that ran that key last, and reports every request exactly once through `_complete`.
-`run` blocks (without the GIL) until all requests of the call are answered, which keeps
-Triton's one-response-per-request contract for ordinary (non-decoupled) models.
+`run` hands each result to its caller on the calling thread as it arrives and returns once
+every request of the call is answered, which keeps Triton's one-response-per-request
+contract for ordinary (non-decoupled) models.
 """
 
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from latte.backend.engine import BatchEngine, DeadlineExceeded, ModelError, Result, Work
 from latte.backend.requests import RequestError
@@ -25,12 +27,10 @@ class Overloaded(RuntimeError):
 class _Call:
     """The requests of one execute call, answered as the lanes finish them."""
 
-    def __init__(self, count: int) -> None:
-        self.remaining = count
+    def __init__(self) -> None:
         self.results: Dict[int, Result] = {}
-        self.done = threading.Event()
-        if count == 0:
-            self.done.set()
+        # Finished (position, result) pairs, drained by the thread that called `run`.
+        self.finished: "queue.SimpleQueue[Tuple[int, Result]]" = queue.SimpleQueue()
 
 
 def _error_for(reason: str) -> Exception:
@@ -65,8 +65,10 @@ class LaneDispatcher:
             max_window_s=0.0,
         )
 
-    def run(self, work: Sequence[Work], now: float) -> Dict[int, Result]:
-        call = _Call(len(work))
+    def run(self, work: Sequence[Work], now: float, on_result: Callable[[int, Result], None]) -> None:
+        """Submit the work of one execute call; `on_result(position, result)` is called on
+        this thread once per request, as lanes finish them."""
+        call = _Call()
         for w in work:
             request_id = next(self._ids)
             with self._lock:
@@ -76,29 +78,27 @@ class LaneDispatcher:
             self.scheduler.submit(request_id, repr(self.engine.affinity_key(w.request)),
                                   priority=min(w.options.priority, self._top_priority),
                                   timeout_s=timeout, size=w.request.rows)
-        call.done.wait()
-        return call.results
+        for _ in range(len(work)):
+            on_result(*call.finished.get())
 
     def _execute(self, key: str, request_ids: List[int], lane: int) -> None:
         started = time.monotonic()
         with self._lock:
             items = [self._pending[i] for i in request_ids]
-        for position, outcome in self.engine.run_group([w for w, _ in items]):
-            for w, call in items:
-                if w.position == position:
-                    call.results[position] = outcome
+        call_of = {w.position: call for w, call in items}
+        outcomes = self.engine.run_group([w for w, _ in items])
         with self._lock:
+            for position, outcome in outcomes:
+                call_of[position].results[position] = outcome
             self._busy_s[lane] = self._busy_s.get(lane, 0.0) + time.monotonic() - started
 
     def _complete(self, request_id: int, error: Optional[str]) -> None:
         with self._lock:
             w, call = self._pending.pop(request_id)
-            if error is not None and w.position not in call.results:
-                call.results[w.position] = _error_for(error)
-            call.remaining -= 1
-            finished = call.remaining == 0
-        if finished:
-            call.done.set()
+            outcome = call.results.pop(w.position, None)
+        if outcome is None:
+            outcome = _error_for(error) if error is not None else ModelError("the batch finished without a result")
+        call.finished.put((w.position, outcome))
 
     def metrics(self) -> dict:
         """The scheduler's figures plus each lane's utilization (busy share since start)."""

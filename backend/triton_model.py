@@ -8,7 +8,7 @@ from typing import List, Optional
 from latte.backend import autocomplete
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import parse_args, parse_model_config, usable_core_ids
-from latte.backend.engine import BatchEngine, BatchRecord
+from latte.backend.engine import BatchEngine, BatchRecord, ModelError
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
 from latte.backend.options import read_options
@@ -84,7 +84,7 @@ class LatteModel:
         autocomplete.apply(auto_complete_model_config, additions)
         return auto_complete_model_config
 
-    def execute(self, requests) -> List:
+    def execute(self, requests) -> Optional[List]:
         started = time.monotonic()
         parsed, options = [], []
         spec_checks_cancel = self.spec.check_cancellation
@@ -102,12 +102,40 @@ class LatteModel:
                 item, opts = RequestError(f"could not read request: {type(exc).__name__}: {exc}"), None
             parsed.append(item)
             options.append(opts)
-        outcomes = self.engine.infer(parsed, options)
-        elapsed = time.monotonic() - started
-        for outcome, opts in zip(outcomes, options):
+
+        def account(position: int, outcome) -> None:
             error = outcome if isinstance(outcome, Exception) else None
-            self.metrics.request(outcome_label(error), opts.priority if opts else 0, elapsed)
-        return [self.responses.build(outcome) for outcome in outcomes]
+            opts = options[position]
+            self.metrics.request(outcome_label(error), opts.priority if opts else 0, time.monotonic() - started)
+
+        if self.spec.respond == "per_call":
+            outcomes = self.engine.infer(parsed, options, on_result=account)
+            return [self.responses.build(outcome) for outcome in outcomes]
+        # Each request's one final response goes out as soon as its batch finishes, through
+        # the response sender Triton also offers non-decoupled models; execute then returns None.
+        senders = [request.get_response_sender() for request in requests]
+        answered = [False] * len(requests)
+
+        def send(position: int, outcome) -> None:
+            account(position, outcome)
+            answered[position] = True
+            try:
+                response = self.responses.build(outcome)
+            except Exception as exc:  # an output Triton cannot carry fails this request alone
+                response = self.responses.error(RuntimeError(f"could not build the response: {exc}"))
+            try:
+                senders[position].send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception as exc:  # the client may be gone; the other requests still get theirs
+                self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
+
+        try:
+            self.engine.infer(parsed, options, on_result=send)
+        except Exception as exc:
+            # A fault outside any one batch: every request still waiting gets this error.
+            for position in range(len(requests)):
+                if not answered[position]:
+                    send(position, ModelError(f"model {self.spec.name!r} failed: {type(exc).__name__}: {exc}"))
+        return None
 
     def _on_batch(self, record: BatchRecord) -> None:
         self.metrics.batch(record.rows, record.seconds)

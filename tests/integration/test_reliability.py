@@ -144,7 +144,7 @@ def test_a_grpc_client_closed_with_requests_in_flight_leaves_the_server_serving(
         client = grpcclient.InferenceServerClient(server.grpc_url)
         for _ in range(8):
             feed = {"tokens": rng.integers(1, 1000, size=(1, 128), dtype=np.int64)}
-            client.async_infer("sequence_onnx", grpc_inputs(feed), callback=lambda *_: None)
+            client.async_infer("sequence_onnx", grpc_inputs(feed), callback=lambda *_, **__: None)
         client.close()
     assert server.is_alive()
     result = clients.infer("grpc", "sequence_onnx", {"tokens": rng.integers(1, 1000, size=(2, 9), dtype=np.int64)})

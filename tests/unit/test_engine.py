@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from latte.backend.config import parse_model_config
+from latte.backend.buckets import BucketPlan
 from latte.backend.engine import BatchEngine, ModelError
+from latte.backend.options import RequestOptions
 from latte.backend.requests import ParsedRequest, RequestError
 from latte.backend.runtimes import RuntimeLoadError, load_runtime
 from latte.examples import EXAMPLES, reference_runner
@@ -148,3 +150,26 @@ def test_a_full_arena_fails_the_batch_with_memory_error_and_the_next_request_suc
     results = engine.infer(small)
     assert all(r["logits"].shape == (2, 10) for r in results)
     assert arena.stats()["live"] == 0  # every batch buffer went back
+
+
+def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(example_repo):
+    """What lets the backend answer a request before later batches of the same call run."""
+    spec, unbucketed = engine_for(example_repo, "sequence_onnx")
+    batches_run = []
+    engine = BatchEngine(spec, unbucketed.runtime, buckets=BucketPlan(spec.bucket_edges),
+                         on_batch=lambda record: batches_run.append(record.rows))
+    rng = np.random.default_rng(4)
+    short = [ParsedRequest(inputs=EXAMPLES["sequence"].sample(1, rng, length=n), rows=1) for n in (5, 6, 7)]
+    long = ParsedRequest(inputs=EXAMPLES["sequence"].sample(1, rng, length=120), rows=1)
+    unreadable = RequestError("input 'tokens': expected data type INT64, got FP32")
+    items = [short[0], unreadable, short[1], long, short[2]]
+    options = [RequestOptions(), None, RequestOptions(), RequestOptions(priority=2), RequestOptions()]
+    delivered = []
+    results = engine.infer(items, options, on_result=lambda pos, out: delivered.append((pos, len(batches_run), out)))
+    assert sorted(pos for pos, _, _ in delivered) == [0, 1, 2, 3, 4]            # each exactly once
+    assert delivered[0][0] == 1 and delivered[0][1] == 0                         # the bad one before any batch ran
+    batch_of = {pos: batches for pos, batches, _ in delivered}
+    assert all(batch_of[3] <= batch_of[p] for p in (0, 2, 4))                    # high priority not after the rest
+    assert all(batch_of[p] >= 1 for p in (0, 2, 3, 4))                           # results come after their batch
+    assert all(results[pos] is out for pos, _, out in delivered)
+    assert len(batches_run) == 2                                                 # two buckets, two calls

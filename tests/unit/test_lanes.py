@@ -45,3 +45,21 @@ def test_an_expired_request_is_answered_once_with_a_timeout(example_repo):
         assert isinstance(late, DeadlineExceeded)
     finally:
         engine.dispatcher.close()
+
+
+def test_lane_results_reach_the_calling_thread_one_by_one(example_repo):
+    """Triton's response senders are used from the thread that runs `execute`."""
+    import threading
+
+    spec, engine = engine_for(example_repo, "sequence_onnx")
+    engine.dispatcher = LaneDispatcher(engine, lanes=2)
+    try:
+        rng = np.random.default_rng(10)
+        requests = [ParsedRequest(inputs=EXAMPLES["sequence"].sample(1, rng), rows=1) for _ in range(12)]
+        seen = []
+        results = engine.infer(requests, on_result=lambda pos, out: seen.append((pos, threading.get_ident())))
+        assert sorted(pos for pos, _ in seen) == list(range(12))
+        assert {thread for _, thread in seen} == {threading.get_ident()}
+        assert all(r["embedding"].shape == (1, 32) for r in results)
+    finally:
+        engine.dispatcher.close()

@@ -64,13 +64,24 @@ EXAMPLES: Dict[str, Example] = {
         max_batch_size=32, max_sequence_length=128,
     ),
 }
+# Built on request only (`build_examples(repo, ["ranker"])`): too large for the demo and the tests.
+BENCHMARK_EXAMPLES: Dict[str, Example] = {
+    "ranker": Example(
+        "ranker", "item ids of length 1..64 -> 16 candidate scores (embedding bag + 4096-wide MLP tower)",
+        (ExampleTensor("history", "TYPE_INT64", (-1,), ragged=True),),
+        (ExampleTensor("scores", "TYPE_FP32", (16,)),),
+        max_batch_size=64, max_sequence_length=64,
+    ),
+}
+CATALOG: Dict[str, Example] = {**EXAMPLES, **BENCHMARK_EXAMPLES}
 FORMATS = {"torchscript": "model.pt", "onnx": "model.onnx"}
 
 
 def _module(name: str):
     from latte.examples import models
 
-    return {"mlp": models.MLP, "cnn": models.SmallCNN, "sequence": models.SequenceEncoder}[name]()
+    return {"mlp": models.MLP, "cnn": models.SmallCNN, "sequence": models.SequenceEncoder,
+            "ranker": models.Ranker}[name]()
 
 
 def export(example: Example, out_dir: Path) -> Dict[str, Path]:
@@ -124,14 +135,15 @@ def model_context(example: Example, runtime: str, model_file: str) -> dict:
 
 
 def build_examples(repo: Path, names: List[str] = None) -> Path:
-    """Write the example repository (6 models: 3 networks x {torchscript, onnx}) into repo."""
+    """Write the example repository (by default 6 models: the 3 bundled networks x
+    {torchscript, onnx}) into repo; `names` may also pick BENCHMARK_EXAMPLES."""
     from latte.generator.render import write_model
 
     repo = Path(repo)
     build = repo.parent / (repo.name + "-build")
     manifest = {}
     for name in names or list(EXAMPLES):
-        example = EXAMPLES[name]
+        example = CATALOG[name]
         files = export(example, build / name)
         for runtime, path in files.items():
             context = model_context(example, runtime, path.name)
@@ -144,7 +156,7 @@ def build_examples(repo: Path, names: List[str] = None) -> Path:
 def reference_runner(repo: Path, model: str) -> Callable[[Dict[str, np.ndarray]], Dict[str, np.ndarray]]:
     """Run one repository model in-process, request by request, with its own runtime library."""
     info = json.loads((Path(repo) / "examples.json").read_text())[model]
-    example = EXAMPLES[info["example"]]
+    example = CATALOG[info["example"]]
     path = Path(repo) / model / "1" / FORMATS[info["runtime"]]
     outputs = [t.name for t in example.outputs]
     if info["runtime"] == "torchscript":
