@@ -290,8 +290,9 @@ def mlp_plan(tmp_path_factory):
     from latte.examples import EXAMPLES, export
 
     directory = tmp_path_factory.mktemp("mlp_plan")
-    onnx_path = export(EXAMPLES["mlp"], directory)["onnx"]
-    plan = build_plan(from_onnx(onnx_path), directory / "model.plan",
+    onnx_path = export(EXAMPLES["mlp"], directory / "export")["onnx"]
+    (directory / "1").mkdir()  # a version folder holding only the plan, as auto-complete expects
+    plan = build_plan(from_onnx(onnx_path), directory / "1" / "model.plan",
                       {"features": ((1, 16), (8, 16), (64, 16))})
     return plan, onnx_reference(onnx_path, "logits")
 
