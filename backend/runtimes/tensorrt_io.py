@@ -11,6 +11,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from latte.backend.dtypes import to_triton
 from latte.backend.runtimes.base import RuntimeLoadError
 
 Shape = Tuple[int, ...]
@@ -206,8 +207,6 @@ def describe_io(inputs: Mapping[str, PlanTensor], outputs: Mapping[str, PlanTens
     A plan is batched when every IO tensor's first dimension is dynamic; its largest batch is
     the smallest first-dimension maximum any input allows in profile 0.
     """
-    from latte.backend.dtypes import to_triton
-
     def tensors(group: Mapping[str, PlanTensor]):
         return [{"name": t.name, "data_type": to_triton(t.dtype), "dims": list(t.shape)} for t in group.values()]
 
