@@ -5,7 +5,8 @@ The Python backend's stub is started as `triton_python_backend_stub <version dir
 ...`, so the version folder is read from the process's command line.
 
 Sources, in order: a sidecar `<model file>.json` ({"inputs": [...], "outputs": [...],
-"max_batch_size": N}, tensors as {"name", "data_type", "dims"}), then the ONNX graph.
+"max_batch_size": N}, tensors as {"name", "data_type", "dims"}), then the ONNX graph, or
+a TensorRT plan's engine where tensorrt imports and a GPU is visible.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ def describe_model(path: Path) -> Optional[Dict]:
         return described
     if path.suffix == ".onnx":
         return describe_onnx(path)
+    if RUNTIME_BY_EXTENSION.get(path.suffix) == "tensorrt":
+        from latte.backend.runtimes.tensorrt_runtime import describe_plan
+
+        return describe_plan(path)
     return None
 
 
