@@ -15,6 +15,7 @@ from typing import Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from latte.backend.dtypes import to_numpy
+from latte.backend.planning import parse_planning
 
 RUNTIMES = ("torchscript", "torch_export", "onnx", "tensorrt")
 RUNTIME_BY_EXTENSION = {".pt": "torchscript", ".ts": "torchscript", ".pt2": "torch_export",
@@ -64,6 +65,7 @@ class ModelSpec:
     pin_lanes: bool = False
     reject_nan: bool = False                         # refuse requests with NaN/inf in float inputs
     check_cancellation: bool = False                 # ask Triton per request whether the client gave up
+    batch_planning: str = "cost"                     # "cost": cheapest plan across buckets; "bucket": one bucket per batch
 
     @property
     def batched(self) -> bool:
@@ -228,6 +230,10 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
     scheduler = params.get("scheduler", "auto").strip().lower()
     if scheduler not in ("auto", "affinity", "inline"):
         raise ConfigError(f"model {name!r}: parameters[\"scheduler\"] must be auto, affinity or inline, got {scheduler!r}")
+    try:
+        batch_planning = parse_planning(params.get("batch_planning"))
+    except ValueError as exc:
+        raise ConfigError(f"model {name!r}: parameters[\"batch_planning\"]: {exc}") from None
     if scheduler == "auto":
         # One lane gains nothing from placement, and handing batches to a lane thread costs
         # about 50 us per request (measured in-process on the example sequence model).
@@ -240,7 +246,7 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         session_ttl_s=ttl, max_sessions=_int_param(params, "max_sessions", 10000),
         arena_bytes=_int_param(params, "arena_bytes", 64 << 20, minimum=1 << 16), lanes=lanes,
         warmup=flags["warmup"], pin_lanes=flags["pin_lanes"], reject_nan=flags["reject_nan"],
-        check_cancellation=flags["check_cancellation"], scheduler=scheduler,
+        check_cancellation=flags["check_cancellation"], scheduler=scheduler, batch_planning=batch_planning,
     )
 
 

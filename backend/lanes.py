@@ -1,7 +1,7 @@
 """Running the batches of one `execute` call on the AffinityScheduler's lanes.
 
-Each request is submitted with its affinity key (model, shape bucket) and its priority and
-deadline; the scheduler groups requests of one key into batches, places each batch on the
+Each request is submitted with its affinity key (shapes and the bucket edge of the batch the
+engine planned it into) and its priority and deadline; the scheduler groups requests of one key into batches, places each batch on the
 lane that ran that key last, and reports every request exactly once through `_complete`.
 `run` blocks (without the GIL) until all requests of the call are answered, which keeps
 Triton's one-response-per-request contract for ordinary (non-decoupled) models.
@@ -67,13 +67,14 @@ class LaneDispatcher:
 
     def run(self, work: Sequence[Work], now: float) -> Dict[int, Result]:
         call = _Call(len(work))
+        keys = self.engine.planned_keys(work)
         for w in work:
             request_id = next(self._ids)
             with self._lock:
                 self._pending[request_id] = (w, call)
             timeout = None if w.options.timeout_ms is None else max(0.0, w.deadline - now)
             # A refusal is also reported through _complete, the request's one answer.
-            self.scheduler.submit(request_id, repr(self.engine.affinity_key(w.request)),
+            self.scheduler.submit(request_id, repr(keys[w.position]),
                                   priority=min(w.options.priority, self._top_priority),
                                   timeout_s=timeout, size=w.request.rows)
         call.done.wait()

@@ -1,12 +1,16 @@
-"""Synthetic requests run at load, one per shape bucket, before the model reports ready."""
+"""Synthetic requests run at load, one per shape bucket, before the model reports ready,
+and the timings the batch planner's cost model is fitted to."""
 
 from __future__ import annotations
 
-from typing import Dict, List
+import statistics
+import time
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from latte.backend.config import ModelSpec
+from latte.backend.planning import CostModel
 from latte.backend.requests import ParsedRequest
 
 
@@ -29,3 +33,52 @@ def warmup_requests(spec: ModelSpec) -> List[ParsedRequest]:
 
 def warmup_shapes(spec: ModelSpec) -> List[Dict[str, tuple]]:
     return [{name: array.shape for name, array in r.inputs.items()} for r in warmup_requests(spec)]
+
+
+def _one_row_requests(spec: ModelSpec, length: int, count: int) -> List[ParsedRequest]:
+    feed: Dict[str, np.ndarray] = {}
+    for t in spec.inputs:
+        if t.optional:
+            continue
+        feed[t.name] = np.ones((1, *(length if d == -1 else d for d in t.dims)), dtype=t.dtype)
+    return [ParsedRequest(inputs=feed, rows=1) for _ in range(count)]
+
+
+def measure_cost_model(engine, repeats: int = 5, rows: int = 8, clock: Callable[[], float] = time.perf_counter
+                       ) -> Optional[CostModel]:
+    """Time, per bucket edge, one request of one row and `rows` one-row requests (one batch)
+    through the whole engine path (assembly, model call, splitting), median of `repeats`,
+    and fit the planner's cost model to it. None when there is nothing to plan (no buckets,
+    or not batched)."""
+    spec = engine.spec
+    if engine.buckets is None or not spec.batched:
+        return None
+    if spec.max_batch_size < 2:
+        return None  # one row per call: there is no choice to make
+    rows = max(2, min(rows, spec.max_batch_size))
+    # Timing calls are not served traffic: keep them out of the batch metrics.
+    on_batch, engine.on_batch = engine.on_batch, None
+    try:
+        timings = _time_edges(engine, spec, repeats, rows, clock)
+    finally:
+        engine.on_batch = on_batch
+    return CostModel.fit(timings)
+
+
+def _time_edges(engine, spec: ModelSpec, repeats: int, rows: int, clock: Callable[[], float]
+                ) -> Dict[int, Tuple[float, float, int]]:
+    timings: Dict[int, Tuple[float, float, int]] = {}
+    for edge in engine.buckets.edges:
+        medians = []
+        for requests in (_one_row_requests(spec, edge, 1), _one_row_requests(spec, edge, rows)):
+            seconds = []
+            for _ in range(repeats):
+                started = clock()
+                outcomes = engine.infer(requests)
+                seconds.append(clock() - started)
+                failed = [o for o in outcomes if isinstance(o, Exception)]
+                if failed:
+                    raise RuntimeError(f"timing the model at length {edge} failed: {failed[0]}")
+            medians.append(statistics.median(seconds))
+        timings[edge] = (medians[0], medians[1], rows)
+    return timings

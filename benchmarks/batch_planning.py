@@ -1,0 +1,174 @@
+"""Batch planning benchmark: cost-aware plans vs one bucket per batch vs no buckets, in process.
+
+    nice .venv/bin/python benchmarks/batch_planning.py [--calls 300] [--rounds 7] [--json out.json]
+
+The example sequence encoder (ONNX, one intra-op thread) behind BatchEngine, as the latte
+backend serves it (warmup, cost model measured at warmup, buffers from a BuddyArena), without
+tritonserver. One trace of `execute` calls, each of 4..16 one-row requests with token lengths
+uniform in 1..128 (what Triton's dynamic batcher hands the backend in the serving benchmark),
+is replayed through every variant in turn, each round in a rotated order; every ratio is the
+median of per-round ratios, so both sides of a ratio were measured seconds apart.
+
+Variants:
+  bucket        shape buckets 16,32,64,128; a batch holds one bucket (batch_planning: bucket)
+  cost          the same buckets; the planner's cheapest plan under the warmup-measured cost model
+  cost-default  as cost, with the default cost model (what runs when warmup is off)
+  no-buckets    bucket_edges: none; one batch per call padded to its longest request
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from google.protobuf.json_format import MessageToDict
+
+from latte.backend.batching import plan_batches
+from latte.backend.buckets import BucketPlan
+from latte.backend.config import parse_model_config
+from latte.backend.engine import BatchEngine
+from latte.backend.requests import ParsedRequest
+from latte.backend.runtimes import load_runtime
+from latte.backend.warmup import measure_cost_model, warmup_requests
+from latte.examples import EXAMPLES, export, model_context
+from latte.generator.render import write_model
+from latte.generator.validate import parse_config_file
+from latte.memory import BuddyArena
+
+VARIANTS = {
+    "bucket": {"batch_planning": "bucket"},
+    "cost": {"batch_planning": "cost"},
+    "cost-default": {"batch_planning": "cost", "warmup": "false"},
+    "no-buckets": {"bucket_edges": "none"},
+}
+
+
+def build_engine(repo: Path, model_file: Path, name: str, parameters: dict):
+    context = model_context(EXAMPLES["sequence"], "onnx", "model.onnx")
+    context["name"] = name.replace("-", "_")
+    context["parameters"] = {**context["parameters"], **parameters}
+    model_dir = write_model(repo, context, {"model.onnx": model_file})
+    config = MessageToDict(parse_config_file(model_dir / "config.pbtxt"), preserving_proto_field_name=True)
+    spec = parse_model_config(config, model_dir, "1")
+    runtime = load_runtime(spec.runtime, spec.model_path, [t.name for t in spec.inputs],
+                           [t.name for t in spec.outputs], spec.intra_op_threads, spec.inter_op_threads)
+    arena = BuddyArena(spec.arena_bytes, "cpu")
+    engine = BatchEngine(spec, runtime, buckets=BucketPlan(spec.bucket_edges) if spec.bucket_edges else None,
+                         allocate=arena.empty)
+    engine.arena = arena  # keeps the arena alive as long as the engine
+    # What LatteModel does at load.
+    if spec.warmup:
+        engine.infer(warmup_requests(spec))
+        if engine.cost_model is not None:
+            engine.cost_model = measure_cost_model(engine)
+    return engine
+
+
+def make_trace(calls: int, seed: int):
+    rng = np.random.default_rng(seed)
+    trace = []
+    for _ in range(calls):
+        size = int(rng.integers(4, 17))
+        trace.append([ParsedRequest(inputs={"tokens": rng.integers(1, 1000, size=(1, int(rng.integers(1, 129))),
+                                                                   dtype=np.int64)}, rows=1)
+                      for _ in range(size)])
+    return trace
+
+
+def replay(engine: BatchEngine, trace) -> float:
+    started = time.perf_counter()
+    for call in trace:
+        for outcome in engine.infer(call):
+            if isinstance(outcome, Exception):
+                raise RuntimeError(f"a request failed: {outcome}")
+    return time.perf_counter() - started
+
+
+def batch_shape(engine: BatchEngine, trace):
+    """Model calls per execute and padded positions per row of the variant's plans."""
+    records = []
+    engine.on_batch = records.append
+    replay(engine, trace)
+    engine.on_batch = None
+    rows = sum(r.rows for r in records)
+    return len(records) / len(trace), sum(r.rows * (r.padded_length or 0) for r in records) / rows
+
+
+def planning_cost_us(engine: BatchEngine, trace, repeats: int = 5) -> float:
+    """Microseconds per execute spent choosing the batches (no model call)."""
+    items = [[(i, r) for i, r in enumerate(call)] for call in trace]
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for call in items:
+            plan_batches(engine.spec, call, engine.buckets, engine.cost_model)
+        best = min(best, time.perf_counter() - started)
+    return best / len(trace) * 1e6
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=300, help="execute calls in the trace")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=20261121)
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    if args.calls < 1 or args.rounds < 1:
+        parser.error("--calls and --rounds must be >= 1")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = export(EXAMPLES["sequence"], Path(tmp) / "build")
+        repo = Path(tmp) / "repo"
+        engines = {name: build_engine(repo, files["onnx"], name, params) for name, params in VARIANTS.items()}
+        for name in ("cost", "cost-default"):
+            print(f"{name} cost model: {engines[name].cost_model.describe()}")
+        trace = make_trace(args.calls, args.seed)
+        rows = sum(len(call) for call in trace)
+        for engine in engines.values():
+            replay(engine, trace[: max(1, len(trace) // 10)])  # settle caches and the arena
+
+        names = list(engines)
+        per_round = {name: [] for name in names}
+        for r in range(args.rounds):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                per_round[name].append(rows / replay(engines[name], trace))
+        shapes = {name: batch_shape(engines[name], trace) for name in names}
+        planning = {name: planning_cost_us(engines[name], trace) for name in names}
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(per_round[a], per_round[b]))
+
+    print(f"\n{args.calls} execute calls, {rows} requests (4..16 per call, lengths 1..128), "
+          f"{args.rounds} rounds; {platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
+    print(f"{'variant':<14}{'rows/s (median)':>16}{'min..max':>18}{'calls/execute':>15}"
+          f"{'padded len/row':>16}{'planning us/execute':>21}")
+    for name in names:
+        values = per_round[name]
+        calls, padded = shapes[name]
+        print(f"{name:<14}{statistics.median(values):>16.0f}{f'{min(values):.0f}..{max(values):.0f}':>18}"
+              f"{calls:>15.2f}{padded:>16.1f}{planning[name]:>21.1f}")
+    ratios = {"cost / bucket": ratio("cost", "bucket"), "cost / no-buckets": ratio("cost", "no-buckets"),
+              "cost-default / bucket": ratio("cost-default", "bucket"),
+              "no-buckets / bucket": ratio("no-buckets", "bucket")}
+    for label, value in ratios.items():
+        print(f"{label:<24}{value:.3f}x")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "rows_per_s": per_round, "calls_per_execute": {n: s[0] for n, s in shapes.items()},
+            "padded_length_per_row": {n: s[1] for n, s in shapes.items()},
+            "planning_us_per_execute": planning, "ratios": ratios,
+            "cost_model": {n: engines[n].cost_model.describe() for n in ("cost", "cost-default")},
+        }, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
