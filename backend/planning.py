@@ -56,20 +56,24 @@ class CostModel:
         return cls(DEFAULT_FIXED_POSITIONS * unit, {int(e): e * unit for e in edges})
 
     @classmethod
-    def fit(cls, timings: Mapping[int, Tuple[float, float, int]]) -> "CostModel":
-        """From edge -> (seconds for 1 row, seconds for n rows, n), the line through both
-        points per edge; the fixed cost is the median intercept across edges (one call's
-        overhead does not depend on the shape), per-row costs are kept non-decreasing in
-        the edge so that noise cannot make a longer padding look cheaper."""
+    def fit(cls, timings: Mapping[int, Sequence[Tuple[int, float]]]) -> "CostModel":
+        """From edge -> [(rows, seconds), ...], a least-squares line per edge; the fixed cost
+        is the median intercept across edges (one call's overhead does not depend on the
+        shape), and per-row costs are kept non-decreasing in the edge so that noise cannot
+        make a longer padding look cheaper."""
         if not timings:
             raise ValueError("no timings to fit a cost model to")
         slopes, intercepts = {}, []
-        for edge, (one, many, n) in sorted(timings.items()):
-            if n < 2:
-                raise ValueError(f"edge {edge}: need timings of 1 and n >= 2 rows, got n={n}")
-            slope = max(0.0, (many - one) / (n - 1))
-            slopes[edge] = slope
-            intercepts.append(one - slope)
+        for edge, points in sorted(timings.items()):
+            xs = [float(rows) for rows, _ in points]
+            if len(set(xs)) < 2:
+                raise ValueError(f"edge {edge}: need timings of at least two row counts, got {sorted(set(xs))}")
+            ys = [seconds for _, seconds in points]
+            mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+            slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
+                     / sum((x - mean_x) ** 2 for x in xs))
+            slopes[edge] = max(0.0, slope)
+            intercepts.append(mean_y - slope * mean_x)
         intercepts.sort()
         fixed = max(0.0, intercepts[len(intercepts) // 2])
         per_row, floor = {}, 0.0

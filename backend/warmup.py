@@ -44,9 +44,9 @@ def _one_row_requests(spec: ModelSpec, length: int, count: int) -> List[ParsedRe
     return [ParsedRequest(inputs=feed, rows=1) for _ in range(count)]
 
 
-def measure_cost_model(engine, repeats: int = 5, rows: int = 8, clock: Callable[[], float] = time.perf_counter
+def measure_cost_model(engine, repeats: int = 5, rows: int = 16, clock: Callable[[], float] = time.perf_counter
                        ) -> Optional[CostModel]:
-    """Time, per bucket edge, one request of one row and `rows` one-row requests (one batch)
+    """Time, per bucket edge, batches of 1, rows/4, rows/2 and `rows` one-row requests
     through the whole engine path (assembly, model call, splitting), median of `repeats`,
     and fit the planner's cost model to it. None when there is nothing to plan (no buckets,
     or not batched)."""
@@ -59,26 +59,28 @@ def measure_cost_model(engine, repeats: int = 5, rows: int = 8, clock: Callable[
     # Timing calls are not served traffic: keep them out of the batch metrics.
     on_batch, engine.on_batch = engine.on_batch, None
     try:
-        timings = _time_edges(engine, spec, repeats, rows, clock)
+        timings = _time_edges(engine, spec, repeats, sorted({1, max(1, rows // 4), max(1, rows // 2), rows}), clock)
     finally:
         engine.on_batch = on_batch
     return CostModel.fit(timings)
 
 
-def _time_edges(engine, spec: ModelSpec, repeats: int, rows: int, clock: Callable[[], float]
-                ) -> Dict[int, Tuple[float, float, int]]:
-    timings: Dict[int, Tuple[float, float, int]] = {}
-    for edge in engine.buckets.edges:
-        medians = []
-        for requests in (_one_row_requests(spec, edge, 1), _one_row_requests(spec, edge, rows)):
-            seconds = []
-            for _ in range(repeats):
-                started = clock()
-                outcomes = engine.infer(requests)
-                seconds.append(clock() - started)
-                failed = [o for o in outcomes if isinstance(o, Exception)]
-                if failed:
-                    raise RuntimeError(f"timing the model at length {edge} failed: {failed[0]}")
-            medians.append(statistics.median(seconds))
-        timings[edge] = (medians[0], medians[1], rows)
+def _time_edges(engine, spec: ModelSpec, repeats: int, sizes: List[int], clock: Callable[[], float]
+                ) -> Dict[int, List[Tuple[int, float]]]:
+    shapes = [(edge, size) for edge in engine.buckets.edges for size in sizes]
+    batches = {shape: _one_row_requests(spec, *shape) for shape in shapes}
+    seconds: Dict[Tuple[int, int], List[float]] = {shape: [] for shape in shapes}
+    # Shapes take turns within each repeat, so a burst of load from elsewhere inflates all
+    # of them alike instead of one edge's line.
+    for _ in range(repeats):
+        for shape in shapes:
+            started = clock()
+            outcomes = engine.infer(batches[shape])
+            seconds[shape].append(clock() - started)
+            failed = [o for o in outcomes if isinstance(o, Exception)]
+            if failed:
+                raise RuntimeError(f"timing the model at length {shape[0]} failed: {failed[0]}")
+    timings: Dict[int, List[Tuple[int, float]]] = {}
+    for (edge, size), values in seconds.items():
+        timings.setdefault(edge, []).append((size, statistics.median(values)))
     return timings

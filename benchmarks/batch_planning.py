@@ -6,8 +6,8 @@ The example sequence encoder (ONNX, one intra-op thread) behind BatchEngine, as 
 backend serves it (warmup, cost model measured at warmup, buffers from a BuddyArena), without
 tritonserver. One trace of `execute` calls, each of 4..16 one-row requests with token lengths
 uniform in 1..128 (what Triton's dynamic batcher hands the backend in the serving benchmark),
-is replayed through every variant in turn, each round in a rotated order; every ratio is the
-median of per-round ratios, so both sides of a ratio were measured seconds apart.
+is replayed through every variant, the variants taking turns call by call, so both sides of
+every ratio were measured milliseconds apart; each ratio is the median of per-round ratios.
 
 Variants:
   bucket        shape buckets 16,32,64,128; a batch holds one bucket (batch_planning: bucket)
@@ -83,13 +83,30 @@ def make_trace(calls: int, seed: int):
     return trace
 
 
-def replay(engine: BatchEngine, trace) -> float:
+def run_call(engine: BatchEngine, call) -> float:
     started = time.perf_counter()
-    for call in trace:
-        for outcome in engine.infer(call):
-            if isinstance(outcome, Exception):
-                raise RuntimeError(f"a request failed: {outcome}")
-    return time.perf_counter() - started
+    outcomes = engine.infer(call)
+    seconds = time.perf_counter() - started
+    for outcome in outcomes:
+        if isinstance(outcome, Exception):
+            raise RuntimeError(f"a request failed: {outcome}")
+    return seconds
+
+
+def replay(engine: BatchEngine, trace) -> float:
+    return sum(run_call(engine, call) for call in trace)
+
+
+def interleaved_round(engines: dict, trace, rotation: int) -> dict:
+    """Seconds per variant for the whole trace, the variants taking turns call by call (in an
+    order rotated per call), so a neighbour's burst of load falls on all of them alike."""
+    names = list(engines)
+    seconds = dict.fromkeys(names, 0.0)
+    for i, call in enumerate(trace):
+        shift = (i + rotation) % len(names)
+        for name in names[shift:] + names[:shift]:
+            seconds[name] += run_call(engines[name], call)
+    return seconds
 
 
 def batch_shape(engine: BatchEngine, trace):
@@ -138,8 +155,8 @@ def main(argv=None) -> int:
         names = list(engines)
         per_round = {name: [] for name in names}
         for r in range(args.rounds):
-            for name in names[r % len(names):] + names[: r % len(names)]:
-                per_round[name].append(rows / replay(engines[name], trace))
+            for name, seconds in interleaved_round(engines, trace, r).items():
+                per_round[name].append(rows / seconds)
         shapes = {name: batch_shape(engines[name], trace) for name in names}
         planning = {name: planning_cost_us(engines[name], trace) for name in names}
 
