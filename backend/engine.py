@@ -130,6 +130,12 @@ class BatchEngine:
         exceeds max_batch_size rows."""
         return [outcome for batch in self._groups(group) for outcome in self._run_in_time(batch)]
 
+    def run_batch(self, requests: Sequence[ParsedRequest]) -> List[Result]:
+        """Run the requests as one model call, as a plan would (no ordering, no deadlines):
+        what the cost model's timings measure."""
+        outcomes = dict(self._run([Work(i, r) for i, r in enumerate(requests)]))
+        return [outcomes[i] for i in range(len(requests))]
+
     def _run_in_time(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
         """Run one planned batch, failing the requests whose deadline has already passed;
         a model failure is retried request by request so one bad request does not fail its

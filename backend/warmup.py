@@ -44,11 +44,12 @@ def _one_row_requests(spec: ModelSpec, length: int, count: int) -> List[ParsedRe
     return [ParsedRequest(inputs=feed, rows=1) for _ in range(count)]
 
 
-def measure_cost_model(engine, repeats: int = 5, rows: int = 16, clock: Callable[[], float] = time.perf_counter
+def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Callable[[], float] = time.perf_counter
                        ) -> Optional[CostModel]:
     """Time, per bucket edge, batches of 1, rows/4, rows/2 and `rows` one-row requests
-    through the whole engine path (assembly, model call, splitting), median of `repeats`,
-    and fit the planner's cost model to it. None when there is nothing to plan (no buckets,
+    through the engine's path for one batch (assembly, model call, splitting; not the
+    per-call work that any plan pays once), median of `repeats`, and fit the planner's
+    cost model to it. None when there is nothing to plan (no buckets,
     or not batched)."""
     spec = engine.spec
     if engine.buckets is None or not spec.batched:
@@ -75,7 +76,7 @@ def _time_edges(engine, spec: ModelSpec, repeats: int, sizes: List[int], clock: 
     for _ in range(repeats):
         for shape in shapes:
             started = clock()
-            outcomes = engine.infer(batches[shape])
+            outcomes = engine.run_batch(batches[shape])
             seconds[shape].append(clock() - started)
             failed = [o for o in outcomes if isinstance(o, Exception)]
             if failed:
