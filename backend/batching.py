@@ -102,13 +102,18 @@ def plan_batches(spec: ModelSpec, requests: Sequence[Item], buckets: Optional[Bu
     if not spec.batched:
         return [[item] for item in requests]
     planned = cost is not None and buckets is not None
-    groups: Dict[Hashable, List[Item]] = {}
+    # Each request's length is found once: this runs for every execute call.
+    groups: Dict[Hashable, List[Tuple[Item, Optional[int]]]] = {}
     for item in requests:
-        key = shape_key(spec, item[1]) if planned else affinity_key(spec, item[1], buckets)
-        groups.setdefault(key, []).append(item)
+        length = ragged_length(spec, item[1])
+        key = shape_key(spec, item[1])
+        if not planned and length is not None and buckets is not None:
+            key += (("bucket", buckets.edge_for(length)),)
+        groups.setdefault(key, []).append((item, length))
     batches: List[List[Item]] = []
-    for items in groups.values():
-        lengths = [ragged_length(spec, req) for _, req in items]
+    for members in groups.values():
+        items = [item for item, _ in members]
+        lengths = [length for _, length in members]
         if not planned or None in lengths:
             batches.extend(_chunks(items, spec.max_batch_size))
             continue

@@ -24,9 +24,9 @@ from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 PLANNINGS = ("cost", "bucket")
 
 # Without measurements (warmup off): one model call costs as much as 64 padded positions
-# of one row. The example sequence encoder measured 40..120 positions on this machine's
-# CPU; a bigger model has a relatively smaller fixed cost and loses little from this guess
-# (it only merges requests whose padding is cheap next to one extra call).
+# of one row. The example sequence encoder measured 100..150 positions on a 2-core CPU, and
+# this guess served it about as fast as its measured model (docs/benchmarks.md); erring
+# low only keeps more bucket boundaries, which is where bucket planning stood.
 DEFAULT_FIXED_POSITIONS = 64.0
 
 
