@@ -1,6 +1,7 @@
 """Batch planning benchmark: cost-aware plans vs one bucket per batch vs no buckets, in process.
 
     nice .venv/bin/python benchmarks/batch_planning.py [--calls 300] [--rounds 7] [--json out.json]
+    nice .venv/bin/python benchmarks/batch_planning.py --served [--rounds 3]   # through tritonserver
 
 The example sequence encoder (ONNX, one intra-op thread) behind BatchEngine, as the latte
 backend serves it (warmup, cost model measured at warmup, buffers from a BuddyArena), without
@@ -8,6 +9,11 @@ tritonserver. One trace of `execute` calls, each of 4..16 one-row requests with 
 uniform in 1..128 (what Triton's dynamic batcher hands the backend in the serving benchmark),
 is replayed through every variant, the variants taking turns call by call, so both sides of
 every ratio were measured milliseconds apart; each ratio is the median of per-round ratios.
+
+With --served the same variants (but cost-default) are served by one tritonserver, each behind
+Triton's dynamic batcher (max_queue_delay 500 us, one instance, one lane), and perf_analyzer
+(gRPC, 256 variable-length requests) measures them in turn, round after round, at each
+concurrency; ratios are medians of per-round ratios.
 
 Variants:
   bucket        shape buckets 16,32,64,128; a batch holds one bucket (batch_planning: bucket)
@@ -22,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -131,15 +138,81 @@ def planning_cost_us(engine: BatchEngine, trace, repeats: int = 5) -> float:
     return best / len(trace) * 1e6
 
 
+def served(rounds: int, concurrency: list, measurement_ms: int) -> dict:
+    """Infer/s per variant and concurrency, one list entry per round."""
+    from latte.examples import build_examples
+    from latte.triton import TritonServer
+    from latte.triton.perf import run_perf_analyzer, write_input_data
+
+    work = Path(tempfile.mkdtemp(prefix="latte-batch-planning-"))
+    repo = build_examples(work / "repo", names=["sequence"])
+    source = repo / "sequence_onnx" / "1" / "model.onnx"
+    models = {}
+    for name in ("bucket", "cost", "no-buckets"):
+        context = model_context(EXAMPLES["sequence"], "onnx", "model.onnx")
+        context["name"] = "sequence_" + name.replace("-", "_")
+        context["parameters"] = {**context["parameters"], "lanes": "1", **VARIANTS[name]}
+        write_model(repo, context, {"model.onnx": source})
+        models[name] = context["name"]
+    for example_model in ("sequence_onnx", "sequence_torchscript"):
+        shutil.rmtree(repo / example_model)  # only the variants load (and time themselves) at start
+    rng = np.random.default_rng(5)
+    data = write_input_data(work / "inputs.json",
+                            [{"tokens": EXAMPLES["sequence"].sample(1, rng)["tokens"][0]} for _ in range(256)])
+    figures = {(name, c): [] for name in models for c in concurrency}
+    with TritonServer(repo, log_path=work / "tritonserver.log") as server:
+        for line in server.log().splitlines():
+            if "batch planning=cost (" in line:
+                print(line.split("batch planning=")[-1].rstrip(')"'))
+        names = list(models)
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[: r % len(names)]:
+                for c in concurrency:
+                    point = run_perf_analyzer(models[name], server.grpc_url, concurrency=[c], input_data=data,
+                                              measurement_ms=measurement_ms, max_trials=6, stability_percentage=30)[0]
+                    figures[(name, c)].append(point.throughput)
+                    print(f"round {r + 1} {name:<11} concurrency {c:>2}: {point.throughput:7.0f} infer/s, "
+                          f"P99 {point.p99_ms:.1f} ms", flush=True)
+    return figures
+
+
+def report_served(figures: dict, concurrency: list) -> dict:
+    ratios = {}
+    print(f"\n{'variant':<12}" + "".join(f"{f'conc {c} infer/s':>22}" for c in concurrency))
+    for name in ("bucket", "cost", "no-buckets"):
+        cells = [figures[(name, c)] for c in concurrency]
+        print(f"{name:<12}" + "".join(f"{f'{statistics.median(v):.0f} ({min(v):.0f}..{max(v):.0f})':>22}" for v in cells))
+    for c in concurrency:
+        for other in ("bucket", "no-buckets"):
+            ratio = statistics.median(a / b for a, b in zip(figures[("cost", c)], figures[(other, c)]))
+            ratios[f"cost / {other} @ concurrency {c}"] = ratio
+            print(f"cost / {other:<11} at concurrency {c:>2}: {ratio:.3f}x")
+    return ratios
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300, help="execute calls in the trace")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seed", type=int, default=20261121)
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--served", action="store_true", help="measure through tritonserver and perf_analyzer")
+    parser.add_argument("--concurrency", default="8,12", help="perf_analyzer concurrency levels (--served)")
+    parser.add_argument("--measurement-ms", type=int, default=2000, help="perf_analyzer window (--served)")
     args = parser.parse_args(argv)
     if args.calls < 1 or args.rounds < 1:
         parser.error("--calls and --rounds must be >= 1")
+    if args.served:
+        try:
+            levels = [int(c) for c in args.concurrency.split(",")]
+        except ValueError:
+            parser.error(f"--concurrency must be comma-separated integers such as 8,12, got {args.concurrency!r}")
+        figures = served(args.rounds, levels, args.measurement_ms)
+        ratios = report_served(figures, levels)
+        if args.json:
+            args.json.write_text(json.dumps({"infer_per_s": {f"{n} @ {c}": v for (n, c), v in figures.items()},
+                                             "ratios": ratios}, indent=2) + "\n")
+        return 0
 
     with tempfile.TemporaryDirectory() as tmp:
         files = export(EXAMPLES["sequence"], Path(tmp) / "build")
