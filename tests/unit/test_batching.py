@@ -172,3 +172,19 @@ def test_without_a_cost_model_requests_of_different_buckets_never_share_a_batch(
     items = [(0, req(1, 3, 1)), (1, req(1, 20, 2)), (2, req(1, 5, 3))]
     groups = plan_batches(spec(), items, BUCKETS)
     assert [[pos for pos, _ in g] for g in groups] == [[0, 2], [1]]
+
+
+def test_cost_planned_batches_never_exceed_max_batch_size():
+    rng = np.random.default_rng(3)
+    items = [(i, req(int(rng.integers(1, 4)), int(rng.integers(1, 129)), i)) for i in range(30)]
+    merge_all = CostModel(1000.0, {16: 1.0, 32: 2.0, 64: 4.0, 128: 8.0})
+    groups = plan_batches(spec(max_batch_size=8), items, BUCKETS, merge_all)
+    assert sorted(pos for g in groups for pos, _ in g) == list(range(30))
+    assert all(sum(r.rows for _, r in g) <= 8 for g in groups)
+    # Calls dominate the cost: as few batches as filling them in length order allows.
+    fewest, rows = 1, 0
+    for _, r in sorted(items, key=lambda item: (item[1].inputs["tokens"].shape[1], item[0])):
+        if rows + r.rows > 8:
+            fewest, rows = fewest + 1, 0
+        rows += r.rows
+    assert len(groups) == fewest

@@ -187,8 +187,13 @@ def test_cost_planned_batches_give_each_request_exactly_its_output_alone(example
     alone = [engine.infer([ParsedRequest(inputs=f, rows=1)])[0] for f in feeds]
     reference = reference_runner(example_repo, model)
     for feed, together, single in zip(feeds, results, alone):
-        # Padding is masked: the shared batch gives each request its own answer.
-        np.testing.assert_allclose(together["embedding"], single["embedding"], rtol=1e-5, atol=1e-6)
+        # Padding is masked: the shared batch gives each request its own answer. TorchScript's
+        # is bit for bit; ONNX Runtime blocks its kernels by batch shape, so float32 rounding
+        # may differ in the last bit.
+        if model == "sequence_torchscript":
+            np.testing.assert_array_equal(together["embedding"], single["embedding"])
+        else:
+            np.testing.assert_allclose(together["embedding"], single["embedding"], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(together["embedding"], reference(feed)["embedding"], rtol=1e-5, atol=1e-6)
 
 
