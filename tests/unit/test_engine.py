@@ -242,3 +242,21 @@ def test_cost_planned_batches_still_run_highest_priority_first(tmp_path):
     short, long = (ParsedRequest(inputs={"tokens": np.ones((1, n), np.int64)}, rows=1) for n in (3, 40))
     engine.infer([short, short, long], [RequestOptions(), RequestOptions(), RequestOptions(priority=2)])
     assert [(r.rows, r.padded_length) for r in records] == [(1, 64), (2, 16)]
+
+
+def test_models_loading_side_by_side_time_themselves_one_at_a_time():
+    import subprocess
+    import sys
+    import time
+
+    from latte.backend.warmup import exclusive_timing
+
+    waiter = ("import time; from latte.backend.warmup import exclusive_timing\n"
+              "print('ready', flush=True); started = time.monotonic()\n"
+              "with exclusive_timing(): print(time.monotonic() - started)")
+    with exclusive_timing():
+        other = subprocess.Popen([sys.executable, "-c", waiter], stdout=subprocess.PIPE, text=True)
+        assert other.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # the other process (a second model's stub) waits meanwhile
+    waited = float(other.communicate(timeout=60)[0])
+    assert waited > 0.5
