@@ -142,7 +142,7 @@ def served(rounds: int, concurrency: list, measurement_ms: int) -> dict:
     """Infer/s per variant and concurrency, one list entry per round."""
     from latte.examples import build_examples
     from latte.triton import TritonServer
-    from latte.triton.perf import run_perf_analyzer, write_input_data
+    from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
 
     work = Path(tempfile.mkdtemp(prefix="latte-batch-planning-"))
     repo = build_examples(work / "repo", names=["sequence"])
@@ -168,8 +168,15 @@ def served(rounds: int, concurrency: list, measurement_ms: int) -> dict:
         for r in range(rounds):
             for name in names[r % len(names):] + names[: r % len(names)]:
                 for c in concurrency:
-                    point = run_perf_analyzer(models[name], server.grpc_url, concurrency=[c], input_data=data,
-                                              measurement_ms=measurement_ms, max_trials=6, stability_percentage=30)[0]
+                    try:
+                        point = run_perf_analyzer(models[name], server.grpc_url, concurrency=[c], input_data=data,
+                                                  measurement_ms=measurement_ms, max_trials=6,
+                                                  stability_percentage=30)[0]
+                    except PerfAnalyzerError as exc:  # a point that never settles: left out, said so
+                        figures[(name, c)].append(None)
+                        print(f"round {r + 1} {name:<11} concurrency {c:>2}: no stable measurement "
+                              f"({str(exc).splitlines()[-1]})", flush=True)
+                        continue
                     figures[(name, c)].append(point.throughput)
                     print(f"round {r + 1} {name:<11} concurrency {c:>2}: {point.throughput:7.0f} infer/s, "
                           f"P99 {point.p99_ms:.1f} ms", flush=True)
@@ -180,13 +187,17 @@ def report_served(figures: dict, concurrency: list) -> dict:
     ratios = {}
     print(f"\n{'variant':<12}" + "".join(f"{f'conc {c} infer/s':>22}" for c in concurrency))
     for name in ("bucket", "cost", "no-buckets"):
-        cells = [figures[(name, c)] for c in concurrency]
-        print(f"{name:<12}" + "".join(f"{f'{statistics.median(v):.0f} ({min(v):.0f}..{max(v):.0f})':>22}" for v in cells))
+        cells = [[x for x in figures[(name, c)] if x is not None] for c in concurrency]
+        print(f"{name:<12}" + "".join(f"{f'{statistics.median(v):.0f} ({min(v):.0f}..{max(v):.0f})':>22}"
+                                      if v else f"{'-':>22}" for v in cells))
     for c in concurrency:
         for other in ("bucket", "no-buckets"):
-            ratio = statistics.median(a / b for a, b in zip(figures[("cost", c)], figures[(other, c)]))
+            pairs = [(a, b) for a, b in zip(figures[("cost", c)], figures[(other, c)]) if a and b]
+            if not pairs:
+                continue
+            ratio = statistics.median(a / b for a, b in pairs)
             ratios[f"cost / {other} @ concurrency {c}"] = ratio
-            print(f"cost / {other:<11} at concurrency {c:>2}: {ratio:.3f}x")
+            print(f"cost / {other:<11} at concurrency {c:>2}: {ratio:.3f}x ({len(pairs)} rounds)")
     return ratios
 
 
