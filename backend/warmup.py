@@ -51,8 +51,7 @@ def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Callable
     """Time, per bucket edge, batches of 1, rows/4, rows/2 and `rows` one-row requests
     through the engine's path for one batch (assembly, model call, splitting; not the
     per-call work that any plan pays once), fastest of `repeats`, and fit the planner's
-    cost model to it. None when there is nothing to plan (no buckets,
-    or not batched)."""
+    cost model to it. None when there is nothing to plan (no buckets, or not batched)."""
     spec = engine.spec
     if engine.buckets is None or not spec.batched:
         return None
