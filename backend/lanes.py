@@ -2,9 +2,10 @@
 
 Each request is submitted with its affinity key (its shapes and the bucket edge of the batch
 the engine planned it into) and its priority and deadline; the scheduler groups requests of
-one key into batches, places each batch on the lane that ran that key last, and reports every request exactly once through `_complete`.
-`run` blocks (without the GIL) until all requests of the call are answered, which keeps
-Triton's one-response-per-request contract for ordinary (non-decoupled) models.
+one key into batches, places each batch on the lane that ran that key last, and reports
+every request exactly once through `_complete`. `run` blocks (without the GIL) until all
+requests of the call are answered, which keeps Triton's one-response-per-request contract
+for ordinary (non-decoupled) models.
 """
 
 from __future__ import annotations
