@@ -3,7 +3,8 @@
 The stock Python backend runs requests one at a time even when Triton's dynamic
 batcher hands it many; here every compatible request goes into one call and the
 outputs are split back by rows. Ragged inputs are padded to their shape bucket's edge,
-so requests of one bucket share a batch and the model sees a few recurring shapes.
+so the model sees a few recurring shapes; which requests share a batch is either their
+bucket alone or, with a cost model, the cheapest plan (latte.backend.planning).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
+from latte.backend.planning import CostModel, plan_by_cost
 from latte.backend.requests import ParsedRequest
 
 Allocate = Callable[[tuple, np.dtype], np.ndarray]
@@ -45,9 +47,9 @@ def ragged_length(spec: ModelSpec, request: ParsedRequest) -> Optional[int]:
     return longest
 
 
-def affinity_key(spec: ModelSpec, request: ParsedRequest, buckets: Optional[BucketPlan]) -> Hashable:
-    """Requests with equal keys can share a batch: equal non-ragged inner shapes and, for
-    ragged inputs, the same shape bucket."""
+def shape_key(spec: ModelSpec, request: ParsedRequest) -> Hashable:
+    """Requests with equal keys can be padded into one batch: equal non-ragged inner shapes
+    and ragged inputs of equal rank."""
     key = []
     for t in spec.inputs:
         array = request.inputs.get(t.name)
@@ -57,30 +59,68 @@ def affinity_key(spec: ModelSpec, request: ParsedRequest, buckets: Optional[Buck
             key.append((t.name, array.ndim))
         else:
             key.append((t.name, tuple(array.shape[1:])))
-    length = ragged_length(spec, request)
-    if length is not None and buckets is not None:
-        key.append(("bucket", buckets.edge_for(length)))
     return tuple(key)
 
 
-def plan_batches(spec: ModelSpec, requests: Sequence[Tuple[int, ParsedRequest]],
-                 buckets: Optional[BucketPlan] = None) -> List[List[Tuple[int, ParsedRequest]]]:
-    """Group (position, request) pairs into batches of compatible requests within max_batch_size."""
+def affinity_key(spec: ModelSpec, request: ParsedRequest, buckets: Optional[BucketPlan],
+                 edge: Optional[int] = None) -> Hashable:
+    """The shape key plus, for ragged inputs, the bucket edge the request is padded to: its
+    own bucket's, or `edge` when a plan put it in a batch of a larger bucket."""
+    key = shape_key(spec, request)
+    if edge is None:
+        length = ragged_length(spec, request)
+        if length is not None and buckets is not None:
+            edge = buckets.edge_for(length)
+    if edge is not None:
+        key += (("bucket", edge),)
+    return key
+
+
+Item = Tuple[int, ParsedRequest]
+
+
+def _chunks(items: Sequence[Item], max_rows: int) -> List[List[Item]]:
+    batches: List[List[Item]] = [[]]
+    rows = 0
+    for item in items:
+        if batches[-1] and rows + item[1].rows > max_rows:
+            batches.append([])
+            rows = 0
+        batches[-1].append(item)
+        rows += item[1].rows
+    return batches
+
+
+def plan_batches(spec: ModelSpec, requests: Sequence[Item], buckets: Optional[BucketPlan] = None,
+                 cost: Optional[CostModel] = None) -> List[List[Item]]:
+    """Group (position, request) pairs into batches of compatible requests within max_batch_size.
+
+    Without `cost` (or without buckets) a batch holds requests of one bucket. With it,
+    requests of one shape key may share a batch across buckets, as the cost model's
+    cheapest plan says; padding still goes to a bucket edge.
+    """
     if not spec.batched:
         return [[item] for item in requests]
-    groups: Dict[Hashable, List[List[Tuple[int, ParsedRequest]]]] = {}
-    order: List[Hashable] = []
+    planned = cost is not None and buckets is not None
+    # Each request's length is found once: this runs for every execute call.
+    groups: Dict[Hashable, List[Tuple[Item, Optional[int]]]] = {}
     for item in requests:
-        key = affinity_key(spec, item[1], buckets)
-        if key not in groups:
-            groups[key] = [[]]
-            order.append(key)
-        current = groups[key][-1]
-        if current and sum(r.rows for _, r in current) + item[1].rows > spec.max_batch_size:
-            current = []
-            groups[key].append(current)
-        current.append(item)
-    return [batch for key in order for batch in groups[key]]
+        length = ragged_length(spec, item[1])
+        key = shape_key(spec, item[1])
+        if not planned and length is not None and buckets is not None:
+            key += (("bucket", buckets.edge_for(length)),)
+        groups.setdefault(key, []).append((item, length))
+    batches: List[List[Item]] = []
+    for members in groups.values():
+        items = [item for item, _ in members]
+        lengths = [length for _, length in members]
+        if not planned or None in lengths:
+            batches.extend(_chunks(items, spec.max_batch_size))
+            continue
+        for indices in plan_by_cost(lengths, [req.rows for _, req in items], buckets.edge_for, cost,
+                                    spec.max_batch_size):
+            batches.append([items[i] for i in indices])
+    return batches
 
 
 def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], buckets: Optional[BucketPlan] = None,

@@ -15,6 +15,7 @@ from typing import Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from latte.backend.dtypes import to_numpy
+from latte.backend.planning import parse_planning
 
 RUNTIMES = ("torchscript", "torch_export", "onnx", "tensorrt")
 RUNTIME_BY_EXTENSION = {".pt": "torchscript", ".ts": "torchscript", ".pt2": "torch_export",
@@ -65,6 +66,7 @@ class ModelSpec:
     reject_nan: bool = False                         # refuse requests with NaN/inf in float inputs
     check_cancellation: bool = False                 # ask Triton per request whether the client gave up
     respond: str = "per_batch"                       # "per_batch" (as each batch finishes) or "per_call"
+    batch_planning: str = "cost"                     # "cost": cheapest plan across buckets; "bucket": one bucket per batch
 
     @property
     def batched(self) -> bool:
@@ -229,6 +231,10 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
     scheduler = params.get("scheduler", "auto").strip().lower()
     if scheduler not in ("auto", "affinity", "inline"):
         raise ConfigError(f"model {name!r}: parameters[\"scheduler\"] must be auto, affinity or inline, got {scheduler!r}")
+    try:
+        batch_planning = parse_planning(params.get("batch_planning"))
+    except ValueError as exc:
+        raise ConfigError(f"model {name!r}: parameters[\"batch_planning\"]: {exc}") from None
     if scheduler == "auto":
         # One lane gains nothing from placement, and handing batches to a lane thread costs
         # about 50 us per request (measured in-process on the example sequence model).
@@ -245,6 +251,7 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         arena_bytes=_int_param(params, "arena_bytes", 64 << 20, minimum=1 << 16), lanes=lanes,
         warmup=flags["warmup"], pin_lanes=flags["pin_lanes"], reject_nan=flags["reject_nan"],
         check_cancellation=flags["check_cancellation"], scheduler=scheduler, respond=respond,
+        batch_planning=batch_planning,
     )
 
 

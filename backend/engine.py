@@ -9,10 +9,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from latte.backend.batching import Allocate, affinity_key, assemble, plan_batches, split
+from latte.backend.batching import Allocate, affinity_key, assemble, plan_batches, ragged_length, split
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.options import RequestOptions
+from latte.backend.planning import CostModel
 from latte.backend.requests import ParsedRequest, RequestError
 from latte.backend.runtimes import Runtime
 from latte.backend.sessions import SessionStore
@@ -56,10 +57,16 @@ class BatchEngine:
     def __init__(self, spec: ModelSpec, runtime: Runtime, buckets: Optional[BucketPlan] = None,
                  sessions: Optional[SessionStore] = None, session_input: Optional[str] = None,
                  allocate: Allocate = np.empty, clock: Callable[[], float] = time.monotonic,
-                 on_batch: Optional[Callable[[BatchRecord], None]] = None) -> None:
+                 on_batch: Optional[Callable[[BatchRecord], None]] = None,
+                 cost_model: Optional[CostModel] = None) -> None:
         self.spec = spec
         self.runtime = runtime
         self.buckets = buckets
+        # Cost planning lets requests of smaller buckets ride in a larger bucket's batch; the
+        # default model is replaced by one measured at warmup (see warmup.measure_cost_model).
+        if cost_model is None and spec.batch_planning == "cost" and buckets is not None:
+            cost_model = CostModel.default(buckets.edges)
+        self.cost_model = cost_model if spec.batch_planning == "cost" else None
         self.sessions = sessions
         self.session_input = session_input
         self.allocate = allocate
@@ -107,7 +114,21 @@ class BatchEngine:
     def _groups(self, work: Sequence[Work]) -> List[List[Work]]:
         by_position = {w.position: w for w in work}
         return [[by_position[pos] for pos, _ in group]
-                for group in plan_batches(self.spec, [(w.position, w.request) for w in work], self.buckets)]
+                for group in plan_batches(self.spec, [(w.position, w.request) for w in work], self.buckets,
+                                          self.cost_model)]
+
+    def planned_keys(self, work: Sequence[Work]) -> Dict[int, tuple]:
+        """Each request's affinity key under this call's plan: the bucket edge of the batch it
+        was planned into, so the scheduler groups (and places) whole planned batches."""
+        keys = {}
+        for group in self._groups(work):
+            edge = None
+            if self.buckets is not None:
+                lengths = [n for n in (ragged_length(self.spec, w.request) for w in group) if n is not None]
+                edge = self.buckets.edge_for(max(lengths)) if lengths else None
+            for w in group:
+                keys[w.position] = affinity_key(self.spec, w.request, self.buckets, edge)
+        return keys
 
     @staticmethod
     def order(groups: List[List[Work]]) -> List[List[Work]]:
@@ -119,6 +140,12 @@ class BatchEngine:
         """Run work of one affinity key as handed over by the scheduler, split where it
         exceeds max_batch_size rows."""
         return [outcome for batch in self._groups(group) for outcome in self._run_in_time(batch)]
+
+    def run_batch(self, requests: Sequence[ParsedRequest]) -> List[Result]:
+        """Run the requests as one model call, as a plan would (no ordering, no deadlines):
+        what the cost model's timings measure."""
+        outcomes = dict(self._run([Work(i, r) for i, r in enumerate(requests)]))
+        return [outcomes[i] for i in range(len(requests))]
 
     def _run_in_time(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
         """Run one planned batch, failing the requests whose deadline has already passed;
@@ -188,6 +215,3 @@ class BatchEngine:
     def _commit_session(self, w: Work) -> None:
         if w.options.session_id is not None and self.sessions is not None:
             self.sessions.commit(w.options.session_id, w.request.inputs[self.session_input], w.options.session_end)
-
-    def affinity_key(self, request: ParsedRequest) -> tuple:
-        return affinity_key(self.spec, request, self.buckets)

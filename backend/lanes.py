@@ -1,11 +1,11 @@
 """Running the batches of one `execute` call on the AffinityScheduler's lanes.
 
-Each request is submitted with its affinity key (model, shape bucket) and its priority and
-deadline; the scheduler groups requests of one key into batches, places each batch on the
-lane that ran that key last, and reports every request exactly once through `_complete`.
-`run` hands each result to its caller on the calling thread as it arrives and returns once
-every request of the call is answered, which keeps Triton's one-response-per-request
-contract for ordinary (non-decoupled) models.
+Each request is submitted with its affinity key (its shapes and the bucket edge of the batch
+the engine planned it into) and its priority and deadline; the scheduler groups requests of
+one key into batches, places each batch on the lane that ran that key last, and reports
+every request exactly once through `_complete`. `run` hands each result to its caller on
+the calling thread as it arrives and returns once every request of the call is answered,
+which keeps Triton's one-response-per-request contract for ordinary (non-decoupled) models.
 """
 
 from __future__ import annotations
@@ -69,13 +69,14 @@ class LaneDispatcher:
         """Submit the work of one execute call; `on_result(position, result)` is called on
         this thread once per request, as lanes finish them."""
         call = _Call()
+        keys = self.engine.planned_keys(work)
         for w in work:
             request_id = next(self._ids)
             with self._lock:
                 self._pending[request_id] = (w, call)
             timeout = None if w.options.timeout_ms is None else max(0.0, w.deadline - now)
             # A refusal is also reported through _complete, the request's one answer.
-            self.scheduler.submit(request_id, repr(self.engine.affinity_key(w.request)),
+            self.scheduler.submit(request_id, repr(keys[w.position]),
                                   priority=min(w.options.priority, self._top_priority),
                                   timeout_s=timeout, size=w.request.rows)
         for _ in range(len(work)):

@@ -16,7 +16,7 @@ from latte.backend.precision import load_at_precision
 from latte.backend.requests import RequestCancelled, RequestError, RequestReader
 from latte.backend.responses import ResponseBuilder
 from latte.backend.sessions import SessionStore
-from latte.backend.warmup import warmup_requests, warmup_shapes
+from latte.backend.warmup import measure_cost_model, warmup_requests, warmup_shapes
 from latte.memory import BuddyArena
 
 
@@ -65,10 +65,17 @@ class LatteModel:
         # Publishing is off the request path: each Triton metric update is a round trip to the server.
         self.publisher = TritonPublisher(pb, self.metrics.aggregate, spec.name, refresh=self._refresh_gauges)
         warmed = self._warmup() if spec.warmup else 0
+        if spec.warmup and self.engine.cost_model is not None:
+            measured = measure_cost_model(self.engine)
+            if measured is not None:
+                self.engine.cost_model = measured
+        planning = spec.batch_planning
+        if self.engine.cost_model is not None:
+            planning += f" ({'measured' if spec.warmup else 'default'}: {self.engine.cost_model.describe()})"
         pb.Logger.log_info(
             f"latte: {spec.name} ready ({spec.runtime}, {spec.model_path.name}, max_batch_size={spec.max_batch_size}, "
             f"intra_op_threads={spec.intra_op_threads}, scheduler={spec.scheduler}, lanes={spec.lanes}, buckets={list(spec.bucket_edges or [])}, "
-            f"warmup batches={warmed}, arena={spec.arena_bytes >> 20} MiB)"
+            f"warmup batches={warmed}, arena={spec.arena_bytes >> 20} MiB, batch planning={planning})"
         )
 
     def _warmup(self) -> int:

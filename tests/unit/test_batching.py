@@ -1,7 +1,12 @@
+import itertools
+
 import numpy as np
+import pytest
 
 from latte.backend.batching import assemble, plan_batches, split
+from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec, TensorSpec
+from latte.backend.planning import CostModel, partition, plan_by_cost
 from latte.backend.requests import ParsedRequest
 
 
@@ -46,3 +51,140 @@ def test_split_returns_each_request_its_own_rows():
     first, second = split(spec(), batch, outputs)
     np.testing.assert_array_equal(first["y"], [[0, 1]])
     np.testing.assert_array_equal(second["y"], [[2, 3], [4, 5]])
+
+
+# -- cost-aware planning --------------------------------------------------------------------
+BUCKETS = BucketPlan([16, 32, 64, 128])
+
+
+def set_partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for smaller in set_partitions(rest):
+        yield [[first]] + smaller
+        for i in range(len(smaller)):
+            yield smaller[:i] + [[first] + smaller[i]] + smaller[i + 1:]
+
+
+def plan_cost(batches, lengths, rows, cost):
+    return sum(cost.batch_cost(BUCKETS.edge_for(max(lengths[i] for i in b)), sum(rows[i] for i in b))
+               for b in batches)
+
+
+def random_cost_model(rng):
+    per_row = np.cumsum(rng.uniform(0.0, 3.0, size=len(BUCKETS.edges)))
+    return CostModel(float(rng.uniform(0.0, 20.0)), dict(zip(BUCKETS.edges, per_row.tolist())))
+
+
+def test_the_plan_is_the_cheapest_of_all_partitions_for_one_row_requests():
+    rng = np.random.default_rng(20261121)
+    for _ in range(150):
+        n = int(rng.integers(1, 8))
+        lengths = rng.integers(1, 129, size=n).tolist()
+        rows = [1] * n
+        cost = random_cost_model(rng)
+        max_rows = int(rng.integers(1, n + 1))
+        plan = plan_by_cost(lengths, rows, BUCKETS.edge_for, cost, max_rows)
+        assert sorted(i for b in plan for i in b) == list(range(n))
+        assert all(len(b) <= max_rows for b in plan)
+        best = min(plan_cost(p, lengths, rows, cost) for p in set_partitions(list(range(n)))
+                   if all(len(b) <= max_rows for b in p))
+        assert plan_cost(plan, lengths, rows, cost) == pytest.approx(best, rel=1e-12)
+
+
+def test_multi_row_requests_get_the_cheapest_contiguous_plan_within_max_batch_size():
+    rng = np.random.default_rng(7)
+    for _ in range(150):
+        n = int(rng.integers(1, 9))
+        lengths = sorted(rng.integers(1, 129, size=n).tolist())
+        rows = rng.integers(1, 5, size=n).tolist()
+        cost = random_cost_model(rng)
+        max_rows = int(rng.integers(4, 10))
+        runs = partition(lengths, rows, BUCKETS.edge_for, cost, max_rows)
+        assert all(sum(rows[s:e]) <= max_rows for s, e in runs)
+        best = float("inf")
+        for cuts in itertools.product([False, True], repeat=n - 1):
+            bounds = [0] + [i + 1 for i, c in enumerate(cuts) if c] + [n]
+            batches = [list(range(s, e)) for s, e in zip(bounds, bounds[1:])]
+            if all(sum(rows[i] for i in b) <= max_rows for b in batches):
+                best = min(best, plan_cost(batches, lengths, rows, cost))
+        plan = [list(range(s, e)) for s, e in runs]
+        assert plan_cost(plan, lengths, rows, cost) == pytest.approx(best, rel=1e-12)
+
+
+def test_a_request_larger_than_max_batch_size_runs_alone():
+    runs = partition([5, 6, 7], [2, 9, 2], BUCKETS.edge_for, CostModel(100.0, {16: 1.0}), max_rows=8)
+    assert runs == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_a_high_fixed_cost_merges_buckets_and_a_high_row_cost_keeps_them_apart():
+    lengths, rows = [100, 3, 20, 5], [1, 1, 1, 1]
+    call_bound = CostModel(1000.0, {16: 1.0, 32: 2.0, 64: 4.0, 128: 8.0})
+    assert plan_by_cost(lengths, rows, BUCKETS.edge_for, call_bound, 32) == [[1, 3, 2, 0]]
+    row_bound = CostModel(1.0, {16: 10.0, 32: 20.0, 64: 40.0, 128: 80.0})
+    assert plan_by_cost(lengths, rows, BUCKETS.edge_for, row_bound, 32) == [[1, 3], [2], [0]]
+
+
+def test_cost_models_refuse_what_the_planner_cannot_use():
+    with pytest.raises(ValueError, match="must not decrease"):
+        CostModel(1.0, {16: 2.0, 32: 1.0})
+    with pytest.raises(ValueError, match=">= 0"):
+        CostModel(-1.0, {16: 1.0})
+    with pytest.raises(ValueError, match="at least one"):
+        CostModel(1.0, {})
+    with pytest.raises(ValueError, match="sorted"):
+        partition([5, 3], [1, 1], BUCKETS.edge_for, CostModel(1.0, {16: 1.0}), 4)
+
+
+def test_fitting_takes_a_least_squares_line_per_edge():
+    model = CostModel.fit({16: [(1, 0.0011), (8, 0.0018)], 32: [(1, 0.0012), (4, 0.0018), (8, 0.0026)],
+                           64: [(1, 0.0013), (8, 0.0013)]})
+    assert model.per_row_s[16] == pytest.approx(0.0001)
+    assert model.per_row_s[32] == pytest.approx(0.0002, rel=0.01)
+    assert model.per_row_s[64] == model.per_row_s[32]  # measured flat: kept at the smaller edge's cost
+    assert model.fixed_s == pytest.approx(0.001, rel=0.01)  # median intercept of 1.0, ~1.0, 1.3 ms
+    assert model.row_cost(256) == pytest.approx(4 * model.per_row_s[64])  # past the last edge: scaled by length
+    with pytest.raises(ValueError, match="at least two row counts"):
+        CostModel.fit({16: [(4, 0.001), (4, 0.002)]})
+
+
+def test_planned_batches_pad_to_the_edge_of_their_longest_member_and_split_back_unpadded():
+    s = spec(max_batch_size=8)
+    items = [(0, req(1, 3, 7)), (1, req(1, 20, 8)), (2, req(1, 40, 9))]
+    merge_all = CostModel(1000.0, {16: 1.0, 32: 2.0, 64: 4.0, 128: 8.0})
+    groups = plan_batches(s, items, BUCKETS, merge_all)
+    assert [[pos for pos, _ in g] for g in groups] == [[0, 1, 2]]
+    batch = assemble(s, groups[0], BUCKETS)
+    assert batch.padded_length == 64 and batch.inputs["tokens"].shape == (3, 64)
+    np.testing.assert_array_equal(batch.inputs["tokens"][0], [7] * 3 + [0] * 61)
+    per_token = ModelSpec(name="seq", inputs=s.inputs,
+                          outputs=(TensorSpec("y", np.dtype(np.float32), (-1,)),), max_batch_size=8,
+                          runtime="onnx", model_path=None, intra_op_threads=1, inter_op_threads=1, instance_count=1)
+    outputs = {"y": batch.inputs["tokens"].astype(np.float32)}
+    parts = split(per_token, batch, outputs)
+    for (pos, request), part in zip(groups[0], parts):
+        np.testing.assert_array_equal(part["y"], request.inputs["tokens"].astype(np.float32))
+
+
+def test_without_a_cost_model_requests_of_different_buckets_never_share_a_batch():
+    items = [(0, req(1, 3, 1)), (1, req(1, 20, 2)), (2, req(1, 5, 3))]
+    groups = plan_batches(spec(), items, BUCKETS)
+    assert [[pos for pos, _ in g] for g in groups] == [[0, 2], [1]]
+
+
+def test_cost_planned_batches_never_exceed_max_batch_size():
+    rng = np.random.default_rng(3)
+    items = [(i, req(int(rng.integers(1, 4)), int(rng.integers(1, 129)), i)) for i in range(30)]
+    merge_all = CostModel(1000.0, {16: 1.0, 32: 2.0, 64: 4.0, 128: 8.0})
+    groups = plan_batches(spec(max_batch_size=8), items, BUCKETS, merge_all)
+    assert sorted(pos for g in groups for pos, _ in g) == list(range(30))
+    assert all(sum(r.rows for _, r in g) <= 8 for g in groups)
+    # Calls dominate the cost: as few batches as filling them in length order allows.
+    fewest, rows = 1, 0
+    for _, r in sorted(items, key=lambda item: (item[1].inputs["tokens"].shape[1], item[0])):
+        if rows + r.rows > 8:
+            fewest, rows = fewest + 1, 0
+        rows += r.rows
+    assert len(groups) == fewest

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from latte.backend.config import parse_model_config
 from latte.backend.buckets import BucketPlan
+from latte.backend.config import ConfigError, parse_model_config
 from latte.backend.engine import BatchEngine, ModelError
 from latte.backend.options import RequestOptions
 from latte.backend.requests import ParsedRequest, RequestError
@@ -17,12 +17,17 @@ from latte.generator.validate import parse_config_file
 from google.protobuf.json_format import MessageToDict
 
 
-def engine_for(repo, model):
+def engine_for(repo, model, bucketed=False, **parameters):
+    """The example model's engine; `bucketed` pads ragged inputs to the config's shape buckets
+    as the served model does; `parameters` override config parameters."""
     config = MessageToDict(parse_config_file(repo / model / "config.pbtxt"), preserving_proto_field_name=True)
+    for key, value in parameters.items():
+        config.setdefault("parameters", {})[key] = {"string_value": value}
     spec = parse_model_config(config, repo / model, "1")
     runtime = load_runtime(spec.runtime, spec.model_path, [t.name for t in spec.inputs],
                            [t.name for t in spec.outputs], spec.intra_op_threads, spec.inter_op_threads)
-    return spec, BatchEngine(spec, runtime)
+    buckets = BucketPlan(spec.bucket_edges) if bucketed and spec.bucket_edges else None
+    return spec, BatchEngine(spec, runtime, buckets=buckets)
 
 
 @pytest.mark.parametrize("model", ["sequence_onnx", "sequence_torchscript", "cnn_onnx", "mlp_torchscript"])
@@ -84,16 +89,15 @@ class PerToken(torch.nn.Module):
         return torch.cat([t, t * 10.0], dim=-1)
 
 
-def per_token_engine(tmp_path, **kwargs):
-    from latte.backend.buckets import BucketPlan
-
+def per_token_engine(tmp_path, planning="cost", **kwargs):
     model_dir = tmp_path / "per_token"
     (model_dir / "1").mkdir(parents=True)
     torch.jit.script(PerToken()).save(str(model_dir / "1" / "model.pt"))
     config = {"name": "per_token", "max_batch_size": 8,
               "input": [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1], "allow_ragged_batch": True}],
               "output": [{"name": "vectors", "data_type": "TYPE_FP32", "dims": [-1, 2]}],
-              "parameters": {"max_sequence_length": {"string_value": "64"}}}
+              "parameters": {"max_sequence_length": {"string_value": "64"},
+                             "batch_planning": {"string_value": planning}}}
     spec = parse_model_config(config, model_dir, "1")
     runtime = load_runtime("torchscript", spec.model_path, ["tokens"], ["vectors"], 1, 1)
     return BatchEngine(spec, runtime, buckets=BucketPlan(spec.bucket_edges), **kwargs)
@@ -101,7 +105,7 @@ def per_token_engine(tmp_path, **kwargs):
 
 def test_ragged_inputs_pad_to_their_bucket_and_per_token_outputs_come_back_unpadded(tmp_path):
     records = []
-    engine = per_token_engine(tmp_path, on_batch=records.append)
+    engine = per_token_engine(tmp_path, planning="bucket", on_batch=records.append)
     lengths = (3, 5, 20)  # buckets 16, 16, 32
     requests = [ParsedRequest(inputs={"tokens": np.arange(1, n + 1, dtype=np.int64)[None]}, rows=1) for n in lengths]
     results = engine.infer(requests)
@@ -116,7 +120,8 @@ def test_a_request_past_its_timeout_fails_without_running(tmp_path):
     from latte.backend.options import RequestOptions
 
     now = [100.0]
-    engine = per_token_engine(tmp_path, clock=lambda: now[0])
+    # Bucket planning keeps the urgent short request apart from the long ones.
+    engine = per_token_engine(tmp_path, planning="bucket", clock=lambda: now[0])
     request = ParsedRequest(inputs={"tokens": np.ones((1, 4), np.int64)}, rows=1)
     original_run = engine._run
 
@@ -154,10 +159,10 @@ def test_a_full_arena_fails_the_batch_with_memory_error_and_the_next_request_suc
 
 def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(example_repo):
     """What lets the backend answer a request before later batches of the same call run."""
-    spec, unbucketed = engine_for(example_repo, "sequence_onnx")
+    # One batch per bucket, so the call runs two batches.
+    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True, batch_planning="bucket")
     batches_run = []
-    engine = BatchEngine(spec, unbucketed.runtime, buckets=BucketPlan(spec.bucket_edges),
-                         on_batch=lambda record: batches_run.append(record.rows))
+    engine.on_batch = lambda record: batches_run.append(record.rows)
     rng = np.random.default_rng(4)
     short = [ParsedRequest(inputs=EXAMPLES["sequence"].sample(1, rng, length=n), rows=1) for n in (5, 6, 7)]
     long = ParsedRequest(inputs=EXAMPLES["sequence"].sample(1, rng, length=120), rows=1)
@@ -173,3 +178,109 @@ def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(ex
     assert all(batch_of[p] >= 1 for p in (0, 2, 3, 4))                           # results come after their batch
     assert all(results[pos] is out for pos, _, out in delivered)
     assert len(batches_run) == 2                                                 # two buckets, two calls
+
+
+def test_cost_planning_lets_short_requests_ride_in_a_longer_bucket_and_unpads_them(tmp_path):
+    from latte.backend.planning import CostModel
+
+    records = []
+    engine = per_token_engine(tmp_path, on_batch=records.append,
+                              cost_model=CostModel(1e-3, {16: 1e-6, 32: 2e-6, 64: 4e-6}))
+    lengths = (3, 5, 20, 40)  # buckets 16, 16, 32, 64: one call instead of three
+    requests = [ParsedRequest(inputs={"tokens": np.arange(1, n + 1, dtype=np.int64)[None]}, rows=1) for n in lengths]
+    results = engine.infer(requests)
+    for n, result in zip(lengths, results):
+        assert result["vectors"].shape == (1, n, 2)
+        np.testing.assert_array_equal(result["vectors"][0, :, 1], np.arange(1, n + 1) * 10.0)
+    assert [(r.rows, r.padded_length) for r in records] == [(4, 64)]
+
+
+@pytest.mark.parametrize("model", ["sequence_onnx", "sequence_torchscript"])
+def test_cost_planned_batches_give_each_request_exactly_its_output_alone(example_repo, model):
+    from latte.backend.planning import CostModel
+
+    spec, engine = engine_for(example_repo, model, bucketed=True)
+    records = []
+    engine.on_batch = records.append
+    # A model call costs as much as 2000 padded positions: every call's requests share one batch.
+    engine.cost_model = CostModel(2000.0, {e: float(e) for e in spec.bucket_edges})
+    rng = np.random.default_rng(5)
+    feeds = [EXAMPLES["sequence"].sample(1, rng, length=n) for n in (3, 17, 40, 90, 128, 1, 64, 33)]
+    results = engine.infer([ParsedRequest(inputs=f, rows=1) for f in feeds])
+    assert [(r.rows, r.padded_length) for r in records] == [(8, 128)]
+    alone = [engine.infer([ParsedRequest(inputs=f, rows=1)])[0] for f in feeds]
+    reference = reference_runner(example_repo, model)
+    for feed, together, single in zip(feeds, results, alone):
+        # Padding is masked: the shared batch gives each request its own answer. TorchScript's
+        # is bit for bit; ONNX Runtime blocks its kernels by batch shape, so float32 rounding
+        # may differ in the last bit.
+        if model == "sequence_torchscript":
+            np.testing.assert_array_equal(together["embedding"], single["embedding"])
+        else:
+            np.testing.assert_allclose(together["embedding"], single["embedding"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(together["embedding"], reference(feed)["embedding"], rtol=1e-5, atol=1e-6)
+
+
+def test_the_warmup_timings_give_a_cost_model_for_every_bucket(example_repo):
+    from latte.backend.warmup import measure_cost_model
+
+    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True)
+    records = []
+    engine.on_batch = records.append
+    model = measure_cost_model(engine, repeats=3, rows=4)
+    assert sorted(model.per_row_s) == list(spec.bucket_edges)
+    costs = [model.per_row_s[e] for e in spec.bucket_edges]
+    assert costs == sorted(costs) and costs[-1] > 0 and model.fixed_s >= 0
+    assert records == [] and engine.on_batch == records.append  # timing calls are not counted as traffic
+
+
+def test_batch_planning_is_a_checked_config_parameter(example_repo):
+    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True)
+    assert spec.batch_planning == "cost" and engine.cost_model is not None
+    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True, batch_planning="bucket")
+    assert engine.cost_model is None
+    with pytest.raises(ConfigError, match="batch_planning must be one of cost, bucket, got 'greedy'"):
+        engine_for(example_repo, "sequence_onnx", batch_planning="greedy")
+
+
+def test_requests_planned_into_one_batch_share_the_affinity_key_of_its_edge(tmp_path):
+    from latte.backend.engine import Work
+    from latte.backend.planning import CostModel
+
+    engine = per_token_engine(tmp_path, cost_model=CostModel(1e-3, {16: 1e-6, 32: 2e-6, 64: 4e-6}))
+    work = [Work(i, ParsedRequest(inputs={"tokens": np.ones((1, n), np.int64)}, rows=1)) for i, n in enumerate((3, 20))]
+    keys = engine.planned_keys(work)
+    assert keys[0] == keys[1] and keys[0][-1] == ("bucket", 32)
+    engine.cost_model = None  # bucket planning: each request keeps its own bucket
+    keys = engine.planned_keys(work)
+    assert keys[0][-1] == ("bucket", 16) and keys[1][-1] == ("bucket", 32)
+
+
+def test_cost_planned_batches_still_run_highest_priority_first(tmp_path):
+    from latte.backend.options import RequestOptions
+    from latte.backend.planning import CostModel
+
+    records = []
+    # Rows dominate: short and long requests are cheaper apart.
+    engine = per_token_engine(tmp_path, on_batch=records.append, cost_model=CostModel(1e-9, {16: 1e-3, 32: 2e-3, 64: 4e-3}))
+    short, long = (ParsedRequest(inputs={"tokens": np.ones((1, n), np.int64)}, rows=1) for n in (3, 40))
+    engine.infer([short, short, long], [RequestOptions(), RequestOptions(), RequestOptions(priority=2)])
+    assert [(r.rows, r.padded_length) for r in records] == [(1, 64), (2, 16)]
+
+
+def test_models_loading_side_by_side_time_themselves_one_at_a_time():
+    import subprocess
+    import sys
+    import time
+
+    from latte.backend.warmup import exclusive_timing
+
+    waiter = ("import time; from latte.backend.warmup import exclusive_timing\n"
+              "print('ready', flush=True); started = time.monotonic()\n"
+              "with exclusive_timing(): print(time.monotonic() - started)")
+    with exclusive_timing():
+        other = subprocess.Popen([sys.executable, "-c", waiter], stdout=subprocess.PIPE, text=True)
+        assert other.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # the other process (a second model's stub) waits meanwhile
+    waited = float(other.communicate(timeout=60)[0])
+    assert waited > 0.5

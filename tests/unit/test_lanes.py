@@ -63,3 +63,25 @@ def test_lane_results_reach_the_calling_thread_one_by_one(example_repo):
         assert all(r["embedding"].shape == (1, 32) for r in results)
     finally:
         engine.dispatcher.close()
+
+
+def test_cost_planned_batches_on_the_lanes_answer_like_the_model_in_process(example_repo):
+    from latte.backend.planning import CostModel
+
+    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True)
+    # Calls dominate: the plan puts every request of the call into one batch, one affinity key.
+    engine.cost_model = CostModel(2000.0, {e: float(e) for e in spec.bucket_edges})
+    records = []
+    engine.on_batch = records.append
+    engine.dispatcher = LaneDispatcher(engine, lanes=2)
+    try:
+        rng = np.random.default_rng(11)
+        feeds = [EXAMPLES["sequence"].sample(1, rng, length=n) for n in (2, 30, 120, 9, 64, 65, 16, 17)]
+        results = engine.infer([ParsedRequest(inputs=f, rows=1) for f in feeds])
+        reference = reference_runner(example_repo, "sequence_onnx")
+        for feed, result in zip(feeds, results):
+            np.testing.assert_allclose(result["embedding"], reference(feed)["embedding"], rtol=1e-5, atol=1e-6)
+        assert engine.dispatcher.metrics()["completed"] == len(feeds)
+        assert sum(r.rows for r in records) == len(feeds)
+    finally:
+        engine.dispatcher.close()

@@ -1,0 +1,154 @@
+"""Cost-aware batch planning: which requests of one `execute` call share a model call.
+
+Grouping strictly by shape bucket splits a handful of requests into as many model calls
+as there are buckets among them, and every call pays a fixed price (runtime call, buffer
+assembly, splitting) however few rows it carries. Here a batch may take requests of
+smaller buckets too, padded to the bucket edge of its longest member, when the estimated
+cost says so:
+
+    cost(batch) = fixed_s + per_row_s(edge) x rows
+
+Requests sorted by length are cut into contiguous runs by dynamic programming. With one
+row per request a contiguous partition is optimal among all partitions (a batch's cost
+depends only on its longest member and its row count, so handing the longest requests
+to the batch with the longest edge never costs more); with multi-row requests the
+max_batch_size limit makes it a packing problem, and the plan is the best contiguous one.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+
+PLANNINGS = ("cost", "bucket")
+
+# Without measurements (warmup off): one model call costs as much as 64 padded positions
+# of one row. The example sequence encoder measured 100..150 positions on a 2-core CPU, and
+# this guess served it about as fast as its measured model (docs/benchmarks.md); erring
+# low only keeps more bucket boundaries, which is where bucket planning stood.
+DEFAULT_FIXED_POSITIONS = 64.0
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Estimated seconds of one model call: fixed_s + per_row_s(edge) x rows."""
+
+    fixed_s: float
+    per_row_s: Mapping[int, float]     # bucket edge -> seconds per row padded to it
+
+    def __post_init__(self) -> None:
+        if not self.per_row_s:
+            raise ValueError("a cost model needs the per-row cost of at least one bucket edge")
+        if self.fixed_s < 0 or any(v < 0 for v in self.per_row_s.values()):
+            raise ValueError(f"costs must be >= 0 seconds, got fixed_s={self.fixed_s}, per_row_s={dict(self.per_row_s)}")
+        edges = sorted(self.per_row_s)
+        costs = [self.per_row_s[e] for e in edges]
+        if any(b < a for a, b in zip(costs, costs[1:])):
+            # The planner's optimality rests on a longer padding never being cheaper per row.
+            raise ValueError(f"per-row costs must not decrease with the bucket edge, got {dict(self.per_row_s)}")
+        object.__setattr__(self, "_edges", edges)
+
+    @classmethod
+    def default(cls, edges: Sequence[int]) -> "CostModel":
+        """Cost proportional to padded positions, plus DEFAULT_FIXED_POSITIONS per call."""
+        unit = 1e-6  # the scale is irrelevant to the plan; only the ratios matter
+        return cls(DEFAULT_FIXED_POSITIONS * unit, {int(e): e * unit for e in edges})
+
+    @classmethod
+    def fit(cls, timings: Mapping[int, Sequence[Tuple[int, float]]]) -> "CostModel":
+        """From edge -> [(rows, seconds), ...], a least-squares line per edge; the fixed cost
+        is the median intercept across edges (one call's overhead does not depend on the
+        shape), and per-row costs are kept non-decreasing in the edge so that noise cannot
+        make a longer padding look cheaper."""
+        if not timings:
+            raise ValueError("no timings to fit a cost model to")
+        slopes, intercepts = {}, []
+        for edge, points in sorted(timings.items()):
+            xs = [float(rows) for rows, _ in points]
+            if len(set(xs)) < 2:
+                raise ValueError(f"edge {edge}: need timings of at least two row counts, got {sorted(set(xs))}")
+            ys = [seconds for _, seconds in points]
+            mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+            slope = (sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys))
+                     / sum((x - mean_x) ** 2 for x in xs))
+            slopes[edge] = max(0.0, slope)
+            intercepts.append(mean_y - slope * mean_x)
+        intercepts.sort()
+        fixed = max(0.0, intercepts[len(intercepts) // 2])
+        per_row, floor = {}, 0.0
+        for edge in sorted(slopes):
+            floor = max(floor, slopes[edge])
+            per_row[edge] = floor
+        return cls(fixed, per_row)
+
+    def row_cost(self, edge: int) -> float:
+        """Per-row seconds at `edge`: measured edges as measured; others scaled from the
+        nearest measured edge at or above (or the last one), in proportion to the length."""
+        cost = self.per_row_s.get(edge)
+        if cost is not None:
+            return cost
+        edges = self._edges  # type: ignore[attr-defined]
+        i = bisect.bisect_left(edges, edge)
+        ref = edges[i] if i < len(edges) else edges[-1]
+        return self.per_row_s[ref] * edge / ref
+
+    def batch_cost(self, edge: int, rows: int) -> float:
+        return self.fixed_s + self.row_cost(edge) * rows
+
+    def describe(self) -> str:
+        rows = ", ".join(f"{e}: {v * 1e6:.1f}" for e, v in sorted(self.per_row_s.items()))
+        return f"fixed {self.fixed_s * 1e6:.1f} us + per row (edge: us) {{{rows}}}"
+
+
+def partition(lengths: Sequence[int], rows: Sequence[int], edge_for: Callable[[int], int],
+              cost: CostModel, max_rows: int) -> List[Tuple[int, int]]:
+    """Cut items sorted by length (ascending) into [start, end) runs of at most max_rows rows
+    each, minimising the summed cost of the runs. O(n x max_rows) time."""
+    n = len(lengths)
+    if len(rows) != n:
+        raise ValueError(f"got {n} lengths but {len(rows)} row counts")
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    for i in range(1, n):
+        if lengths[i] < lengths[i - 1]:
+            raise ValueError("lengths must be sorted ascending")
+    # best[j]: cheapest plan for the first j items; cut[j]: where its last run starts.
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    fixed = cost.fixed_s
+    row_cost = [cost.row_cost(edge_for(length)) for length in lengths]
+    for j in range(1, n + 1):
+        per_row = row_cost[j - 1]  # the run ending at j pads to item j-1's edge, its longest
+        taken = 0
+        for i in range(j - 1, -1, -1):
+            taken += rows[i]
+            if taken > max_rows and i < j - 1:
+                break
+            candidate = best[i] + fixed + per_row * taken
+            if candidate < best[j]:
+                best[j], cut[j] = candidate, i
+    runs = []
+    j = n
+    while j > 0:
+        runs.append((cut[j], j))
+        j = cut[j]
+    runs.reverse()
+    return runs
+
+
+def plan_by_cost(lengths: Sequence[int], rows: Sequence[int], edge_for: Callable[[int], int],
+                 cost: CostModel, max_rows: int) -> List[List[int]]:
+    """Indices into `lengths` grouped into batches; input order need not be sorted. Ties in
+    length keep their original order, so the plan is deterministic."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    runs = partition([lengths[i] for i in order], [rows[i] for i in order], edge_for, cost, max_rows)
+    return [order[start:end] for start, end in runs]
+
+
+def parse_planning(text: Optional[str]) -> str:
+    value = (text or "cost").strip().lower()
+    if value not in PLANNINGS:
+        raise ValueError(f"batch_planning must be one of {', '.join(PLANNINGS)}, got {text!r}")
+    return value
+
