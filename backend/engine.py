@@ -70,8 +70,14 @@ class BatchEngine:
 
     # -- the whole call -------------------------------------------------------------------
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
-              options: Optional[Sequence[Optional[RequestOptions]]] = None) -> List[Result]:
-        """One result per item, in order: outputs, or the exception that explains the failure."""
+              options: Optional[Sequence[Optional[RequestOptions]]] = None,
+              on_result: Optional[Callable[[int, Result], None]] = None) -> List[Result]:
+        """One result per item, in order: outputs, or the exception that explains the failure.
+
+        `on_result(position, result)` is called once per item as soon as its result is known
+        (from a scheduler lane when lanes run the batches), so answers can leave in the order
+        priorities ran them rather than all at the end of the call.
+        """
         now = self.clock()
         results: List[Result] = [item if isinstance(item, Exception) else None for item in items]
         work: List[Work] = []
@@ -83,12 +89,22 @@ class BatchEngine:
                 work.append(Work(i, self._with_session(item, opts), opts, now))
             except RequestError as exc:
                 results[i] = exc
+        if on_result is not None:
+            for position, outcome in enumerate(results):
+                if outcome is not None:
+                    on_result(position, outcome)
         if self.dispatcher is not None:
-            results_by_position = self.dispatcher.run(work, now)
+            # Idle lanes start on whatever is submitted first, so the most urgent goes first.
+            work.sort(key=lambda w: (-w.options.priority, w.deadline))
+            results_by_position = self.dispatcher.run(work, now, on_result)
         else:
             results_by_position = {}
             for group in self.order(self._groups(work)):
-                results_by_position.update(self._run_in_time(group))
+                outcomes = self._run_in_time(group)
+                results_by_position.update(outcomes)
+                if on_result is not None:
+                    for position, outcome in outcomes:
+                        on_result(position, outcome)
         for position, outcome in results_by_position.items():
             results[position] = outcome
         return results

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from latte.backend.engine import BatchEngine, DeadlineExceeded, ModelError, Result, Work
 from latte.backend.requests import RequestError
@@ -25,9 +25,10 @@ class Overloaded(RuntimeError):
 class _Call:
     """The requests of one execute call, answered as the lanes finish them."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, on_result: Optional[Callable[[int, Result], None]] = None) -> None:
         self.remaining = count
         self.results: Dict[int, Result] = {}
+        self.on_result = on_result
         self.done = threading.Event()
         if count == 0:
             self.done.set()
@@ -65,8 +66,10 @@ class LaneDispatcher:
             max_window_s=0.0,
         )
 
-    def run(self, work: Sequence[Work], now: float) -> Dict[int, Result]:
-        call = _Call(len(work))
+    def run(self, work: Sequence[Work], now: float,
+            on_result: Optional[Callable[[int, Result], None]] = None) -> Dict[int, Result]:
+        """Submit `work` in the given order; `on_result` hears each answer on the lane that made it."""
+        call = _Call(len(work), on_result)
         for w in work:
             request_id = next(self._ids)
             with self._lock:
@@ -87,16 +90,21 @@ class LaneDispatcher:
             for w, call in items:
                 if w.position == position:
                     call.results[position] = outcome
+                    if call.on_result is not None:
+                        call.on_result(position, outcome)
         with self._lock:
             self._busy_s[lane] = self._busy_s.get(lane, 0.0) + time.monotonic() - started
 
     def _complete(self, request_id: int, error: Optional[str]) -> None:
         with self._lock:
             w, call = self._pending.pop(request_id)
-            if error is not None and w.position not in call.results:
+            refused = error is not None and w.position not in call.results
+            if refused:
                 call.results[w.position] = _error_for(error)
             call.remaining -= 1
             finished = call.remaining == 0
+        if refused and call.on_result is not None:
+            call.on_result(w.position, call.results[w.position])
         if finished:
             call.done.set()
 

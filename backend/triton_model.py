@@ -84,7 +84,7 @@ class LatteModel:
         autocomplete.apply(auto_complete_model_config, additions)
         return auto_complete_model_config
 
-    def execute(self, requests) -> List:
+    def execute(self, requests) -> Optional[List]:
         started = time.monotonic()
         parsed, options = [], []
         spec_checks_cancel = self.spec.check_cancellation
@@ -102,12 +102,37 @@ class LatteModel:
                 item, opts = RequestError(f"could not read request: {type(exc).__name__}: {exc}"), None
             parsed.append(item)
             options.append(opts)
+        if len({opts.priority for opts in options if opts is not None}) > 1:
+            return self._answer_as_ready(requests, parsed, options, started)
         outcomes = self.engine.infer(parsed, options)
         elapsed = time.monotonic() - started
         for outcome, opts in zip(outcomes, options):
             error = outcome if isinstance(outcome, Exception) else None
             self.metrics.request(outcome_label(error), opts.priority if opts else 0, elapsed)
         return [self.responses.build(outcome) for outcome in outcomes]
+
+    def _answer_as_ready(self, requests, parsed, options, started: float) -> None:
+        """A call that mixes priority levels answers each request as soon as its batch is done,
+        so higher priorities reach their clients first instead of when the whole call ends.
+
+        Each send is a round trip to the server, where returning the list is one; calls of a
+        single priority level keep the cheaper way. Non-decoupled models may send one final
+        response per request through the response sender and then return None.
+        """
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        senders = [request.get_response_sender() for request in requests]
+
+        def answer(position: int, outcome) -> None:
+            error = outcome if isinstance(outcome, Exception) else None
+            opts = options[position]
+            self.metrics.request(outcome_label(error), opts.priority if opts else 0, time.monotonic() - started)
+            try:
+                senders[position].send(self.responses.build(outcome), flags=final)
+            except Exception as exc:  # one failed send must not keep the other requests from their answers
+                self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
+
+        self.engine.infer(parsed, options, on_result=answer)
+        return None
 
     def _on_batch(self, record: BatchRecord) -> None:
         self.metrics.batch(record.rows, record.seconds)
