@@ -1,6 +1,6 @@
 """Test-only models for test_priorities.py, written into the shared server's repository
 by conftest.py: each request of an execute call lands in its own shape bucket, so one call
-holds 8 model calls of a few milliseconds each, run in the order the backend chooses."""
+holds 8 model calls of about 20 ms each, run in the order the backend chooses."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ PRIORITY_PROBES = {"priority_probe": 1, "priority_probe_lanes": 2}   # name -> s
 # One bucket per request length: the 8 requests of a call (max_batch_size 8) become 8 model
 # calls, run in the order the backend chooses.
 PRIORITY_PROBE_LENGTHS = (256, 264, 272, 280, 288, 296, 304, 312)
-PRIORITY_PROBE_LAYERS = 3
+PRIORITY_PROBE_LAYERS = 6
 
 
 def priority_probe_onnx(layers: int = PRIORITY_PROBE_LAYERS):

@@ -148,3 +148,28 @@ def test_a_full_arena_fails_the_batch_with_memory_error_and_the_next_request_suc
     results = engine.infer(small)
     assert all(r["logits"].shape == (2, 10) for r in results)
     assert arena.stats()["live"] == 0  # every batch buffer went back
+
+
+def test_results_are_reported_as_each_batch_finishes_in_priority_order(example_repo):
+    from latte.backend.options import RequestOptions
+
+    from latte.backend.buckets import BucketPlan
+
+    spec, engine = engine_for(example_repo, "sequence_onnx")
+    engine.buckets = BucketPlan(spec.bucket_edges)
+    # Three lengths in three shape buckets: three model calls, the last request most urgent.
+    requests = [ParsedRequest(inputs={"tokens": np.ones((1, n), np.int64)}, rows=1) for n in (10, 40, 100)]
+    heard = []
+    results = engine.infer(requests, [RequestOptions(), RequestOptions(), RequestOptions(priority=5)],
+                           on_result=lambda position, result: heard.append((position, result)))
+    assert [position for position, _ in heard] == [2, 0, 1]
+    assert all(result is results[position] for position, result in heard)
+
+
+def test_a_bad_request_is_reported_before_any_batch_runs(example_repo):
+    spec, engine = engine_for(example_repo, "mlp_onnx")
+    good = ParsedRequest(inputs=EXAMPLES["mlp"].sample(1, np.random.default_rng(0)), rows=1)
+    bad = RequestError("input 'x' is missing")
+    heard = []
+    engine.infer([good, bad], on_result=lambda position, result: heard.append(position))
+    assert heard == [1, 0]
