@@ -23,6 +23,7 @@ def test_minimal_onnx_config_is_completed_and_served(example_repo, tmp_path):
         x = httpclient.InferInput("features", [3, 16], "FP32")
         x.set_data_from_numpy(np.ones((3, 16), np.float32))
         assert client.infer("tiny", [x]).as_numpy("logits").shape == (3, 8)
+        client.close()  # the server waits for open connections when it stops
 
 
 def test_minimal_torch_export_config_is_completed_and_served(tmp_path):
@@ -54,6 +55,7 @@ def test_minimal_torch_export_config_is_completed_and_served(tmp_path):
         x = httpclient.InferInput("tokens", list(tokens.shape), "INT64")
         x.set_data_from_numpy(tokens)
         served = client.infer("encoder", [x]).as_numpy("output0")
+        client.close()  # the server waits for open connections when it stops
     with torch.inference_mode():
         expected = module(torch.from_numpy(tokens)).numpy()
     np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-5)

@@ -30,7 +30,9 @@ def full_calls(server, model: str) -> int:
     """How many execute calls of this model held 8 requests (one burst each)."""
     import tritonclient.http as httpclient
 
-    stats = httpclient.InferenceServerClient(server.http_url).get_inference_statistics(model)
+    client = httpclient.InferenceServerClient(server.http_url)
+    stats = client.get_inference_statistics(model)
+    client.close()
     return sum(int(b["compute_infer"]["count"]) for b in stats["model_stats"][0].get("batch_stats", [])
                if int(b["batch_size"]) == len(PRIORITIES))
 
@@ -80,6 +82,8 @@ def send_burst(server, protocol: str, model: str, feeds):
             record(i, client.infer(model, inputs[i], parameters={"priority_level": PRIORITIES[i]}), None)
         except Exception as exc:  # reported by the test, with the request it belongs to
             record(i, None, exc)
+        finally:
+            client.close()
 
     if protocol == "http":
         for i in range(len(feeds)):
@@ -98,6 +102,8 @@ def send_burst(server, protocol: str, model: str, feeds):
             channel.async_infer(model, inputs[i], lambda result, error, i=i: record(i, result, error),
                                 parameters={"priority_level": PRIORITIES[i]})
     all_answered.wait(timeout=60)
+    if protocol == "grpc":
+        channel.close()
     return answers
 
 
