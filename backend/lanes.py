@@ -4,7 +4,9 @@ Each request is submitted with its affinity key (model, shape bucket) and its pr
 deadline; the scheduler groups requests of one key into batches, places each batch on the
 lane that ran that key last, and reports every request exactly once through `_complete`.
 `run` blocks (without the GIL) until all requests of the call are answered, which keeps
-Triton's one-response-per-request contract for ordinary (non-decoupled) models.
+Triton's one-response-per-request contract for ordinary (non-decoupled) models; an
+`on_result` callback hears each answer on its lane as soon as it is known. The engine submits
+the call's work most urgent first, because an idle lane starts on the first request it gets.
 """
 
 from __future__ import annotations
