@@ -1,6 +1,6 @@
 """Test-only models for test_priorities.py, written into the shared server's repository
 by conftest.py: each request of an execute call lands in its own shape bucket, so one call
-holds 8 model calls of about 20 ms each, run in the order the backend chooses."""
+holds 8 model calls of 10-20 ms each (single-threaded), run in the order the backend chooses."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 PRIORITY_PROBES = {"priority_probe": 1, "priority_probe_lanes": 2}   # name -> scheduler lanes
 # One bucket per request length: the 8 requests of a call (max_batch_size 8) become 8 model
 # calls, run in the order the backend chooses.
-PRIORITY_PROBE_LENGTHS = (256, 264, 272, 280, 288, 296, 304, 312)
+PRIORITY_PROBE_LENGTHS = (448, 456, 464, 472, 480, 488, 496, 504)
 PRIORITY_PROBE_LAYERS = 6
 
 

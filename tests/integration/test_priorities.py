@@ -2,7 +2,7 @@
 requests are run, and answered, before the low-priority ones that arrived earlier.
 
 The probe models (conftest.py) put each request of a burst in its own shape bucket, so one
-execute call holds 8 model calls of about 20 ms each. Six low-priority requests are
+execute call holds 8 model calls of 10-20 ms each. Six low-priority requests are
 sent first, two high-priority ones after them; all 8 share one execute call. Were priorities
 ignored, or the answers held back until the call ends, the high-priority answers would
 arrive last (the call's order is arrival order). The check is on the order the answers
@@ -23,7 +23,7 @@ from priority_probe import PRIORITY_PROBE_LENGTHS, PRIORITY_PROBES, priority_pro
 LOW, HIGH = 0, 9
 PRIORITIES = (LOW,) * 6 + (HIGH,) * 2   # the high ones are sent last
 ATTEMPTS = 3          # a burst split over two execute calls, or seen all at once, is sent again
-CLUSTER_S = 0.010     # answers one by one take ~8 model calls, tens of milliseconds
+CLUSTER_S = 0.025     # answers one by one are spread over 8 model calls, ~100 ms
 
 
 def full_calls(server, model: str) -> int:
@@ -141,5 +141,5 @@ def test_high_priority_requests_of_one_call_are_answered_first(server, protocol,
     last_high = len(priorities) - 1 - priorities[::-1].index(HIGH)
     lows_before_last_high = priorities[:last_high].count(LOW)
     # In priority order both high ones come first; with two lanes, or a hiccup on a busy
-    # machine, a low one may finish next to the second. In arrival order six lows come first.
-    assert arrival[0][0] == HIGH and lows_before_last_high <= 2, f"answers arrived (priority_level, ms) as {arrival}"
+    # machine, a low one or two may finish next to them. In arrival order six lows come first.
+    assert lows_before_last_high <= 2, f"answers arrived (priority_level, ms) as {arrival}"
