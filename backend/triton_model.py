@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import List, Optional
 
@@ -121,8 +122,14 @@ class LatteModel:
         """
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         senders = [request.get_response_sender() for request in requests]
+        answered = set()  # positions; lanes add to it, so under a lock
+        lock = threading.Lock()
 
         def answer(position: int, outcome) -> None:
+            with lock:
+                if position in answered:
+                    return
+                answered.add(position)
             error = outcome if isinstance(outcome, Exception) else None
             opts = options[position]
             self.metrics.request(outcome_label(error), opts.priority if opts else 0, time.monotonic() - started)
@@ -131,7 +138,12 @@ class LatteModel:
             except Exception as exc:  # one failed send must not keep the other requests from their answers
                 self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
 
-        self.engine.infer(parsed, options, on_result=answer)
+        try:
+            self.engine.infer(parsed, options, on_result=answer)
+        except Exception as exc:  # an engine bug still owes every request its one answer
+            failure = RuntimeError(f"model {self.spec.name!r} failed: {type(exc).__name__}: {exc}")
+            for position in range(len(requests)):
+                answer(position, failure)
         return None
 
     def _on_batch(self, record: BatchRecord) -> None:
