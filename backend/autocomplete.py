@@ -5,8 +5,14 @@ The Python backend's stub is started as `triton_python_backend_stub <version dir
 ...`, so the version folder is read from the process's command line.
 
 Sources, in order: a sidecar `<model file>.json` ({"inputs": [...], "outputs": [...],
-"max_batch_size": N}, tensors as {"name", "data_type", "dims"}), then the ONNX graph, or
-a TensorRT plan's engine where tensorrt imports and a GPU is visible.
+"max_batch_size": N}, tensors as {"name", "data_type", "dims"}), then the model itself: the
+ONNX graph, a torch.export program's graph signature, or a TensorRT plan's engine where
+tensorrt imports and a GPU is visible. TorchScript files record no tensor
+shapes, so they need the sidecar (or a config that lists its tensors).
+
+torch.export outputs have no names: a forward that returns a dict names them by its keys;
+otherwise they are `output0`, `output1`, ... in return order, which is how the torch runtime
+maps a returned tuple onto the config's outputs (by position).
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import json
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional
 
-from latte.backend.config import RUNTIME_BY_EXTENSION, parameters_of
+from latte.backend.config import RUNTIME_BY_EXTENSION, ConfigError, parameters_of
+from latte.backend.dtypes import to_triton
 
 # ONNX TensorProto element types -> Triton types.
 _ONNX_TYPES = {1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16",
@@ -66,19 +73,78 @@ def describe_onnx(path: Path) -> Dict:
     return {"inputs": inputs, "outputs": outputs, "batched": batched}
 
 
+def describe_torch_export(path: Path) -> Dict:
+    """Inputs from the program's user-input placeholders (named as forward's arguments),
+    outputs from its user outputs; symbolic (dynamic) dimensions become -1."""
+    import torch
+
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:
+        raise ConfigError(f"{path.name}: torch.export.load could not read it: {exc}") from exc
+    signature = program.graph_signature
+    nodes = {n.name: n for n in program.graph.nodes}
+
+    def tensor(name: str, value, what: str) -> Dict:
+        if not isinstance(value, torch.Tensor):
+            raise ConfigError(f"{path.name}: {what} {name!r} is a {type(value).__name__}, not a tensor; "
+                              f"latte serves tensor inputs and outputs only")
+        try:
+            data_type = to_triton(torch.empty(0, dtype=value.dtype).numpy().dtype)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path.name}: {what} {name!r} has dtype {value.dtype}, which latte cannot serve") from None
+        dims = [d if isinstance(d, int) else -1 for d in value.shape]
+        return {"name": name, "data_type": data_type, "dims": dims}
+
+    placeholders = list(signature.user_inputs)
+    # Placeholder names follow forward's arguments, but torch renames clashes (a parameter
+    # called like an argument); the recorded argument names are the ones a caller knows.
+    call_graph = program.module_call_graph
+    forward_names = list(call_graph[0].signature.forward_arg_names or []) if call_graph and call_graph[0].signature else []
+    names = forward_names if len(forward_names) == len(placeholders) else placeholders
+    inputs = [tensor(name, nodes[p].meta.get("val"), "input") for name, p in zip(names, placeholders)]
+
+    output_node = next(n for n in program.graph.nodes if n.op == "output")
+    by_name = {a.name: a for a in output_node.args[0] if hasattr(a, "name")}
+    returned = [by_name[n].meta.get("val") if n in by_name else None for n in signature.user_outputs]
+    out_spec = program.call_spec.out_spec
+    keys = list(out_spec.context) if out_spec is not None and out_spec.type is dict else []
+    out_names = [str(k) for k in keys] if len(keys) == len(returned) else [f"output{i}" for i in range(len(returned))]
+    outputs = [tensor(name, value, "output") for name, value in zip(out_names, returned)]
+    batched = all(t["dims"] and t["dims"][0] == -1 for t in inputs + outputs)
+    return {"inputs": inputs, "outputs": outputs, "batched": batched}
+
+
 def describe_model(path: Path) -> Optional[Dict]:
     sidecar = path.with_name(path.name + ".json")
     if sidecar.exists():
         described = json.loads(sidecar.read_text())
         described.setdefault("batched", "max_batch_size" in described)
         return described
-    if path.suffix == ".onnx":
+    runtime = RUNTIME_BY_EXTENSION.get(path.suffix)
+    if runtime == "onnx":
         return describe_onnx(path)
-    if RUNTIME_BY_EXTENSION.get(path.suffix) == "tensorrt":
+    if runtime == "torch_export":
+        return describe_torch_export(path)
+    if runtime == "tensorrt":
         from latte.backend.runtimes.tensorrt_runtime import describe_plan
 
         return describe_plan(path)
     return None
+
+
+def _nothing_describes(path: Path) -> ConfigError:
+    runtime = RUNTIME_BY_EXTENSION.get(path.suffix)
+    if runtime == "torchscript":
+        why = "TorchScript records no tensor shapes"
+    elif runtime == "tensorrt":
+        why = "a TensorRT plan's tensors can only be read where the tensorrt package imports and a GPU is visible"
+    else:
+        why = f"latte cannot read tensor shapes from a {path.suffix} file"
+    return ConfigError(
+        f"{path.name}: {why}, so the config's inputs and outputs cannot be filled in; list them in "
+        f"config.pbtxt, or write {path.name}.json beside it as {{\"max_batch_size\": N, \"inputs\": "
+        f"[{{\"name\", \"data_type\", \"dims\"}}], \"outputs\": [...]}} (dims with the batch dimension as -1)")
 
 
 def complete(config: Mapping, version_dir: Optional[Path]) -> Dict:
@@ -91,7 +157,7 @@ def complete(config: Mapping, version_dir: Optional[Path]) -> Dict:
         return additions
     described = describe_model(path)
     if described is None:
-        return additions
+        raise _nothing_describes(path)
     max_batch_size = int(config.get("max_batch_size", 0))
     if max_batch_size == 0 and described.get("batched"):
         max_batch_size = int(described.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE))

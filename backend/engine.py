@@ -104,6 +104,8 @@ class BatchEngine:
             except RequestError as exc:
                 deliver(i, exc)
         if self.dispatcher is not None:
+            # Idle lanes start on whatever is submitted first, so the most urgent goes first.
+            work.sort(key=lambda w: (-w.options.priority, w.deadline))
             self.dispatcher.run(work, now, deliver)
         else:
             for group in self.order(self._groups(work)):

@@ -6,6 +6,8 @@ one key into batches, places each batch on the lane that ran that key last, and 
 every request exactly once through `_complete`. `run` hands each result to its caller on
 the calling thread as it arrives and returns once every request of the call is answered,
 which keeps Triton's one-response-per-request contract for ordinary (non-decoupled) models.
+The engine submits the call's work most urgent first, because an idle lane starts on the
+first request it gets.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ def server(example_repo, tmp_path_factory):
     from latte.examples import EXAMPLES, model_context
     from latte.generator.render import write_model
     from latte.triton import TritonServer
+    from priority_probe import write_priority_probes
 
     work = tmp_path_factory.mktemp("server")
     repo = work / "repository"
@@ -32,6 +33,7 @@ def server(example_repo, tmp_path_factory):
     # Two lanes: its batches go through the AffinityScheduler, whose figures the metrics test reads.
     context["parameters"] = {**context["parameters"], "lanes": "2"}
     write_model(repo, context, {"model.onnx": example_repo / "sequence_onnx" / "1" / "model.onnx"})
+    write_priority_probes(repo)  # test_priorities.py's models
     with TritonServer(repo, log_path=work / "tritonserver.log") as running:
         yield running
 

@@ -85,3 +85,20 @@ def test_cost_planned_batches_on_the_lanes_answer_like_the_model_in_process(exam
         assert sum(r.rows for r in records) == len(feeds)
     finally:
         engine.dispatcher.close()
+
+
+def test_an_idle_lane_starts_with_the_most_urgent_request_and_reports_each_as_it_finishes(example_repo):
+    from latte.backend.buckets import BucketPlan
+
+    spec, engine = engine_for(example_repo, "sequence_onnx")
+    engine.buckets = BucketPlan(spec.bucket_edges)
+    engine.dispatcher = LaneDispatcher(engine, lanes=1)
+    try:
+        # Three shape buckets, so three batches; the lane is idle when the call arrives.
+        requests = [ParsedRequest(inputs={"tokens": np.ones((1, n), np.int64)}, rows=1) for n in (10, 40, 100)]
+        heard = []
+        engine.infer(requests, [RequestOptions(), RequestOptions(priority=2), RequestOptions(priority=7)],
+                     on_result=lambda position, result: heard.append(position))
+        assert heard == [2, 1, 0]
+    finally:
+        engine.dispatcher.close()

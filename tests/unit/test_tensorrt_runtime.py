@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from latte.backend.autocomplete import complete
+from latte.backend.config import ConfigError
 from latte.backend.runtimes import RuntimeLoadError, load_runtime
 from latte.backend.runtimes.tensorrt_io import (
     SERVABLE_DTYPES,
@@ -233,7 +234,8 @@ def test_this_machines_torch_is_reported_as_unable_to_run_plans():
 @pytest.mark.skipif(HAVE_TENSORRT and HAVE_CUDA, reason="plans are described where tensorrt and a GPU exist")
 def test_without_tensorrt_or_a_gpu_a_plan_config_must_name_its_tensors(tmp_path):
     (tmp_path / "model.plan").write_bytes(b"not read without tensorrt")
-    assert complete({"name": "m", "backend": "latte"}, tmp_path) == {}
+    with pytest.raises(ConfigError, match="tensorrt package imports and a GPU is visible.*model.plan.json"):
+        complete({"name": "m", "backend": "latte"}, tmp_path)
 
 
 # -- serving real plans (GPU + tensorrt) --------------------------------------------------------
