@@ -66,6 +66,8 @@ class ModelSpec:
     reject_nan: bool = False                         # refuse requests with NaN/inf in float inputs
     check_cancellation: bool = False                 # ask Triton per request whether the client gave up
     respond: str = "per_batch"                       # "per_batch" (as each batch finishes) or "per_call"
+    pipeline: bool = False                           # execute returns at once; lanes answer (see docs/backend.md)
+    batch_window_us: int = 2000                      # longest a pipelined batch may wait to grow
     batch_planning: str = "cost"                     # "cost": cheapest plan across buckets; "bucket": one bucket per batch
 
     @property
@@ -223,7 +225,7 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         )
     flags = {}
     for key, default in (("warmup", "true"), ("pin_lanes", "false"), ("reject_nan", "false"),
-                         ("check_cancellation", "false")):
+                         ("check_cancellation", "false"), ("pipeline", "false")):
         value = params.get(key, default).strip().lower()
         if value not in ("true", "false", "1", "0"):
             raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be true or false, got {value!r}")
@@ -235,10 +237,14 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         batch_planning = parse_planning(params.get("batch_planning"))
     except ValueError as exc:
         raise ConfigError(f"model {name!r}: parameters[\"batch_planning\"]: {exc}") from None
+    if flags["pipeline"] and scheduler == "inline":
+        raise ConfigError(f"model {name!r}: parameters[\"pipeline\"] runs batches on scheduler lanes; "
+                          f"it cannot be combined with scheduler: inline")
     if scheduler == "auto":
         # One lane gains nothing from placement, and handing batches to a lane thread costs
-        # about 50 us per request (measured in-process on the example sequence model).
-        scheduler = "affinity" if lanes > 1 else "inline"
+        # about 50 us per request (measured in-process on the example sequence model); a
+        # pipelined model needs the lanes whatever their number.
+        scheduler = "affinity" if lanes > 1 or flags["pipeline"] else "inline"
     respond = params.get("respond", "per_batch").strip().lower()
     if respond not in ("per_batch", "per_call"):
         raise ConfigError(f"model {name!r}: parameters[\"respond\"] must be per_batch or per_call, got {respond!r}")
@@ -251,7 +257,8 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         arena_bytes=_int_param(params, "arena_bytes", 64 << 20, minimum=1 << 16), lanes=lanes,
         warmup=flags["warmup"], pin_lanes=flags["pin_lanes"], reject_nan=flags["reject_nan"],
         check_cancellation=flags["check_cancellation"], scheduler=scheduler, respond=respond,
-        batch_planning=batch_planning,
+        batch_planning=batch_planning, pipeline=flags["pipeline"],
+        batch_window_us=_int_param(params, "batch_window_us", 2000, minimum=0),
     )
 
 

@@ -78,40 +78,62 @@ class BatchEngine:
     # -- the whole call -------------------------------------------------------------------
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
               options: Optional[Sequence[Optional[RequestOptions]]] = None,
-              on_result: Optional[Callable[[int, Result], None]] = None) -> List[Result]:
+              on_results: Optional[Callable[[List[Tuple[int, Result]]], None]] = None) -> List[Result]:
         """One result per item, in order: outputs, or the exception that explains the failure.
 
-        `on_result(position, result)` also receives each result as soon as it is known (an
-        unreadable request at once, the requests of a batch when that batch finishes), so
-        callers can answer early requests before later batches have run.
+        `on_results([(position, result), ...])` also receives the results as soon as they are
+        known, a group at a time (the unreadable requests at once, then the requests of each
+        batch as it finishes), so callers can answer early requests before later batches run.
         """
         now = self.clock()
         results: List[Result] = [None] * len(items)
 
-        def deliver(position: int, outcome: Result) -> None:
-            results[position] = outcome
-            if on_result is not None:
-                on_result(position, outcome)
+        def deliver(outcomes: List[Tuple[int, Result]]) -> None:
+            for position, outcome in outcomes:
+                results[position] = outcome
+            if on_results is not None and outcomes:
+                on_results(outcomes)
 
-        work: List[Work] = []
-        for i, item in enumerate(items):
-            if isinstance(item, Exception):
-                deliver(i, item)
-                continue
-            opts = (options[i] if options is not None else None) or RequestOptions()
-            try:
-                work.append(Work(i, self._with_session(item, opts), opts, now))
-            except RequestError as exc:
-                deliver(i, exc)
+        work, refused = self._admit(items, options, now)
+        deliver(refused)
         if self.dispatcher is not None:
             # Idle lanes start on whatever is submitted first, so the most urgent goes first.
             work.sort(key=lambda w: (-w.options.priority, w.deadline))
             self.dispatcher.run(work, now, deliver)
         else:
             for group in self.order(self._groups(work)):
-                for position, outcome in self._run_in_time(group):
-                    deliver(position, outcome)
+                deliver(self._run_in_time(group))
         return results
+
+    def submit(self, items: Sequence[Union[ParsedRequest, Exception]],
+               options: Sequence[Optional[RequestOptions]],
+               on_results: Callable[[List[Tuple[int, Result]]], None]) -> None:
+        """Hand the requests to the scheduler's lanes and return at once; `on_results` hears
+        every request exactly once: refusals here, the rest from the lane that ran them."""
+        if self.dispatcher is None:
+            raise RuntimeError("submit needs scheduler lanes (a LaneDispatcher)")
+        now = self.clock()
+        work, refused = self._admit(items, options, now)
+        if refused:
+            on_results(refused)
+        if work:
+            work.sort(key=lambda w: (-w.options.priority, w.deadline))
+            self.dispatcher.submit(work, now, on_results)
+
+    def _admit(self, items, options, now: float) -> Tuple[List[Work], List[Tuple[int, Result]]]:
+        """Work for the readable requests (their sessions continued), and the refusals."""
+        work: List[Work] = []
+        refused: List[Tuple[int, Result]] = []
+        for i, item in enumerate(items):
+            if isinstance(item, Exception):
+                refused.append((i, item))
+                continue
+            opts = (options[i] if options is not None else None) or RequestOptions()
+            try:
+                work.append(Work(i, self._with_session(item, opts), opts, now))
+            except RequestError as exc:
+                refused.append((i, exc))
+        return work, refused
 
     def _groups(self, work: Sequence[Work]) -> List[List[Work]]:
         by_position = {w.position: w for w in work}

@@ -3,8 +3,8 @@
 Each request is submitted with its affinity key (its shapes and the bucket edge of the batch
 the engine planned it into) and its priority and deadline; the scheduler groups requests of
 one key into batches, places each batch on the lane that ran that key last, and reports
-every request exactly once through `_complete`. `run` hands each result to its caller on
-the calling thread as it arrives and returns once every request of the call is answered,
+every request exactly once through `_complete`. `run` hands results to its caller on
+the calling thread as they arrive and returns once every request of the call is answered,
 which keeps Triton's one-response-per-request contract for ordinary (non-decoupled) models.
 The engine submits the call's work most urgent first, because an idle lane starts on the
 first request it gets.
@@ -12,6 +12,7 @@ first request it gets.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import queue
 import threading
@@ -29,9 +30,11 @@ class Overloaded(RuntimeError):
 class _Call:
     """The requests of one execute call, answered as the lanes finish them."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_results: Optional[Callable[[List[Tuple[int, Result]]], None]] = None) -> None:
         self.results: Dict[int, Result] = {}
-        # Finished (position, result) pairs, drained by the thread that called `run`.
+        # With no callback, finished (position, result) pairs are drained by the thread that
+        # called `run`; with one (`submit`), the lane that finished a request reports it.
+        self.on_results = on_results
         self.finished: "queue.SimpleQueue[Tuple[int, Result]]" = queue.SimpleQueue()
 
 
@@ -48,7 +51,7 @@ def _error_for(reason: str) -> Exception:
 
 class LaneDispatcher:
     def __init__(self, engine: BatchEngine, lanes: int, lane_cpus: Optional[Sequence[Sequence[int]]] = None,
-                 queue_capacity: int = 4096) -> None:
+                 queue_capacity: int = 4096, max_window_s: float = 0.0) -> None:
         from latte.scheduling import PRIORITY_LEVELS, AffinityScheduler
 
         self.engine = engine
@@ -62,15 +65,36 @@ class LaneDispatcher:
         self.scheduler = AffinityScheduler(
             self._execute, self._complete, lanes=list(lane_cpus) if lane_cpus else lanes,
             max_batch_size=batch, max_batch_bytes=1 << 40, queue_capacity=queue_capacity,
-            # Triton's dynamic batcher already waited for this call's requests; nothing more
-            # can arrive until execute returns, so holding a batch back would only add latency.
-            max_window_s=0.0,
+            # When execute waits for its answers, Triton's dynamic batcher already waited for
+            # this call's requests and nothing more can arrive until it returns, so holding a
+            # batch back would only add latency (0). A pipelined model (`submit`) gathers
+            # requests of several calls here, so a window can let batches grow.
+            max_window_s=max_window_s,
         )
 
-    def run(self, work: Sequence[Work], now: float, on_result: Callable[[int, Result], None]) -> None:
-        """Submit the work of one execute call; `on_result(position, result)` is called on
-        this thread once per request, as lanes finish them."""
+    def run(self, work: Sequence[Work], now: float, on_results: Callable[[List[Tuple[int, Result]]], None]) -> None:
+        """Submit the work of one execute call; `on_results([(position, result), ...])` is
+        called on this thread with what the lanes have finished, until every request is in."""
         call = _Call()
+        self._enqueue(work, now, call)
+        remaining = len(work)
+        while remaining:
+            finished = [call.finished.get()]
+            while len(finished) < remaining:
+                try:
+                    finished.append(call.finished.get_nowait())
+                except queue.Empty:
+                    break
+            remaining -= len(finished)
+            on_results(finished)
+
+    def submit(self, work: Sequence[Work], now: float, on_results: Callable[[List[Tuple[int, Result]]], None]) -> None:
+        """Submit the work of one execute call and return at once; `on_results` is called
+        once per request, on the lane that finished it (or here, for a refusal)."""
+        call = _Call(on_results)
+        self._enqueue(work, now, call)
+
+    def _enqueue(self, work: Sequence[Work], now: float, call: _Call) -> None:
         keys = self.engine.planned_keys(work)
         for w in work:
             request_id = next(self._ids)
@@ -81,18 +105,18 @@ class LaneDispatcher:
             self.scheduler.submit(request_id, repr(keys[w.position]),
                                   priority=min(w.options.priority, self._top_priority),
                                   timeout_s=timeout, size=w.request.rows)
-        for _ in range(len(work)):
-            on_result(*call.finished.get())
 
     def _execute(self, key: str, request_ids: List[int], lane: int) -> None:
         started = time.monotonic()
         with self._lock:
             items = [self._pending[i] for i in request_ids]
-        call_of = {w.position: call for w, call in items}
-        outcomes = self.engine.run_group([w for w, _ in items])
+        # A pipelined batch can hold requests of several execute calls, whose positions
+        # repeat, so the batch numbers its work afresh and maps the results back.
+        outcomes = self.engine.run_group([dataclasses.replace(w, position=i) for i, (w, _) in enumerate(items)])
         with self._lock:
-            for position, outcome in outcomes:
-                call_of[position].results[position] = outcome
+            for index, outcome in outcomes:
+                w, call = items[index]
+                call.results[w.position] = outcome
             self._busy_s[lane] = self._busy_s.get(lane, 0.0) + time.monotonic() - started
 
     def _complete(self, request_id: int, error: Optional[str]) -> None:
@@ -101,7 +125,10 @@ class LaneDispatcher:
             outcome = call.results.pop(w.position, None)
         if outcome is None:
             outcome = _error_for(error) if error is not None else ModelError("the batch finished without a result")
-        call.finished.put((w.position, outcome))
+        if call.on_results is not None:
+            call.on_results([(w.position, outcome)])
+        else:
+            call.finished.put((w.position, outcome))
 
     def metrics(self) -> dict:
         """The scheduler's figures plus each lane's utilization (busy share since start)."""

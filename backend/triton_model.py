@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from typing import List, Optional
+
+import numpy as np
 
 from latte.backend import autocomplete
 from latte.backend.buckets import BucketPlan
@@ -60,8 +64,15 @@ class LatteModel:
         )
         self.dispatcher = None
         if spec.scheduler == "affinity":
-            self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, spec.lanes, lane_cpus(spec))
+            window = spec.batch_window_us / 1e6 if spec.pipeline else 0.0
+            self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, spec.lanes, lane_cpus(spec),
+                                                                      max_window_s=window)
         self.responses = ResponseBuilder(pb, [t.name for t in spec.outputs])
+        self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._sender = None
+        if spec.pipeline:
+            self._sender = threading.Thread(target=self._send_responses, name=f"latte-responses-{spec.name}", daemon=True)
+            self._sender.start()
         # Publishing is off the request path: each Triton metric update is a round trip to the server.
         self.publisher = TritonPublisher(pb, self.metrics.aggregate, spec.name, refresh=self._refresh_gauges)
         warmed = self._warmup() if spec.warmup else 0
@@ -91,7 +102,7 @@ class LatteModel:
         autocomplete.apply(auto_complete_model_config, additions)
         return auto_complete_model_config
 
-    def execute(self, requests) -> Optional[List]:
+    def execute(self, requests) -> List:
         started = time.monotonic()
         parsed, options = [], []
         spec_checks_cancel = self.spec.check_cancellation
@@ -109,40 +120,97 @@ class LatteModel:
                 item, opts = RequestError(f"could not read request: {type(exc).__name__}: {exc}"), None
             parsed.append(item)
             options.append(opts)
+        if self.spec.pipeline:
+            return self._submit(requests, parsed, options, started)
 
-        def account(position: int, outcome) -> None:
-            error = outcome if isinstance(outcome, Exception) else None
-            opts = options[position]
-            self.metrics.request(outcome_label(error), opts.priority if opts else 0, time.monotonic() - started)
+        per_batch = self.spec.respond == "per_batch"
+        senders = [request.get_response_sender() for request in requests] if per_batch else None
+        sent = [False] * len(requests)
+        answered = 0
 
-        if self.spec.respond == "per_call":
-            outcomes = self.engine.infer(parsed, options, on_result=account)
-            return [self.responses.build(outcome) for outcome in outcomes]
-        # Each request's one final response goes out as soon as its batch finishes, through
-        # the response sender Triton also offers non-decoupled models; execute then returns None.
-        senders = [request.get_response_sender() for request in requests]
-        answered = [False] * len(requests)
-
-        def send(position: int, outcome) -> None:
-            account(position, outcome)
-            answered[position] = True
-            try:
-                response = self.responses.build(outcome)
-            except Exception as exc:  # an output Triton cannot carry fails this request alone
-                response = self.responses.error(RuntimeError(f"could not build the response: {exc}"))
-            try:
-                senders[position].send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except Exception as exc:  # the client may be gone; the other requests still get theirs
-                self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
+        def answer(outcomes) -> None:
+            """Account for a group of finished requests; while others are still to run, send
+            these now (each send is a round trip to the server). The last group rides back
+            in execute's return value, one message for all of them."""
+            nonlocal answered
+            answered += len(outcomes)
+            now = time.monotonic()
+            for position, outcome in outcomes:
+                error = outcome if isinstance(outcome, Exception) else None
+                opts = options[position]
+                self.metrics.request(outcome_label(error), opts.priority if opts else 0, now - started)
+            if not per_batch or answered == len(requests):
+                return
+            for position, outcome in outcomes:
+                sent[position] = True
+                try:
+                    senders[position].send(self._response(outcome), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                except Exception as exc:  # the client may be gone; the other requests still get theirs
+                    self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
 
         try:
-            self.engine.infer(parsed, options, on_result=send)
+            outcomes = self.engine.infer(parsed, options, on_results=answer)
         except Exception as exc:
-            # A fault outside any one batch: every request still waiting gets this error.
-            for position in range(len(requests)):
-                if not answered[position]:
-                    send(position, ModelError(f"model {self.spec.name!r} failed: {type(exc).__name__}: {exc}"))
+            # A fault outside any one batch: every request not yet answered gets this error.
+            failure = ModelError(f"model {self.spec.name!r} failed: {type(exc).__name__}: {exc}")
+            outcomes = [failure] * len(requests)
+        # Requests answered through their sender must be None here.
+        return [None if done else self._response(outcome) for done, outcome in zip(sent, outcomes)]
+
+    def _submit(self, requests, parsed, options, started: float) -> None:
+        """Pipelined: hand the requests to the lanes and return, so Triton can deliver the
+        next call while these run; each is answered through its response sender when done.
+
+        Triton frees a request's input tensors when execute returns, so they are copied first.
+        """
+        for item in parsed:
+            if not isinstance(item, Exception):
+                item.inputs = {name: np.array(array, copy=True) for name, array in item.inputs.items()}
+        senders = [request.get_response_sender() for request in requests]
+        answered = set()
+        lock = threading.Lock()  # lanes answer from their own threads
+
+        def answer(outcomes) -> None:
+            now = time.monotonic()
+            fresh = []
+            for position, outcome in outcomes:
+                with lock:
+                    if position in answered:
+                        continue
+                    answered.add(position)
+                error = outcome if isinstance(outcome, Exception) else None
+                opts = options[position]
+                self.metrics.request(outcome_label(error), opts.priority if opts else 0, now - started)
+                fresh.append((senders[position], outcome))
+            # Each send is a round trip to the server: a thread of its own makes them, so the
+            # lane goes on to its next batch.
+            self._outbox.put(fresh)
+
+        try:
+            self.engine.submit(parsed, options, answer)
+        except Exception as exc:
+            # Submission fails before anything is queued; answer whatever is not answered yet.
+            failure = ModelError(f"model {self.spec.name!r} could not queue the request: {type(exc).__name__}: {exc}")
+            answer([(position, failure) for position in range(len(requests))])
         return None
+
+    def _send_responses(self) -> None:
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        while True:
+            batch = self._outbox.get()
+            if batch is None:
+                return
+            for sender, outcome in batch:
+                try:
+                    sender.send(self._response(outcome), flags=final)
+                except Exception as exc:  # the client may be gone; the other requests still get theirs
+                    self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
+
+    def _response(self, outcome):
+        try:
+            return self.responses.build(outcome)
+        except Exception as exc:  # an output Triton cannot carry fails this request alone
+            return self.responses.error(RuntimeError(f"could not build the response: {exc}"))
 
     def _on_batch(self, record: BatchRecord) -> None:
         self.metrics.batch(record.rows, record.seconds)
@@ -160,4 +228,7 @@ class LatteModel:
         self.publisher.close()
         if self.dispatcher is not None:
             self.dispatcher.close()
+        if self._sender is not None:
+            self._outbox.put(None)
+            self._sender.join(timeout=5.0)
         self.runtime.close()

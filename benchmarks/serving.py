@@ -32,23 +32,34 @@ from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_
 
 HERE = Path(__file__).resolve().parent
 # Per model: the P99 objective and the concurrency levels that reach each contender's peak.
-DEFAULTS = {"ranker": {"slo_ms": 100.0, "concurrency": "4,8,16,32,48,64"},
-            "sequence": {"slo_ms": 50.0, "concurrency": "4,8,12,16"}}
+# Both contenders get the same dynamic batcher delay (queue_delay_us).
+DEFAULTS = {"ranker": {"slo_ms": 100.0, "concurrency": "8,16,32,64,96,128", "queue_delay_us": 2000},
+            "sequence": {"slo_ms": 50.0, "concurrency": "4,8,12,16", "queue_delay_us": 500}}
+# --ablation: latte with one setting changed at a time.
+ABLATIONS = {
+    "scheduler_lane": {"scheduler": "affinity"},
+    "bucket_planning": {"batch_planning": "bucket"},
+    "respond_per_call": {"respond": "per_call"},
+    "pipeline": {"pipeline": "true"},
+    "2lanes": {"lanes": "2"},
+}
 
 
-def baseline_model(repo: Path, example, source: Path) -> str:
+def baseline_model(repo: Path, example, source: Path, queue_delay_us: int) -> str:
     """Add the stock-Python-backend copy of the model to `repo`."""
     context = model_context(example, "onnx", "model.onnx")
-    context.update(name=f"{example.name}_python_baseline", backend="python", parameters={})
+    context.update(name=f"{example.name}_python_baseline", backend="python", parameters={},
+                   dynamic_batching={"max_queue_delay_microseconds": queue_delay_us})
     model_dir = write_model(repo, context, {"model.onnx": source})
     shutil.copy(HERE / "baseline_python_model.py", model_dir / "1" / "model.py")
     return context["name"]
 
 
-def latte_variant(repo: Path, example, source: Path, name: str, **parameters) -> str:
+def latte_variant(repo: Path, example, source: Path, name: str, queue_delay_us: int = 500, **parameters) -> str:
     """A copy of the latte model with some parameters changed (an ablation)."""
     context = model_context(example, "onnx", "model.onnx")
     context["name"] = name
+    context["dynamic_batching"] = {"max_queue_delay_microseconds": queue_delay_us}
     context["parameters"] = {**context["parameters"], **parameters}
     write_model(repo, context, {"model.onnx": source})
     return name
@@ -110,7 +121,7 @@ def main(argv=None) -> int:
     parser.add_argument("--measurement-ms", type=int, default=3000)
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--ablation", action="store_true",
-                        help="also measure latte with one scheduler lane and with shape buckets off")
+                        help="also measure latte with one setting changed at a time (ABLATIONS)")
     args = parser.parse_args(argv)
     example = CATALOG[args.model]
     slo_ms = args.slo_ms or DEFAULTS[args.model]["slo_ms"]
@@ -119,13 +130,15 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="latte-serving-"))
     repo = build_examples(work / "repo", names=[example.name])
     shutil.rmtree(repo / f"{example.name}_torchscript")
-    source = repo / f"{example.name}_onnx" / "1" / "model.onnx"
-    baseline = baseline_model(repo, example, source)
+    # Only the contenders below are served; the file they share stays outside the repository.
+    source = Path(shutil.move(str(repo / f"{example.name}_onnx" / "1" / "model.onnx"), work / "model.onnx"))
+    shutil.rmtree(repo / f"{example.name}_onnx")
+    delay = DEFAULTS[args.model]["queue_delay_us"]
+    baseline = baseline_model(repo, example, source, delay)
     # The same thread budget as the baseline: one lane, one intra-op thread.
-    latte = latte_variant(repo, example, source, f"{example.name}_latte", lanes="1")
-    variants = [latte_variant(repo, example, source, f"{example.name}_latte_1lane_scheduler", lanes="1", scheduler="affinity"),
-                latte_variant(repo, example, source, f"{example.name}_latte_no_buckets", lanes="1", bucket_edges="none"),
-                latte_variant(repo, example, source, f"{example.name}_latte_2lanes", lanes="2")] if args.ablation else []
+    latte = latte_variant(repo, example, source, f"{example.name}_latte", delay, lanes="1")
+    variants = [latte_variant(repo, example, source, f"{example.name}_latte_{label}", delay, **{"lanes": "1", **changed})
+                for label, changed in ABLATIONS.items()] if args.ablation else []
     rng = np.random.default_rng(5)
     input_name = example.inputs[0].name
     samples = [{input_name: example.sample(1, rng)[input_name][0]} for _ in range(256)]

@@ -1,5 +1,7 @@
-"""Both ways of answering (`respond: per_batch` through response senders, `per_call` from
-execute's return value) give every request exactly one correct response, bad ones included."""
+"""Every way of answering gives every request exactly one correct response, bad ones
+included: `respond: per_batch` (earlier batches through response senders, the last in
+execute's return value), `per_call` (all in the return value) and `pipeline: true` (execute
+returns at once; the scheduler's lanes answer through response senders)."""
 
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -13,19 +15,21 @@ from latte.triton import TritonServer
 
 from conftest import Clients
 
-MODES = ("per_batch", "per_call")
+MODES = {"per_batch": {"respond": "per_batch"}, "per_call": {"respond": "per_call"},
+         "pipeline": {"pipeline": "true", "batch_window_us": "5000"}}
 
 
 @pytest.fixture(scope="module")
 def respond_server(example_repo, tmp_path_factory):
     repo = tmp_path_factory.mktemp("respond") / "repo"
     source = example_repo / "sequence_onnx" / "1" / "model.onnx"
-    for mode in MODES:
+    for mode, parameters in MODES.items():
         context = model_context(EXAMPLES["sequence"], "onnx", "model.onnx")
         context["name"] = f"sequence_{mode}"
         # A long batch window, so one execute call holds requests of several buckets.
         context["dynamic_batching"] = {"max_queue_delay_microseconds": 50000}
-        context["parameters"] = {**context["parameters"], "respond": mode, "warmup": "false"}
+        # One batch per shape bucket, so a call runs several batches.
+        context["parameters"] = {**context["parameters"], **parameters, "warmup": "false", "batch_planning": "bucket"}
         write_model(repo, context, {"model.onnx": source})
     with TritonServer(repo, log_path=repo.parent / "tritonserver.log") as server:
         yield server

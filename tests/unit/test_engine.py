@@ -170,7 +170,13 @@ def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(ex
     items = [short[0], unreadable, short[1], long, short[2]]
     options = [RequestOptions(), None, RequestOptions(), RequestOptions(priority=2), RequestOptions()]
     delivered = []
-    results = engine.infer(items, options, on_result=lambda pos, out: delivered.append((pos, len(batches_run), out)))
+    groups = []
+
+    def heard(outcomes):
+        groups.append([pos for pos, _ in outcomes])
+        delivered.extend((pos, len(batches_run), out) for pos, out in outcomes)
+
+    results = engine.infer(items, options, on_results=heard)
     assert sorted(pos for pos, _, _ in delivered) == [0, 1, 2, 3, 4]            # each exactly once
     assert delivered[0][0] == 1 and delivered[0][1] == 0                         # the bad one before any batch ran
     batch_of = {pos: batches for pos, batches, _ in delivered}
@@ -178,6 +184,7 @@ def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(ex
     assert all(batch_of[p] >= 1 for p in (0, 2, 3, 4))                           # results come after their batch
     assert all(results[pos] is out for pos, _, out in delivered)
     assert len(batches_run) == 2                                                 # two buckets, two calls
+    assert groups == [[1], [3], [0, 2, 4]]                                       # refused, then batch by batch
 
 
 def test_cost_planning_lets_short_requests_ride_in_a_longer_bucket_and_unpads_them(tmp_path):
