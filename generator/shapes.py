@@ -58,10 +58,11 @@ def _config_beside(model_file: Path):
     return None, None
 
 
-def _onnx_tensors(model_file: Path):
-    from latte.backend.autocomplete import describe_onnx
+def _described_tensors(model_file: Path, runtime: str):
+    """Inputs and outputs (dims with the batch dimension) as the backend's auto-complete reads them."""
+    from latte.backend.autocomplete import describe_onnx, describe_torch_export
 
-    described = describe_onnx(Path(model_file))
+    described = (describe_onnx if runtime == "onnx" else describe_torch_export)(Path(model_file))
 
     def rename(tensors):
         return [{"name": t["name"], "data_type": t["data_type"], "all_dims": t["dims"]} for t in tensors]
@@ -88,14 +89,14 @@ def resolve_shapes(model_file: Path, runtime: Optional[str] = None, inputs: Opti
                         for n, i in iface.inputs.items()]
         found_outputs = [{"name": n, "data_type": i.data_type, "dims": list(i.dims)} for n, i in iface.outputs.items()]
         batched, source = config.max_batch_size > 0, str(config_path)
-    elif runtime == "onnx":
-        graph_in, graph_out = _onnx_tensors(model_file)
+    elif runtime in ("onnx", "torch_export"):
+        graph_in, graph_out = _described_tensors(model_file, runtime)
         batched = all(t["all_dims"] and t["all_dims"][0] == -1 for t in graph_in)
         cut = 1 if batched else 0
         found_inputs = [{"name": t["name"], "data_type": t["data_type"], "dims": t["all_dims"][cut:]} for t in graph_in]
         found_outputs = [{"name": t["name"], "data_type": t["data_type"], "dims": t["all_dims"][cut:]}
                          for t in graph_out]
-        source = "the ONNX graph"
+        source = "the ONNX graph" if runtime == "onnx" else "the torch.export program"
     else:
         found_inputs, found_outputs, batched, source = None, [{"name": "output0", "dims": []}], True, "--input"
     if inputs:

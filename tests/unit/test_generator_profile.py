@@ -94,3 +94,20 @@ def test_cli_writes_profile_json_and_plot(exported, tmp_path, capsys):
     assert [p["batch_size"] for p in data["points"]] == [1, 2, 4]
     assert (tmp_path / "profile.png").read_bytes()[:4] == b"\x89PNG"
     assert "max_batch_size" in capsys.readouterr().out
+
+
+def test_torch_export_shapes_come_from_the_program(tmp_path):
+    import torch
+
+    from latte.examples.models import SequenceEncoder
+
+    module = SequenceEncoder().eval()
+    batch, length = torch.export.Dim("batch", min=1, max=32), torch.export.Dim("length", min=2, max=128)
+    program = torch.export.export(module, (torch.randint(1, 1000, (2, 9)),),
+                                  dynamic_shapes={"tokens": {0: batch, 1: length}})
+    torch.export.save(program, str(tmp_path / "model.pt2"))
+    shapes = resolve_shapes(tmp_path / "model.pt2")
+    assert shapes.source == "the torch.export program" and shapes.runtime == "torch_export"
+    assert shapes.batched and shapes.variable
+    assert shapes.inputs == [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1], "ragged": True}]
+    assert shapes.outputs == [{"name": "output0", "data_type": "TYPE_FP32", "dims": [32]}]
