@@ -103,3 +103,39 @@ def test_an_idle_lane_starts_with_the_most_urgent_request_and_reports_each_as_it
         assert heard == [2, 1, 0]
     finally:
         engine.dispatcher.close()
+
+
+def test_submitted_calls_share_batches_and_each_request_gets_its_own_answer(example_repo):
+    """Pipelined calls: requests of several execute calls (whose positions repeat) meet in one
+    scheduler queue, may share a batch, and each answer reaches its own call."""
+    import threading
+
+    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True)
+    engine.dispatcher = LaneDispatcher(engine, lanes=1, max_window_s=0.005)
+    reference = reference_runner(example_repo, "sequence_onnx")
+    try:
+        rng = np.random.default_rng(12)
+        calls = [[EXAMPLES["sequence"].sample(1, rng, length=n) for n in lengths]
+                 for lengths in ((5, 70), (6, 71, 9), (120,))]
+        answers = [dict() for _ in calls]
+        done = threading.Event()
+        lock = threading.Lock()
+
+        def collector(index):
+            def on_results(outcomes):
+                with lock:
+                    answers[index].update(outcomes)
+                    if sum(map(len, answers)) == sum(map(len, calls)):
+                        done.set()
+            return on_results
+
+        for index, feeds in enumerate(calls):
+            engine.submit([ParsedRequest(inputs=f, rows=1) for f in feeds], [None] * len(feeds), collector(index))
+        assert done.wait(30.0)
+        for feeds, answer in zip(calls, answers):
+            assert sorted(answer) == list(range(len(feeds)))
+            for position, feed in enumerate(feeds):
+                np.testing.assert_allclose(answer[position]["embedding"], reference(feed)["embedding"],
+                                           rtol=1e-5, atol=1e-6)
+    finally:
+        engine.dispatcher.close()
