@@ -39,11 +39,17 @@ def test_the_variant_config_has_two_priority_levels_and_a_shedding_queue(overloa
 def test_a_three_times_capacity_step_keeps_high_priority_within_its_slo(overload_server):
     server = overload_server
     target = Target(server.http_url, server.grpc_url, server.metrics_url, server.process.pid, started_here=True)
-    settings = OverloadSettings(MODEL, capacity_s=3, baseline_s=3, step_s=6, recovery_s=3, overload=3.0,
-                                high_share=0.2, high_slo_ms=1000, abandoned_sessions=16,
-                                lengths=LengthDistribution.parse("fixed:length=128"))
-    result = run_overload(target, settings)
-    print(json.dumps({k: v for k, v in result.items() if k != "memory"}, indent=1))
+    for overload in (3.0, 5.0):
+        settings = OverloadSettings(MODEL, capacity_s=3, baseline_s=3, step_s=6, recovery_s=3, overload=overload,
+                                    high_share=0.2, high_slo_ms=1000, abandoned_sessions=16,
+                                    lengths=LengthDistribution.parse("fixed:length=128"))
+        result = run_overload(target, settings)
+        print(json.dumps({k: v for k, v in result.items() if k != "memory"}, indent=1))
+        shed = result["per_phase"]["step"]["low"]["shed_rate"] + result["per_phase"]["step"]["high"]["shed_rate"]
+        # A capacity measured while neighbours held the cores makes "3x" no overload at all
+        # (nothing shed, nothing to attribute); the step is then run again at 5x.
+        if shed > 0:
+            break
     whole = result["whole_run"]
     assert whole["every_request_answered_once"], whole
     step = result["per_phase"]["step"]
