@@ -124,7 +124,6 @@ class LatteModel:
             return self._submit(requests, parsed, options, started)
 
         per_batch = self.spec.respond == "per_batch"
-        senders = [request.get_response_sender() for request in requests] if per_batch else None
         sent = [False] * len(requests)
         answered = 0
 
@@ -134,19 +133,12 @@ class LatteModel:
             in execute's return value, one message for all of them."""
             nonlocal answered
             answered += len(outcomes)
-            now = time.monotonic()
-            for position, outcome in outcomes:
-                error = outcome if isinstance(outcome, Exception) else None
-                opts = options[position]
-                self.metrics.request(outcome_label(error), opts.priority if opts else 0, now - started)
+            self._account(outcomes, options, started)
             if not per_batch or answered == len(requests):
                 return
             for position, outcome in outcomes:
                 sent[position] = True
-                try:
-                    senders[position].send(self._response(outcome), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                except Exception as exc:  # the client may be gone; the other requests still get theirs
-                    self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
+                self._send(requests[position].get_response_sender(), outcome)
 
         try:
             outcomes = self.engine.infer(parsed, options, on_results=answer)
@@ -171,20 +163,13 @@ class LatteModel:
         lock = threading.Lock()  # lanes answer from their own threads
 
         def answer(outcomes) -> None:
-            now = time.monotonic()
-            fresh = []
-            for position, outcome in outcomes:
-                with lock:
-                    if position in answered:
-                        continue
-                    answered.add(position)
-                error = outcome if isinstance(outcome, Exception) else None
-                opts = options[position]
-                self.metrics.request(outcome_label(error), opts.priority if opts else 0, now - started)
-                fresh.append((senders[position], outcome))
+            with lock:
+                fresh = [(position, outcome) for position, outcome in outcomes if position not in answered]
+                answered.update(position for position, _ in fresh)
+            self._account(fresh, options, started)
             # Each send is a round trip to the server: a thread of its own makes them, so the
             # lane goes on to its next batch.
-            self._outbox.put(fresh)
+            self._outbox.put([(senders[position], outcome) for position, outcome in fresh])
 
         try:
             self.engine.submit(parsed, options, answer)
@@ -195,16 +180,26 @@ class LatteModel:
         return None
 
     def _send_responses(self) -> None:
-        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         while True:
             batch = self._outbox.get()
             if batch is None:
                 return
             for sender, outcome in batch:
-                try:
-                    sender.send(self._response(outcome), flags=final)
-                except Exception as exc:  # the client may be gone; the other requests still get theirs
-                    self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
+                self._send(sender, outcome)
+
+    def _account(self, outcomes, options, started: float) -> None:
+        now = time.monotonic()
+        for position, outcome in outcomes:
+            error = outcome if isinstance(outcome, Exception) else None
+            opts = options[position]
+            self.metrics.request(outcome_label(error), opts.priority if opts else 0, now - started)
+
+    def _send(self, sender, outcome) -> None:
+        """A request's one final response, through its response sender."""
+        try:
+            sender.send(self._response(outcome), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception as exc:  # the client may be gone; the other requests still get theirs
+            self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
 
     def _response(self, outcome):
         try:
