@@ -97,8 +97,6 @@ class BatchEngine:
         work, refused = self._admit(items, options, now)
         deliver(refused)
         if self.dispatcher is not None:
-            # Idle lanes start on whatever is submitted first, so the most urgent goes first.
-            work.sort(key=lambda w: (-w.options.priority, w.deadline))
             self.dispatcher.run(work, now, deliver)
         else:
             for group in self.order(self._groups(work)):
@@ -117,7 +115,6 @@ class BatchEngine:
         if refused:
             on_results(refused)
         if work:
-            work.sort(key=lambda w: (-w.options.priority, w.deadline))
             self.dispatcher.submit(work, now, on_results)
 
     def _admit(self, items, options, now: float) -> Tuple[List[Work], List[Tuple[int, Result]]]:

@@ -6,8 +6,8 @@ one key into batches, places each batch on the lane that ran that key last, and 
 every request exactly once through `_complete`. `run` hands results to its caller on
 the calling thread as they arrive and returns once every request of the call is answered,
 which keeps Triton's one-response-per-request contract for ordinary (non-decoupled) models.
-The engine submits the call's work most urgent first, because an idle lane starts on the
-first request it gets.
+The call's work is submitted most urgent first, because an idle lane starts on the first
+request it gets.
 """
 
 from __future__ import annotations
@@ -96,7 +96,8 @@ class LaneDispatcher:
 
     def _enqueue(self, work: Sequence[Work], now: float, call: _Call) -> None:
         keys = self.engine.planned_keys(work)
-        for w in work:
+        # Idle lanes start on whatever is submitted first, so the most urgent goes first.
+        for w in sorted(work, key=lambda w: (-w.options.priority, w.deadline)):
             request_id = next(self._ids)
             with self._lock:
                 self._pending[request_id] = (w, call)
