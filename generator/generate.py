@@ -10,7 +10,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, StepWiring, TensorInfo, check_ensemble
+from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, TensorInfo, check_ensemble
 from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
 from latte.generator.profile_data import Profile
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
@@ -164,7 +164,7 @@ def check_spec_ensembles(spec: PipelineSpec, interfaces: Dict[str, Interface]) -
             name=ensemble.name, max_batch_size=context["max_batch_size"],
             inputs={t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in ensemble.inputs},
             outputs={t.name: TensorInfo(t.data_type, tuple(t.dims)) for t in ensemble.outputs},
-            steps=[StepWiring(s.model, s.inputs, s.outputs) for s in ensemble.steps])
+            steps=list(ensemble.steps))
         problems.extend(check_ensemble(wiring, interfaces, _spec_where(spec, ensemble)))
         contexts.append(context)
     if problems:

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from latte.backend.config import RUNTIME_BY_EXTENSION
+# A step of a spec is the wiring the DAG check verifies, so both use one type.
+from latte.generator.dag import StepWiring as Step
 from latte.generator.yaml_lines import KeyPath, Located, SpecError, load
 
 TRITON_TYPES = ("TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64", "TYPE_INT8",
@@ -82,13 +84,6 @@ class ModelEntry:
     instance_count: int = 1
     intra_op_threads: int = 1
     backend_overhead_ms: Optional[float] = None
-
-
-@dataclass
-class Step:
-    model: str
-    inputs: Dict[str, str]               # model input -> ensemble tensor
-    outputs: Dict[str, str]              # model output -> ensemble tensor
 
 
 @dataclass
