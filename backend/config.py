@@ -74,6 +74,15 @@ class ModelSpec:
     def batched(self) -> bool:
         return self.max_batch_size > 0
 
+    @property
+    def ragged_inputs(self) -> bool:
+        return any(t.ragged for t in self.inputs)
+
+    @property
+    def trimmed_outputs(self) -> bool:
+        """Whether some output has a variable dimension, which split cuts back per request."""
+        return any(-1 in t.dims for t in self.outputs)
+
     def input(self, name: str) -> TensorSpec:
         for spec in self.inputs:
             if spec.name == name:

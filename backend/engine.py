@@ -4,15 +4,16 @@ model calls, splitting, and isolation of failures."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from latte.backend.batching import Allocate, affinity_key, assemble, plan_batches, ragged_length, split
+from latte.backend.batching import (Allocate, affinity_key, assemble, chunk_by_rows, plan_batches, ragged_length, split,
+                                    uniform_shapes)
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
-from latte.backend.options import RequestOptions
+from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
 from latte.backend.planning import CostModel
 from latte.backend.requests import ParsedRequest, RequestError
 from latte.backend.runtimes import Runtime
@@ -35,22 +36,31 @@ class BatchRecord:
     rows: int
     requests: int
     padded_length: Optional[int]
-    seconds: float
+    seconds: float                # the whole batch: packing, the model call, splitting
     failed: bool
+    model_seconds: float = 0.0    # inside the model runtime alone
 
 
-@dataclass
 class Work:
-    position: int
-    request: ParsedRequest
-    options: RequestOptions = field(default_factory=RequestOptions)
-    arrival: float = 0.0
+    """One request on its way through the engine: where its answer goes (`position`), its
+    inputs, options, and when it arrived; one is made per request, hence the slots."""
 
-    @property
-    def deadline(self) -> float:
-        if self.options.timeout_ms is None:
-            return float("inf")
-        return self.arrival + self.options.timeout_ms / 1000.0
+    __slots__ = ("position", "request", "options", "arrival", "deadline")
+
+    def __init__(self, position: int, request: ParsedRequest, options: RequestOptions = DEFAULT_OPTIONS,
+                 arrival: float = 0.0) -> None:
+        self.position = position
+        self.request = request
+        self.options = options
+        self.arrival = arrival
+        self.deadline = _NEVER if options.timeout_ms is None else arrival + options.timeout_ms / 1000.0
+
+    def at(self, position: int) -> "Work":
+        """The same work answered at another position."""
+        return Work(position, self.request, self.options, self.arrival)
+
+
+_NEVER = float("inf")
 
 
 class BatchEngine:
@@ -74,6 +84,7 @@ class BatchEngine:
         self.on_batch = on_batch
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
         self._out_dtypes = {t.name: t.dtype for t in spec.outputs}
+        self._one_shape = spec.batched and not spec.ragged_inputs and uniform_shapes(spec)
 
     # -- the whole call -------------------------------------------------------------------
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
@@ -125,14 +136,20 @@ class BatchEngine:
             if isinstance(item, Exception):
                 refused.append((i, item))
                 continue
-            opts = (options[i] if options is not None else None) or RequestOptions()
-            try:
-                work.append(Work(i, self._with_session(item, opts), opts, now))
-            except RequestError as exc:
-                refused.append((i, exc))
+            opts = (options[i] if options is not None else None) or DEFAULT_OPTIONS
+            if opts.session_id is not None:
+                try:
+                    item = self._with_session(item, opts)
+                except RequestError as exc:
+                    refused.append((i, exc))
+                    continue
+            work.append(Work(i, item, opts, now))
         return work, refused
 
     def _groups(self, work: Sequence[Work]) -> List[List[Work]]:
+        if self._one_shape:
+            # Every request fits every batch: cut the call's requests by rows, in order.
+            return chunk_by_rows(work, [w.request.rows for w in work], self.spec.max_batch_size)
         by_position = {w.position: w for w in work}
         return [[by_position[pos] for pos, _ in group]
                 for group in plan_batches(self.spec, [(w.position, w.request) for w in work], self.buckets,
@@ -189,11 +206,14 @@ class BatchEngine:
     def _run(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
         started = self.clock()
         batch = None
+        called = 0.0
         try:
             batch = assemble(self.spec, [(w.position, w.request) for w in group], self.buckets, self.allocate)
+            called = self.clock()
             outputs = self._call(batch.inputs)
+            called = self.clock() - called
             parts = split(self.spec, batch, outputs)
-            self._record(batch, len(group), started, failed=False)
+            self._record(batch, len(group), started, failed=False, model_seconds=called)
         except MemoryError as exc:
             # Not the model's fault and not the request's: the arena is full right now.
             return [(w.position, exc) for w in group]
@@ -216,10 +236,10 @@ class BatchEngine:
         outputs = self.runtime.run(feed)
         return {name: np.asarray(value, dtype=self._out_dtypes[name]) for name, value in outputs.items()}
 
-    def _record(self, batch, requests: int, started: float, failed: bool) -> None:
+    def _record(self, batch, requests: int, started: float, failed: bool, model_seconds: float = 0.0) -> None:
         if self.on_batch is not None:
             self.on_batch(BatchRecord(rows=batch.rows, requests=requests, padded_length=batch.padded_length,
-                                      seconds=self.clock() - started, failed=failed))
+                                      seconds=self.clock() - started, failed=failed, model_seconds=model_seconds))
 
     # -- sessions -------------------------------------------------------------------------
     def _with_session(self, request: ParsedRequest, opts: RequestOptions) -> ParsedRequest:

@@ -12,7 +12,6 @@ request it gets.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import queue
 import threading
@@ -113,7 +112,7 @@ class LaneDispatcher:
             items = [self._pending[i] for i in request_ids]
         # A pipelined batch can hold requests of several execute calls, whose positions
         # repeat, so the batch numbers its work afresh and maps the results back.
-        outcomes = self.engine.run_group([dataclasses.replace(w, position=i) for i, (w, _) in enumerate(items)])
+        outcomes = self.engine.run_group([w.at(i) for i, (w, _) in enumerate(items)])
         with self._lock:
             for index, outcome in outcomes:
                 w, call = items[index]

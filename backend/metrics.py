@@ -28,9 +28,9 @@ class _Histogram:
         self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
         self.total = 0.0
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
+    def observe(self, value: float, count: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += count
+        self.total += value * count
 
 
 class MetricsAggregate:
@@ -43,21 +43,27 @@ class MetricsAggregate:
         self.histograms: Dict[Tuple[str, Labels], _Histogram] = {}
 
     def add(self, name: str, labels: Mapping[str, str], value: float = 1.0) -> None:
-        key = (name, tuple(sorted(labels.items())))
+        self.add_all([((name, tuple(sorted(labels.items()))), value)])
+
+    def add_all(self, increments) -> None:
+        """Several counter increments under one lock: [((name, sorted label pairs), value)]."""
+        counters = self.counters
         with self._lock:
-            self.counters[key] = self.counters.get(key, 0.0) + value
+            for key, value in increments:
+                counters[key] = counters.get(key, 0.0) + value
 
     def set(self, name: str, labels: Mapping[str, str], value: float) -> None:
         with self._lock:
             self.gauges[(name, tuple(sorted(labels.items())))] = float(value)
 
-    def observe(self, name: str, labels: Mapping[str, str], value: float, bounds) -> None:
+    def observe(self, name: str, labels: Mapping[str, str], value: float, bounds, count: int = 1) -> None:
+        """`count` observations of `value` (requests answered together share their latency)."""
         key = (name, tuple(sorted(labels.items())))
         with self._lock:
             hist = self.histograms.get(key)
             if hist is None:
                 hist = self.histograms[key] = _Histogram(bounds)
-            hist.observe(value)
+            hist.observe(value, count)
 
     def snapshot(self) -> Tuple[Dict, Dict]:
         """(cumulative counters, gauges), histograms expanded into _bucket/_sum/_count counters."""
@@ -80,6 +86,9 @@ _DESCRIPTIONS = {
     "latte_request_duration_us": "Time from execute to response per request, by priority level",
     "latte_batch_size": "Rows per model call",
     "latte_model_duration_us_total": "Time spent inside the model runtime",
+    "latte_execute_us_total": "Time spent in execute, by stage (read, engine, respond)",
+    "latte_execute_calls_total": "execute calls",
+    "latte_execute_requests_total": "Requests handed to execute",
     "latte_arena_bytes": "Arena memory by state (capacity, reserved, live, allocated, peak_live)",
     "latte_arena_fragmentation": "Arena fragmentation (internal, external)",
     "latte_sessions": "Sessions by state (live, started, ended, expired)",
@@ -151,19 +160,40 @@ class TritonPublisher:
         self._thread.join(timeout=5)
 
 
+_EXECUTE_CALLS = ("latte_execute_calls_total", ())
+_EXECUTE_REQUESTS = ("latte_execute_requests_total", ())
+_STAGE_READ = ("latte_execute_us_total", (("stage", "read"),))
+_STAGE_ENGINE = ("latte_execute_us_total", (("stage", "engine"),))
+_STAGE_RESPOND = ("latte_execute_us_total", (("stage", "respond"),))
+_MODEL_US = ("latte_model_duration_us_total", ())
+
+
 class BackendMetrics:
-    """The figures the backend records; cheap in-process updates only."""
+    """The figures the backend records; cheap in-process updates only (a few per execute
+    call, whatever its number of requests)."""
 
     def __init__(self, aggregate: Optional[MetricsAggregate] = None) -> None:
         self.aggregate = aggregate or MetricsAggregate()
 
-    def request(self, outcome: str, priority: int, seconds: float) -> None:
-        self.aggregate.add("latte_requests_total", {"outcome": outcome})
-        self.aggregate.observe("latte_request_duration_us", {"priority": str(priority)}, seconds * 1e6, LATENCY_BUCKETS_US)
+    def request(self, outcome: str, priority: int, seconds: float, count: int = 1) -> None:
+        self.aggregate.add("latte_requests_total", {"outcome": outcome}, count)
+        self.aggregate.observe("latte_request_duration_us", {"priority": str(priority)}, seconds * 1e6,
+                               LATENCY_BUCKETS_US, count)
+
+    def requests(self, counts: Mapping[Tuple[str, int], int], seconds: float) -> None:
+        """Requests answered together: (outcome, priority) -> how many."""
+        for (outcome, priority), count in counts.items():
+            self.request(outcome, priority, seconds, count)
+
+    def execute(self, requests: int, read_s: float, engine_s: float, respond_s: float) -> None:
+        """Where one execute call's time went: reading requests, the engine (planning,
+        packing, model calls, splitting), building and sending responses."""
+        self.aggregate.add_all(((_EXECUTE_CALLS, 1.0), (_EXECUTE_REQUESTS, requests), (_STAGE_READ, read_s * 1e6),
+                                (_STAGE_ENGINE, engine_s * 1e6), (_STAGE_RESPOND, respond_s * 1e6)))
 
     def batch(self, rows: int, seconds: float) -> None:
         self.aggregate.observe("latte_batch_size", {}, rows, BATCH_BUCKETS)
-        self.aggregate.add("latte_model_duration_us_total", {}, seconds * 1e6)
+        self.aggregate.add_all(((_MODEL_US, seconds * 1e6),))
 
     def arena(self, stats: Mapping[str, float]) -> None:
         for state in ("capacity", "reserved", "live", "allocated", "peak_live"):

@@ -17,7 +17,6 @@ from typing import Mapping, Optional
 from latte.backend.requests import RequestError
 
 
-
 @dataclass(frozen=True)
 class RequestOptions:
     priority: int = 0
@@ -26,6 +25,9 @@ class RequestOptions:
     session_start: bool = False
     session_end: bool = False
 
+
+# What a request without parameters or a timeout runs with; shared, since options are frozen.
+DEFAULT_OPTIONS = RequestOptions()
 
 def _bool(params: Mapping, key: str) -> bool:
     value = params.get(key, False)
@@ -37,6 +39,8 @@ def _bool(params: Mapping, key: str) -> bool:
 
 
 def read_options(params: Mapping[str, object], max_priority: int = 15, triton_timeout_us: int = 0) -> RequestOptions:
+    if not params and triton_timeout_us <= 0:
+        return DEFAULT_OPTIONS
     priority = params.get("priority_level", 0)
     if isinstance(priority, str) and priority.strip().lstrip("-").isdigit():
         priority = int(priority)

@@ -1,19 +1,31 @@
-"""Reading one Triton request into checked numpy arrays.
+"""Reading the requests of one `execute` call into checked numpy arrays.
 
 Works on any object with `inputs()` returning tensors that have `name()` and
 `as_numpy()` (what the Python backend's stub gives), so it is testable without it.
+
+Per request, Python does only what the stub's API forces: fetch the input tensors, their
+numpy views, the parameters string and the timeout. The checks against the config (data
+type, shape, rows, length limit, empty dimensions, non-finite values) run natively, one
+call per input for the whole `execute` call (latte._native.inspect_arrays); only a request
+that fails one gets its message worded here.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping
+from types import MappingProxyType
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from latte._native import BATCH_PROBLEMS, InputRule, inspect_arrays
 from latte.backend.config import ModelSpec, TensorSpec
 from latte.backend.dtypes import NUMPY_TO_TRITON, wire_name
+
+# The length of a request not yet measured (ParsedRequest.length); None means no ragged input.
+UNMEASURED = -1
+NO_PARAMETERS: Mapping[str, object] = MappingProxyType({})
 
 
 class RequestError(ValueError):
@@ -30,6 +42,7 @@ class ParsedRequest:
     rows: int                                  # batch rows this request contributes (1 when unbatched)
     parameters: Mapping[str, object] = field(default_factory=dict)
     timeout_us: int = 0                        # Triton's own request timeout, 0 = none
+    length: Optional[int] = UNMEASURED         # longest ragged dimension, measured once by the reader
 
 
 def _dtype_name(dtype: np.dtype) -> str:
@@ -37,89 +50,126 @@ def _dtype_name(dtype: np.dtype) -> str:
     return wire_name(key) if key else str(dtype)
 
 
-def _shape_matches(shape, dims) -> bool:
-    return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims))
+def _float_bits(dtype: np.dtype) -> int:
+    return dtype.itemsize * 8 if dtype.kind == "f" else 0
 
 
 class RequestReader:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self._by_name = {t.name: t for t in spec.inputs}
+        self._required = [t.name for t in spec.inputs if not t.optional]
+        self._rules = {
+            t.name: InputRule(type=t.dtype.num, float_bits=_float_bits(t.dtype), dims=list(t.dims),
+                              batched=spec.batched, max_rows=max(spec.max_batch_size, 1),
+                              max_length=spec.max_sequence_length or 0, reject_nonfinite=spec.reject_nan)
+            for t in spec.inputs
+        }
 
     def read(self, request) -> ParsedRequest:
+        """One request, checked; raises RequestError when it cannot be served."""
+        (item,) = self.read_all([request])
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def read_all(self, requests: Sequence, check_cancellation: bool = False) -> List[Union[ParsedRequest, Exception]]:
+        """One entry per request: its checked inputs, or the exception that says why not."""
+        items: List[Union[ParsedRequest, Exception]] = []
+        for request in requests:
+            try:
+                # Each is_cancelled() is a round trip to the server; Triton itself already drops
+                # requests cancelled while queued, so the check is opt-in.
+                if check_cancellation and request.is_cancelled():
+                    raise RequestCancelled("the client cancelled this request before it ran")
+                items.append(self._collect(request))
+            except (RequestError, RequestCancelled) as exc:
+                items.append(exc)
+            except Exception as exc:  # a reader bug must still answer this request alone
+                items.append(RequestError(f"could not read request: {type(exc).__name__}: {exc}"))
+        self._check(items)
+        return items
+
+    def _collect(self, request) -> ParsedRequest:
         arrays: Dict[str, np.ndarray] = {}
+        by_name = self._by_name
         for tensor in request.inputs():
             name = tensor.name()
-            if name not in self._by_name:
-                raise RequestError(
-                    f"unexpected input {name!r}; model {self.spec.name!r} takes {sorted(self._by_name)}"
-                )
+            if name not in by_name:
+                raise RequestError(f"unexpected input {name!r}; model {self.spec.name!r} takes {sorted(by_name)}")
             arrays[name] = tensor.as_numpy()
-        missing = [t.name for t in self.spec.inputs if t.name not in arrays and not t.optional]
-        if missing:
-            raise RequestError(f"missing input(s) {missing}; model {self.spec.name!r} takes {sorted(self._by_name)}")
-        rows = None
-        for name, array in arrays.items():
-            spec = self._by_name[name]
-            self._check(spec, array)
-            r = int(array.shape[0]) if self.spec.batched else 1
-            if rows is None:
-                rows = r
-            elif r != rows:
-                raise RequestError(f"inputs disagree on the batch size: {name!r} has {r} rows, others {rows}")
+        if len(arrays) < len(self._required):
+            missing = [name for name in self._required if name not in arrays]
+            raise RequestError(f"missing input(s) {missing}; model {self.spec.name!r} takes {sorted(by_name)}")
         timeout = getattr(request, "timeout", None)
-        return ParsedRequest(inputs=arrays, rows=rows or 1, parameters=_parameters(request),
+        return ParsedRequest(inputs=arrays, rows=0, parameters=_parameters(request),
                              timeout_us=int(timeout()) if timeout is not None else 0)
 
-    def _check(self, spec: TensorSpec, array: np.ndarray) -> None:
-        if array.dtype != spec.dtype:
-            raise RequestError(
-                f"input {spec.name!r}: expected data type {_dtype_name(spec.dtype)}, got {_dtype_name(array.dtype)}"
-            )
-        shape = tuple(array.shape)
-        if self.spec.batched:
-            if len(shape) == 0 or not _shape_matches(shape[1:], spec.dims):
-                raise RequestError(
-                    f"input {spec.name!r}: expected shape {spec.shape_text(True)}, got {list(shape)}"
-                )
-            if shape[0] < 1 or shape[0] > self.spec.max_batch_size:
-                raise RequestError(
-                    f"input {spec.name!r}: batch of {shape[0]} rows; this model takes 1 to "
-                    f"{self.spec.max_batch_size} rows per request"
-                )
-            inner = shape[1:]
-        else:
-            if not _shape_matches(shape, spec.dims):
-                raise RequestError(f"input {spec.name!r}: expected shape {spec.shape_text(False)}, got {list(shape)}")
-            inner = shape
-        limit = self.spec.max_sequence_length
-        if limit is not None:
-            for size, dim in zip(inner, spec.dims):
-                if dim == -1 and size > limit:
-                    raise RequestError(
-                        f"input {spec.name!r}: length {size} exceeds this model's maximum of {limit}"
-                    )
-        if any(size == 0 for size in inner):
-            raise RequestError(f"input {spec.name!r}: empty dimension in shape {list(shape)}")
-        if self.spec.reject_nan and array.dtype.kind == "f" and not np.isfinite(array).all():
-            bad = np.argwhere(~np.isfinite(array))[0].tolist()
-            raise RequestError(
-                f"input {spec.name!r}: NaN or infinity at index {bad}; this model only takes finite values"
-            )
+    def _check(self, items: List[Union[ParsedRequest, Exception]]) -> None:
+        """Fill in rows and length of every readable request; replace the refused ones with
+        their RequestError."""
+        first = True
+        for spec in self.spec.inputs:
+            positions = [i for i, item in enumerate(items)
+                         if not isinstance(item, Exception) and spec.name in item.inputs]
+            if not positions:
+                continue
+            rows, lengths, problems = inspect_arrays(self._rules[spec.name], [items[i].inputs[spec.name] for i in positions])
+            refused = set()
+            for index, problem, detail in problems:
+                i = positions[index]
+                items[i] = RequestError(self._message(spec, items[i].inputs[spec.name], BATCH_PROBLEMS[problem], detail))
+                refused.add(index)
+            for index, (i, r, n) in enumerate(zip(positions, rows, lengths)):
+                if index in refused:
+                    continue
+                item = items[i]
+                if first or item.rows == 0:
+                    item.rows, item.length = r, (n if spec.ragged else None)
+                    continue
+                if r != item.rows:
+                    items[i] = RequestError(f"inputs disagree on the batch size: {spec.name!r} has {r} rows, "
+                                            f"others {item.rows}")
+                elif spec.ragged and (item.length is None or n > item.length):
+                    item.length = n
+            first = False
+        for item in items:
+            if not isinstance(item, Exception) and item.rows == 0:
+                item.rows = 1  # only optional inputs were sent, and none of them
+
+    def _message(self, spec: TensorSpec, array: np.ndarray, problem: str, detail: int) -> str:
+        shape = list(array.shape)
+        if problem == "dtype":
+            return f"input {spec.name!r}: expected data type {_dtype_name(spec.dtype)}, got {_dtype_name(array.dtype)}"
+        if problem == "shape":
+            return f"input {spec.name!r}: expected shape {spec.shape_text(self.spec.batched)}, got {shape}"
+        if problem == "rows":
+            return (f"input {spec.name!r}: batch of {detail} rows; this model takes 1 to "
+                    f"{self.spec.max_batch_size} rows per request")
+        if problem == "too_long":
+            return (f"input {spec.name!r}: length {detail} exceeds this model's maximum of "
+                    f"{self.spec.max_sequence_length}")
+        if problem == "empty":
+            return f"input {spec.name!r}: empty dimension in shape {shape}"
+        if problem == "nonfinite":
+            index = np.unravel_index(detail, array.shape)
+            return (f"input {spec.name!r}: NaN or infinity at index {[int(i) for i in index]}; "
+                    f"this model only takes finite values")
+        return f"input {spec.name!r}: refused ({problem})"
 
 
 def _parameters(request) -> Mapping[str, object]:
     getter = getattr(request, "parameters", None)
     if getter is None:
-        return {}
+        return NO_PARAMETERS
     raw = getter()
-    if not raw:
-        return {}
+    if not raw or raw == "{}":
+        return NO_PARAMETERS
     try:
         value = json.loads(raw) if isinstance(raw, str) else dict(raw)
     except (ValueError, TypeError):
         raise RequestError(f"request parameters are not valid JSON: {raw!r}") from None
-    return value if isinstance(value, dict) else {}
+    return value if isinstance(value, dict) and value else NO_PARAMETERS
 
 
 def describe_inputs(spec: ModelSpec) -> List[str]:

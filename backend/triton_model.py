@@ -15,9 +15,9 @@ from latte.backend.config import parse_args, parse_model_config, usable_core_ids
 from latte.backend.engine import BatchEngine, BatchRecord, ModelError
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
-from latte.backend.options import read_options
+from latte.backend.options import DEFAULT_OPTIONS, read_options
 from latte.backend.precision import load_at_precision
-from latte.backend.requests import RequestCancelled, RequestError, RequestReader
+from latte.backend.requests import RequestError, RequestReader
 from latte.backend.responses import ResponseBuilder
 from latte.backend.sessions import SessionStore
 from latte.backend.warmup import measure_cost_model, warmup_requests, warmup_shapes
@@ -103,51 +103,64 @@ class LatteModel:
         return auto_complete_model_config
 
     def execute(self, requests) -> List:
-        started = time.monotonic()
-        parsed, options = [], []
-        spec_checks_cancel = self.spec.check_cancellation
-        for request in requests:
-            try:
-                # Each is_cancelled() is a round trip to the server; Triton itself already drops
-                # requests cancelled while queued, so the check here is opt-in.
-                if spec_checks_cancel and request.is_cancelled():
-                    raise RequestCancelled("the client cancelled this request before it ran")
-                item = self.reader.read(request)
-                opts = read_options(item.parameters, triton_timeout_us=item.timeout_us)
-            except (RequestError, RequestCancelled) as exc:
-                item, opts = exc, None
-            except Exception as exc:  # a reader bug must still answer this request alone
-                item, opts = RequestError(f"could not read request: {type(exc).__name__}: {exc}"), None
-            parsed.append(item)
-            options.append(opts)
+        started = time.perf_counter()
+        items = self.reader.read_all(requests, self.spec.check_cancellation)
+        options = self._options(items)
+        read = time.perf_counter()
         if self.spec.pipeline:
-            return self._submit(requests, parsed, options, started)
+            self._submit(requests, items, options, started)
+            self.metrics.execute(len(requests), read - started, time.perf_counter() - read, 0.0)
+            return None
 
         per_batch = self.spec.respond == "per_batch"
         sent = [False] * len(requests)
         answered = 0
+        responding = 0.0  # seconds spent building and sending responses
 
         def answer(outcomes) -> None:
             """Account for a group of finished requests; while others are still to run, send
             these now (each send is a round trip to the server). The last group rides back
             in execute's return value, one message for all of them."""
-            nonlocal answered
+            nonlocal answered, responding
             answered += len(outcomes)
             self._account(outcomes, options, started)
             if not per_batch or answered == len(requests):
                 return
+            begun = time.perf_counter()
             for position, outcome in outcomes:
                 sent[position] = True
                 self._send(requests[position].get_response_sender(), outcome)
+            responding += time.perf_counter() - begun
 
         try:
-            outcomes = self.engine.infer(parsed, options, on_results=answer)
+            outcomes = self.engine.infer(items, options, on_results=answer)
         except Exception as exc:
             # A fault outside any one batch: every request not yet answered gets this error.
             failure = ModelError(f"model {self.spec.name!r} failed: {type(exc).__name__}: {exc}")
             outcomes = [failure] * len(requests)
+        ran = time.perf_counter()
         # Requests answered through their sender must be None here.
-        return [None if done else self._response(outcome) for done, outcome in zip(sent, outcomes)]
+        responses = [None if done else self._response(outcome) for done, outcome in zip(sent, outcomes)]
+        responding += time.perf_counter() - ran
+        self.metrics.execute(len(requests), read - started, ran - read - responding, responding)
+        return responses
+
+    def _options(self, items) -> List:
+        """Each readable request's options (the shared defaults for one that sends no
+        parameters); a request whose parameters are wrong becomes its RequestError."""
+        options = []
+        for i, item in enumerate(items):
+            if isinstance(item, Exception):
+                options.append(None)
+            elif not item.parameters and item.timeout_us <= 0:
+                options.append(DEFAULT_OPTIONS)
+            else:
+                try:
+                    options.append(read_options(item.parameters, triton_timeout_us=item.timeout_us))
+                except RequestError as exc:
+                    items[i] = exc
+                    options.append(None)
+        return options
 
     def _submit(self, requests, parsed, options, started: float) -> None:
         """Pipelined: hand the requests to the lanes and return, so Triton can deliver the
@@ -188,11 +201,14 @@ class LatteModel:
                 self._send(sender, outcome)
 
     def _account(self, outcomes, options, started: float) -> None:
-        now = time.monotonic()
+        """Count a group of answered requests, one metrics update per outcome and priority."""
+        counts = {}
         for position, outcome in outcomes:
-            error = outcome if isinstance(outcome, Exception) else None
             opts = options[position]
-            self.metrics.request(outcome_label(error), opts.priority if opts else 0, now - started)
+            key = (outcome_label(outcome) if isinstance(outcome, Exception) else "success",
+                   opts.priority if opts is not None else 0)
+            counts[key] = counts.get(key, 0) + 1
+        self.metrics.requests(counts, time.perf_counter() - started)
 
     def _send(self, sender, outcome) -> None:
         """A request's one final response, through its response sender."""
@@ -208,7 +224,7 @@ class LatteModel:
             return self.responses.error(RuntimeError(f"could not build the response: {exc}"))
 
     def _on_batch(self, record: BatchRecord) -> None:
-        self.metrics.batch(record.rows, record.seconds)
+        self.metrics.batch(record.rows, record.model_seconds)
 
     def _refresh_gauges(self) -> None:
         if self.dispatcher is not None:

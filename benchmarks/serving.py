@@ -1,16 +1,32 @@
 """Serving benchmark: the latte backend vs Triton's stock Python backend on the same model.
 
-    .venv/bin/python benchmarks/serving.py [--model ranker|sequence] [--slo-ms MS]
-                                           [--concurrency 4,8,16] [--out results.json]
+    .venv/bin/python benchmarks/serving.py [--model identity,mlp,cnn,sequence,ranker]
+                                           [--rounds 3] [--concurrency 1,16] [--decompose]
+                                           [--out results.json]
 
-Both serve the same ONNX file in one tritonserver, with the same dynamic batcher settings
-and the same thread budget (one instance, one intra-op thread): `ranker` (the default; item
-histories of length 1..64 into a 97 MB embedding-bag + MLP tower, the shape of a
-production ranking model) or `sequence` (the bundled 32-wide attention encoder, token ids
-of length 1..128; small enough that per-request serving overhead dominates). perf_analyzer
-drives each with the same variable-length inputs. A third figure, the in-process batched
-throughput of the same model on one thread (best of a few batch sizes, padded per batch),
-is the limit of this machine. Printed: throughput at P99 within the SLO and the ratios.
+Per model, one tritonserver serves three contenders behind the same `max_batch_size`,
+`dynamic_batching` delay, one instance and one intra-op thread:
+
+- latte: the model file with `backend: "latte"` and its defaults;
+- stock: Triton's stock Python backend running the documented per-request loop over
+  onnxruntime (for `identity`: a model.py that echoes its input, the least work any
+  Python-backend model can do);
+- echo: that echo model on the same input, the serving cost alone (client, gRPC, Triton's
+  core, the Python stub), measured in every round.
+
+perf_analyzer (gRPC) drives each with the same requests (ragged models: lengths drawn from
+`--lengths`), rounds interleaved, contenders in alternating order; medians are reported.
+The limit a Python-backend model can reach here is H = 1 / (1/echo + 1/in-process), where
+in-process is the same ONNX file's best rows/s on one thread in padded batches (ragged
+inputs length-sorted); latte / H says how close latte comes.
+
+`--decompose` adds where latte's time goes per request, from its own counters
+(latte_execute_us_total by stage, latte_model_duration_us_total) scraped around each
+measurement, next to the echo model's whole per-request cost.
+
+Models: identity (ONNX Identity on FP32[64]: serving cost alone), mlp (16 -> 8), cnn
+(3x32x32), sequence (token ids 1..128, lognormal lengths), ranker (item histories 1..64
+into a 97 MB embedding bag + MLP tower; built on request, ~20 s).
 """
 
 from __future__ import annotations
@@ -18,84 +34,138 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Dict, List, Optional
 
 import numpy as np
 
-from latte.examples import CATALOG, build_examples, model_context
+from latte.bench.lengths import LengthDistribution
+from latte.bench.metrics import scrape, total
+from latte.examples import CATALOG, Example, ExampleTensor, build_examples, model_context
 from latte.generator.render import write_model
 from latte.triton import TritonServer
 from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
 
 HERE = Path(__file__).resolve().parent
-# Per model: the P99 objective and the concurrency levels that reach each contender's peak.
-# Both contenders get the same dynamic batcher delay (queue_delay_us).
-DEFAULTS = {"ranker": {"slo_ms": 100.0, "concurrency": "8,16,32,64,96,128", "queue_delay_us": 2000},
-            "sequence": {"slo_ms": 50.0, "concurrency": "4,8,12,16", "queue_delay_us": 500}}
-# --ablation: latte with one setting changed at a time.
-ABLATIONS = {
-    "scheduler_lane": {"scheduler": "affinity"},
-    "bucket_planning": {"batch_planning": "bucket"},
-    "respond_per_call": {"respond": "per_call"},
-    "pipeline": {"pipeline": "true"},
-    "2lanes": {"lanes": "2"},
+IDENTITY = Example("identity", "FP32[64] returned as it came (ONNX Identity)",
+                   (ExampleTensor("INPUT0", "TYPE_FP32", (64,)),), (ExampleTensor("OUTPUT0", "TYPE_FP32", (64,)),),
+                   max_batch_size=32)
+
+
+@dataclass(frozen=True)
+class Setting:
+    slo_ms: float
+    concurrency: str
+    queue_delay_us: int
+    max_batch_size: int
+    lengths: Optional[str] = None
+
+
+SETTINGS = {
+    "identity": Setting(50.0, "1,16", 500, 32),
+    "mlp": Setting(50.0, "1,16", 500, 32),
+    "cnn": Setting(50.0, "1,16", 500, 32),
+    "sequence": Setting(50.0, "1,16", 500, 32, "lognormal:median=24,sigma=0.8"),
+    "ranker": Setting(100.0, "8,16,32,64,96,128", 2000, 64, "uniform:low=1,high=64"),
 }
 
 
-def baseline_model(repo: Path, example, source: Path, queue_delay_us: int) -> str:
-    """Add the stock-Python-backend copy of the model to `repo`."""
-    context = model_context(example, "onnx", "model.onnx")
-    context.update(name=f"{example.name}_python_baseline", backend="python", parameters={},
-                   dynamic_batching={"max_queue_delay_microseconds": queue_delay_us})
-    model_dir = write_model(repo, context, {"model.onnx": source})
-    shutil.copy(HERE / "baseline_python_model.py", model_dir / "1" / "model.py")
-    return context["name"]
+def write_identity_onnx(path: Path, width: int = 64) -> Path:
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", width])
+    y = helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", width])
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "identity", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
 
 
-def latte_variant(repo: Path, example, source: Path, name: str, queue_delay_us: int = 500, **parameters) -> str:
-    """A copy of the latte model with some parameters changed (an ablation)."""
-    context = model_context(example, "onnx", "model.onnx")
-    context["name"] = name
-    context["dynamic_batching"] = {"max_queue_delay_microseconds": queue_delay_us}
-    context["parameters"] = {**context["parameters"], **parameters}
-    write_model(repo, context, {"model.onnx": source})
-    return name
+def model_file(example: Example, work: Path) -> Path:
+    """The example's ONNX file, built here."""
+    if example.name == "identity":
+        return write_identity_onnx(work / "identity" / "model.onnx")
+    repo = build_examples(work / f"{example.name}-build-repo", names=[example.name])
+    return repo / f"{example.name}_onnx" / "1" / "model.onnx"
 
 
-def in_process_rate(session, input_name: str, samples, batch: int, seconds: float) -> float:
-    """Rows per second of padded batches of `batch` samples through `session`."""
-    rows, started, i = 0, time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        group = [samples[(i + k) % len(samples)][input_name] for k in range(batch)]
-        i += batch
-        longest = max(len(g) for g in group)
-        padded = np.zeros((batch, longest), np.int64)
-        for r, g in enumerate(group):
-            padded[r, :len(g)] = g
-        session.run(None, {input_name: padded})
-        rows += batch
-    return rows / (time.perf_counter() - started)
+def add_contenders(repo: Path, example: Example, source: Path, setting: Setting) -> Dict[str, str]:
+    """latte, stock and echo copies of the model in `repo`; role -> model name."""
+    names = {}
+    for role, backend, script in (("latte", "latte", None),
+                                  ("stock", "python", "echo_python_model.py" if example.name == "identity"
+                                   else "baseline_python_model.py"),
+                                  ("echo", "python", "echo_python_model.py")):
+        context = model_context(example, "onnx", "model.onnx")
+        context.update(name=f"{example.name}_{role}", backend=backend, max_batch_size=setting.max_batch_size,
+                       dynamic_batching={"max_queue_delay_microseconds": setting.queue_delay_us})
+        if backend == "python":
+            context["parameters"] = {}
+        if role == "echo":
+            # The same request bytes, echoed: the first input comes back as the output.
+            first = context["inputs"][0]
+            context["outputs"] = [{"name": "ECHO", "data_type": first["data_type"], "dims": first["dims"]}]
+        model_dir = write_model(repo, context, {"model.onnx": source})
+        if script:
+            shutil.copy(HERE / script, model_dir / "1" / "model.py")
+        names[role] = context["name"]
+    return names
 
 
-def in_process_limit(model_file: Path, input_name: str, samples, batches, seconds: float = 4.0):
-    """The best rows/s of the same ONNX model on one thread over a few batch sizes, and that size."""
+def samples_for(example: Example, setting: Setting, count: int = 256):
+    rng = np.random.default_rng(5)
+    if setting.lengths:
+        lengths = LengthDistribution.parse(setting.lengths).sample(rng, count, example.max_sequence_length)
+        return [{k: v[0] for k, v in example.sample(1, rng, length=int(n)).items()} for n in lengths]
+    return [{k: v[0] for k, v in example.sample(1, rng).items()} for _ in range(count)]
+
+
+def in_process_limit(source: Path, example: Example, samples, max_batch: int, seconds: float = 3.0):
+    """Best rows/s of the ONNX file on one thread: (rate, batch). Ragged inputs are sorted by
+    length within windows of 64 requests and padded per batch, the best a batcher can do."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(model_file), sess_options=options, providers=["CPUExecutionProvider"])
-    rates = {b: in_process_rate(session, input_name, samples, b, seconds) for b in batches}
+    session = ort.InferenceSession(str(source), sess_options=options, providers=["CPUExecutionProvider"])
+    name = example.inputs[0].name
+    rows = [s[name] for s in samples]
+    if example.inputs[0].ragged:
+        rows = [r for w in range(0, len(rows), 64) for r in sorted(rows[w:w + 64], key=len)]
+    rates = {}
+    for batch in sorted({b for b in (1, 8, 16, 32, 64) if b <= max_batch}):
+        feeds = []
+        for at in range(0, len(rows) - batch + 1, batch):
+            group = rows[at:at + batch]
+            longest = max(len(g) for g in group) if example.inputs[0].ragged else None
+            if longest is None:
+                feeds.append(np.stack(group))
+            else:
+                padded = np.zeros((batch, longest), group[0].dtype)
+                for r, g in enumerate(group):
+                    padded[r, :len(g)] = g
+                feeds.append(padded)
+        done, started, i = 0, time.perf_counter(), 0
+        while time.perf_counter() - started < seconds / 5:
+            session.run(None, {name: feeds[i % len(feeds)]})
+            done += batch
+            i += 1
+        rates[batch] = done / (time.perf_counter() - started)
     best = max(rates, key=rates.get)
     return rates[best], best
 
 
 def measure(model: str, url: str, level: int, data: Path, measurement_ms: int):
-    """One concurrency level (perf_analyzer sweeps evenly spaced levels only); a level that
-    cannot settle within 30 % on this shared machine is measured again at 100 % and flagged."""
+    """One concurrency level; a level that cannot settle within 30 % is measured again at 100 % and flagged."""
     for stability in (30, 100):
         try:
             (point,) = run_perf_analyzer(model, url, concurrency=[level], input_data=data,
@@ -108,76 +178,131 @@ def measure(model: str, url: str, level: int, data: Path, measurement_ms: int):
         return point
 
 
-def best_under_slo(points, slo_ms: float):
-    ok = [p for p in points if p.p99_ms <= slo_ms]
-    return max(ok, key=lambda p: p.throughput) if ok else None
+STAGES = ("read", "engine", "respond")
+
+
+def latte_counters(metrics_url: str, model: str) -> Dict[str, float]:
+    values = scrape(metrics_url)
+    found = {stage: total(values, "latte_execute_us_total", model=model, stage=stage) or 0.0 for stage in STAGES}
+    found["model"] = total(values, "latte_model_duration_us_total", model=model) or 0.0
+    found["requests"] = total(values, "latte_execute_requests_total", model=model) or 0.0
+    found["calls"] = total(values, "latte_execute_calls_total", model=model) or 0.0
+    return found
+
+
+def per_request(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, float]:
+    """µs per request of each stage between two scrapes (the model's own time split out of
+    the engine's), and requests per execute call."""
+    requests = max(1.0, after["requests"] - before["requests"])
+    out = {k: (after[k] - before[k]) / requests for k in (*STAGES, "model")}
+    out["engine"] -= out["model"]
+    out["requests_per_execute"] = requests / max(1.0, after["calls"] - before["calls"])
+    return out
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def run_model(name: str, args, work: Path) -> dict:
+    example = IDENTITY if name == "identity" else CATALOG[name]
+    setting = SETTINGS[name]
+    levels = [int(x) for x in (args.concurrency or setting.concurrency).split(",")]
+    source = model_file(example, work)
+    repo = work / f"{name}-repo"
+    names = add_contenders(repo, example, source, setting)
+    samples = samples_for(example, setting)
+    data = write_input_data(work / f"{name}-inputs.json", samples)
+    points: Dict[str, Dict[int, list]] = {role: {level: [] for level in levels} for role in names}
+    decomposed: List[dict] = []
+    top = max(levels)
+    with TritonServer(repo, log_path=work / f"{name}-tritonserver.log") as server:
+        for round_ in range(args.rounds):
+            order = ["latte", "stock"] if round_ % 2 == 0 else ["stock", "latte"]
+            for role in order + ["echo"]:
+                for level in (levels if role != "echo" else [top]):
+                    before = latte_counters(server.metrics_url, names["latte"]) if role == "latte" else None
+                    print(f"  round {round_ + 1}/{args.rounds}: {names[role]} at concurrency {level} ...", flush=True)
+                    point = measure(names[role], server.grpc_url, level, data, args.measurement_ms)
+                    points[role][level].append(point)
+                    if before is not None and level == top and args.decompose:
+                        time.sleep(1.2)  # latte publishes its counters once a second
+                        decomposed.append(per_request(before, latte_counters(server.metrics_url, names["latte"])))
+    limit, limit_batch = in_process_limit(source, example, samples, setting.max_batch_size)
+
+    def summary(role, level, field):
+        return median([getattr(p, field) for p in points[role][level]])
+
+    result = {"model": name, "slo_ms": setting.slo_ms, "levels": levels, "rounds": args.rounds,
+              "in_process_limit": limit, "in_process_batch": limit_batch,
+              "points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
+                         for role, by_level in points.items()}}
+    for role in ("latte", "stock"):
+        ok = [level for level in levels if (summary(role, level, "p99_ms") or 1e9) <= setting.slo_ms]
+        best = max(ok, key=lambda level: summary(role, level, "throughput")) if ok else None
+        result[role] = {"throughput": summary(role, best, "throughput") if best else 0.0, "concurrency": best,
+                        "p50_ms": summary(role, best, "p50_ms") if best else None,
+                        "p99_ms": summary(role, best, "p99_ms") if best else None,
+                        "p50_ms_lowest_level": summary(role, levels[0], "p50_ms")}
+    echo = summary("echo", top, "throughput")
+    limit_h = 1.0 / (1.0 / echo + 1.0 / limit)
+    result.update(echo=echo, python_backend_limit=limit_h,
+                  ratio=result["latte"]["throughput"] / max(1e-9, result["stock"]["throughput"]),
+                  latte_share_of_limit=result["latte"]["throughput"] / limit_h,
+                  stock_share_of_limit=result["stock"]["throughput"] / limit_h,
+                  p50_ratio_lowest_level=(result["latte"]["p50_ms_lowest_level"]
+                                          / max(1e-9, result["stock"]["p50_ms_lowest_level"])))
+    if decomposed:
+        result["decompose_us_per_request"] = {k: median([d[k] for d in decomposed]) for k in decomposed[0]}
+        result["decompose_us_per_request"]["echo_wall"] = 1e6 / echo
+        result["decompose_us_per_request"]["latte_wall"] = 1e6 / max(1e-9, summary("latte", top, "throughput"))
+    return result
+
+
+def print_results(results: List[dict]) -> None:
+    print(f"\n{'model':9} {'latte':>8} {'stock':>8} {'ratio':>6} {'echo':>7} {'in-proc':>8} {'H':>7} "
+          f"{'latte/H':>7} {'stock/H':>7} {'P50 at lowest level, latte/stock':>34}")
+    for r in results:
+        low = f"{r['latte']['p50_ms_lowest_level']:.2f} / {r['stock']['p50_ms_lowest_level']:.2f} ms " \
+              f"({r['p50_ratio_lowest_level']:.2f}x)"
+        print(f"{r['model']:9} {r['latte']['throughput']:>8.0f} {r['stock']['throughput']:>8.0f} {r['ratio']:>5.2f}x "
+              f"{r['echo']:>7.0f} {r['in_process_limit']:>8.0f} {r['python_backend_limit']:>7.0f} "
+              f"{r['latte_share_of_limit']:>7.0%} {r['stock_share_of_limit']:>7.0%} {low:>34}")
+    print("(infer/s at the best level with P99 within the SLO, medians of the rounds; H = 1/(1/echo + 1/in-process))")
+    decomposed = [r for r in results if "decompose_us_per_request" in r]
+    if decomposed:
+        print(f"\n{'model':9} {'req/exec':>8} {'read':>6} {'engine':>7} {'model':>6} {'respond':>8} "
+              f"{'latte wall':>10} {'echo wall':>10}   (us per request at the top level)")
+        for r in decomposed:
+            d = r["decompose_us_per_request"]
+            print(f"{r['model']:9} {d['requests_per_execute']:>8.1f} {d['read']:>6.1f} {d['engine']:>7.1f} "
+                  f"{d['model']:>6.1f} {d['respond']:>8.1f} {d['latte_wall']:>10.1f} {d['echo_wall']:>10.1f}")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=sorted(DEFAULTS), default="ranker")
-    parser.add_argument("--slo-ms", type=float, help="P99 latency objective (default: per model)")
+    parser.add_argument("--model", default="identity,sequence,mlp",
+                        help=f"comma-separated, from {', '.join(SETTINGS)} (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
     parser.add_argument("--concurrency", help="perf_analyzer concurrency levels, comma-separated (default: per model)")
-    parser.add_argument("--measurement-ms", type=int, default=3000)
+    parser.add_argument("--measurement-ms", type=int, default=2000, help="default: %(default)s")
+    parser.add_argument("--decompose", action="store_true", help="also print where latte's time goes per request")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
-    parser.add_argument("--ablation", action="store_true",
-                        help="also measure latte with one setting changed at a time (ABLATIONS)")
     args = parser.parse_args(argv)
-    example = CATALOG[args.model]
-    slo_ms = args.slo_ms or DEFAULTS[args.model]["slo_ms"]
-    levels = [int(x) for x in (args.concurrency or DEFAULTS[args.model]["concurrency"]).split(",")]
-
+    models = [m.strip() for m in args.model.split(",") if m.strip()]
+    unknown = [m for m in models if m not in SETTINGS]
+    if unknown or args.rounds < 1:
+        parser.error(f"unknown model(s) {unknown}; choose from {', '.join(SETTINGS)}" if unknown
+                     else "--rounds must be >= 1")
     work = Path(tempfile.mkdtemp(prefix="latte-serving-"))
-    repo = build_examples(work / "repo", names=[example.name])
-    shutil.rmtree(repo / f"{example.name}_torchscript")
-    # Only the contenders below are served; the file they share stays outside the repository.
-    source = Path(shutil.move(str(repo / f"{example.name}_onnx" / "1" / "model.onnx"), work / "model.onnx"))
-    shutil.rmtree(repo / f"{example.name}_onnx")
-    delay = DEFAULTS[args.model]["queue_delay_us"]
-    baseline = baseline_model(repo, example, source, delay)
-    # The same thread budget as the baseline: one lane, one intra-op thread.
-    latte = latte_variant(repo, example, source, f"{example.name}_latte", delay, lanes="1")
-    variants = [latte_variant(repo, example, source, f"{example.name}_latte_{label}", delay, **{"lanes": "1", **changed})
-                for label, changed in ABLATIONS.items()] if args.ablation else []
-    rng = np.random.default_rng(5)
-    input_name = example.inputs[0].name
-    samples = [{input_name: example.sample(1, rng)[input_name][0]} for _ in range(256)]
-    data = write_input_data(work / "inputs.json", samples)
-
-    results = {}
-    with TritonServer(repo, log_path=work / "tritonserver.log") as server:
-        for model in [latte, baseline] + variants:
-            print(f"measuring {model} at concurrency {levels} ...", flush=True)
-            results[model] = [measure(model, server.grpc_url, level, data, args.measurement_ms) for level in levels]
-    batches = sorted({b for b in (8, 16, 32, example.max_batch_size) if b <= example.max_batch_size})
-    limit, limit_batch = in_process_limit(source, input_name, samples, batches)
-
-    print(f"\n{'model':28} {'conc':>5} {'infer/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
-    for model, points in results.items():
-        for p in points:
-            loose = " (settled only within 100 %)" if p.stability_percentage > 30 else ""
-            print(f"{model:28} {p.concurrency:>5} {p.throughput:>9.0f} {p.p50_ms:>8.2f} {p.p99_ms:>8.2f}{loose}")
-    best = {model: best_under_slo(points, slo_ms) for model, points in results.items()}
-    latte = best[latte]
-    base = best[baseline]
-    print(f"\nthroughput at P99 <= {slo_ms:g} ms ({example.name}):")
-    print(f"  latte backend            {latte.throughput if latte else 0:>9.0f} infer/s")
-    print(f"  stock Python backend     {base.throughput if base else 0:>9.0f} infer/s")
-    for model in variants:
-        print(f"  {model:28} {best[model].throughput if best[model] else 0:>9.0f} infer/s")
-    print(f"  in-process limit (1 thread, batch {limit_batch}) {limit:>9.0f} rows/s")
-    figures = {"model": example.name, "slo_ms": slo_ms, "latte": latte.as_dict() if latte else None,
-               "baseline": base.as_dict() if base else None, "in_process_limit": limit,
-               "in_process_batch": limit_batch,
-               "points": {model: [{**p.as_dict(), "stability_percentage": p.stability_percentage} for p in points] for model, points in results.items()}}
-    if latte and base:
-        figures["ratio_vs_python_backend"] = latte.throughput / base.throughput
-        print(f"  latte / Python backend   {figures['ratio_vs_python_backend']:.2f}x   (target >= 3x)")
-    if latte:
-        figures["share_of_in_process_limit"] = latte.throughput / limit
-        print(f"  latte / in-process limit {figures['share_of_in_process_limit']:.0%}    (target >= 85%)")
+    results = []
+    for name in models:
+        print(f"{name}:", flush=True)
+        results.append(run_model(name, args, work))
+    print_results(results)
     if args.out:
-        args.out.write_text(json.dumps(figures, indent=2))
+        args.out.write_text(json.dumps(results, indent=2))
     return 0
 
 

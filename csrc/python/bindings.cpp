@@ -13,6 +13,8 @@
 // Arena arrays are built with the NumPy C API: a numpy.empty-like call must cost about what
 // numpy.empty costs, which a DLPack/buffer round trip does not.
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+// Shared with batching_bindings.cpp, which uses the table imported here.
+#define PY_ARRAY_UNIQUE_SYMBOL latte_native_ARRAY_API
 #include <numpy/arrayobject.h>
 // --- end memory ---
 #include "latte/memory/arena_stack.hpp"
@@ -20,6 +22,8 @@
 #include "latte/memory/host_resource.hpp"
 
 namespace nb = nanobind;
+
+void bind_batching(nb::module_& m);  // batching_bindings.cpp
 
 // --- memory (BuddyArena) ---
 namespace {
@@ -375,6 +379,9 @@ NB_MODULE(_native, m) {
 
   // --- memory (BuddyArena) ---
   bind_memory(m);
+
+  // --- batching (request checks and packing) ---
+  bind_batching(m);
 
   // --- scheduling (AffinityScheduler) ---
   nb::class_<PyAffinityScheduler>(m, "AffinityScheduler", nb::is_weak_referenceable(),

@@ -78,3 +78,21 @@ def test_nan_is_refused_where_the_model_forbids_it():
     assert RequestReader(SPEC).read(request).rows == 2  # allowed unless the config says reject_nan
     with pytest.raises(RequestError, match=r"input 'scale': NaN or infinity at index \[1, 0\]"):
         RequestReader(replace(SPEC, reject_nan=True)).read(request)
+
+
+def test_one_call_reads_every_request_and_a_bad_one_fails_alone():
+    requests = [good(rows=1, length=3), Request(tokens=np.ones((1, 5), np.int32), scale=np.ones((1, 1), np.float32)),
+                good(rows=2, length=7), Request(parameters="{not json", tokens=np.ones((1, 2), np.int64),
+                                                scale=np.ones((1, 1), np.float32))]
+    first, wrong_type, second, bad_json = RequestReader(SPEC).read_all(requests)
+    assert (first.rows, first.length) == (1, 3)
+    assert (second.rows, second.length) == (2, 7)
+    assert isinstance(wrong_type, RequestError) and "expected data type INT64, got INT32" in str(wrong_type)
+    assert isinstance(bad_json, RequestError) and "not valid JSON" in str(bad_json)
+
+
+def test_requests_without_parameters_share_no_state():
+    first, second = RequestReader(SPEC).read_all([good(), good()])
+    assert first.parameters == {} and second.parameters == {}
+    with pytest.raises(TypeError):
+        first.parameters["priority_level"] = 3  # the shared empty mapping is read-only

@@ -1,0 +1,30 @@
+"""The backend's in-process figures: what one execute call records, whatever its size."""
+
+import pytest
+
+from latte.backend.metrics import LATENCY_BUCKETS_US, BackendMetrics
+
+
+def test_requests_answered_together_are_counted_once_per_outcome_and_priority():
+    metrics = BackendMetrics()
+    metrics.requests({("success", 0): 5, ("bad_request", 0): 1, ("success", 2): 2}, seconds=0.0004)
+    counters, _ = metrics.aggregate.snapshot()
+    assert counters[("latte_requests_total", (("outcome", "success"),))] == 7
+    assert counters[("latte_requests_total", (("outcome", "bad_request"),))] == 1
+    # 400 us falls in the 500 us bucket: six requests at priority 0 observed there at once.
+    bucket = ("latte_request_duration_us_bucket", (("priority", "0"), ("le", "500")))
+    assert counters[bucket] == 6
+    assert counters[("latte_request_duration_us_sum", (("priority", "0"),))] == pytest.approx(6 * 400.0)
+    assert counters[("latte_request_duration_us_count", (("priority", "2"),))] == 2
+    assert 500 in LATENCY_BUCKETS_US
+
+
+def test_execute_stages_add_up_per_call():
+    metrics = BackendMetrics()
+    metrics.execute(requests=8, read_s=20e-6, engine_s=50e-6, respond_s=30e-6)
+    metrics.execute(requests=4, read_s=10e-6, engine_s=25e-6, respond_s=15e-6)
+    counters, _ = metrics.aggregate.snapshot()
+    assert counters[("latte_execute_calls_total", ())] == 2
+    assert counters[("latte_execute_requests_total", ())] == 12
+    stages = {stage: counters[("latte_execute_us_total", (("stage", stage),))] for stage in ("read", "engine", "respond")}
+    assert stages == pytest.approx({"read": 30.0, "engine": 75.0, "respond": 45.0})
