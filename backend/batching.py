@@ -89,6 +89,8 @@ Item = Tuple[int, ParsedRequest]
 
 def chunk_by_rows(items: Sequence, rows: Sequence[int], max_rows: int) -> List[List]:
     """Consecutive runs of `items` holding at most max_rows rows each (rows[i] is item i's)."""
+    if not items:
+        return []
     batches: List[List] = [[]]
     taken = 0
     for item, r in zip(items, rows):
@@ -146,7 +148,9 @@ def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], bucket
         known = [n for n in lengths if n is not None]
         if known:
             padded = max(known)
-            if buckets is not None:
+            # A request alone in its batch runs at its own length, as it would one at a time:
+            # padding it to its bucket's edge buys no batching.
+            if buckets is not None and len(group) > 1:
                 padded = buckets.edge_for(padded)
     inputs: Dict[str, np.ndarray] = {}
     for t in spec.inputs:

@@ -175,9 +175,12 @@ class BatchEngine:
 
     # -- one batch ------------------------------------------------------------------------
     def run_group(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
-        """Run work of one affinity key as handed over by the scheduler, split where it
-        exceeds max_batch_size rows."""
-        return [outcome for batch in self._groups(group) for outcome in self._run_in_time(batch)]
+        """Run work of one affinity key as handed over by the scheduler. Its key is the batch
+        the call's plan put it in, and the scheduler keeps a batch within max_batch_size
+        rows, so the group runs as it is; only a group past that limit is planned again."""
+        if not self.spec.batched or sum(w.request.rows for w in group) > self.spec.max_batch_size:
+            return [outcome for batch in self._groups(group) for outcome in self._run_in_time(batch)]
+        return self._run_in_time(group)
 
     def run_batch(self, requests: Sequence[ParsedRequest]) -> List[Result]:
         """Run the requests as one model call, as a plan would (no ordering, no deadlines):

@@ -8,11 +8,14 @@ cost says so:
 
     cost(batch) = fixed_s + per_row_s(edge) x rows
 
-Requests sorted by length are cut into contiguous runs by dynamic programming. With one
-row per request a contiguous partition is optimal among all partitions (a batch's cost
-depends only on its longest member and its row count, so handing the longest requests
-to the batch with the longest edge never costs more); with multi-row requests the
-max_batch_size limit makes it a packing problem, and the plan is the best contiguous one.
+Requests sorted by length are cut into contiguous runs by dynamic programming. A request
+alone in its batch is not padded, so a run of one costs fixed_s + per_row_s(its own
+length) x rows: the plan never costs more than one call per request. With one row per
+request a contiguous partition is optimal among all partitions (a batch's cost depends
+only on its longest member and its row count, and a lone request's grows with its length,
+so handing the longest requests to the batch with the longest edge never costs more); with
+multi-row requests the max_batch_size limit makes it a packing problem, and the plan is
+the best contiguous one.
 """
 
 from __future__ import annotations
@@ -84,14 +87,16 @@ class CostModel:
 
     def row_cost(self, edge: int) -> float:
         """Per-row seconds at `edge`: measured edges as measured; others scaled from the
-        nearest measured edge at or above (or the last one), in proportion to the length."""
+        nearest measured edge at or above (or the last one), in proportion to the length, and
+        never below the nearest measured edge under it, so the cost grows with the length."""
         cost = self.per_row_s.get(edge)
         if cost is not None:
             return cost
         edges = self._edges  # type: ignore[attr-defined]
         i = bisect.bisect_left(edges, edge)
         ref = edges[i] if i < len(edges) else edges[-1]
-        return self.per_row_s[ref] * edge / ref
+        scaled = self.per_row_s[ref] * edge / ref
+        return max(scaled, self.per_row_s[edges[i - 1]]) if i > 0 else scaled
 
     def batch_cost(self, edge: int, rows: int) -> float:
         return self.fixed_s + self.row_cost(edge) * rows
@@ -118,6 +123,8 @@ def partition(lengths: Sequence[int], rows: Sequence[int], edge_for: Callable[[i
     cut = [0] * (n + 1)
     fixed = cost.fixed_s
     row_cost = [cost.row_cost(edge_for(length)) for length in lengths]
+    # A request alone in its batch is not padded (see batching.assemble): its own length.
+    alone_cost = [cost.row_cost(length) for length in lengths]
     for j in range(1, n + 1):
         per_row = row_cost[j - 1]  # the run ending at j pads to item j-1's edge, its longest
         taken = 0
@@ -125,7 +132,7 @@ def partition(lengths: Sequence[int], rows: Sequence[int], edge_for: Callable[[i
             taken += rows[i]
             if taken > max_rows and i < j - 1:
                 break
-            candidate = best[i] + fixed + per_row * taken
+            candidate = best[i] + fixed + (alone_cost[i] if i == j - 1 else per_row) * taken
             if candidate < best[j]:
                 best[j], cut[j] = candidate, i
     runs = []

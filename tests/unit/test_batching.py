@@ -69,7 +69,9 @@ def set_partitions(items):
 
 
 def plan_cost(batches, lengths, rows, cost):
-    return sum(cost.batch_cost(BUCKETS.edge_for(max(lengths[i] for i in b)), sum(rows[i] for i in b))
+    """A batch pads to its longest member's edge; a request alone runs at its own length."""
+    return sum(cost.batch_cost(lengths[b[0]] if len(b) == 1 else BUCKETS.edge_for(max(lengths[i] for i in b)),
+                               sum(rows[i] for i in b))
                for b in batches)
 
 
@@ -124,7 +126,8 @@ def test_a_high_fixed_cost_merges_buckets_and_a_high_row_cost_keeps_them_apart()
     call_bound = CostModel(1000.0, {16: 1.0, 32: 2.0, 64: 4.0, 128: 8.0})
     assert plan_by_cost(lengths, rows, BUCKETS.edge_for, call_bound, 32) == [[1, 3, 2, 0]]
     row_bound = CostModel(1.0, {16: 10.0, 32: 20.0, 64: 40.0, 128: 80.0})
-    assert plan_by_cost(lengths, rows, BUCKETS.edge_for, row_bound, 32) == [[1, 3], [2], [0]]
+    # Padding 3 and 5 to 16 costs more than two calls at their own lengths.
+    assert plan_by_cost(lengths, rows, BUCKETS.edge_for, row_bound, 32) == [[1], [3], [2], [0]]
 
 
 def test_cost_models_refuse_what_the_planner_cannot_use():
@@ -188,3 +191,22 @@ def test_cost_planned_batches_never_exceed_max_batch_size():
             fewest, rows = fewest + 1, 0
         rows += r.rows
     assert len(groups) == fewest
+
+
+def test_a_plan_never_costs_more_than_one_call_per_request():
+    rng = np.random.default_rng(11)
+    for _ in range(100):
+        n = int(rng.integers(1, 12))
+        lengths = rng.integers(1, 129, size=n).tolist()
+        rows = rng.integers(1, 4, size=n).tolist()
+        cost = random_cost_model(rng)
+        plan = plan_by_cost(lengths, rows, BUCKETS.edge_for, cost, 16)
+        one_by_one = plan_cost([[i] for i in range(n)], lengths, rows, cost)
+        assert plan_cost(plan, lengths, rows, cost) <= one_by_one * (1 + 1e-12)
+
+
+def test_a_request_alone_in_its_batch_is_not_padded_to_its_bucket():
+    alone = assemble(spec(), [(0, req(2, 20, 1))], BUCKETS)
+    assert alone.inputs["tokens"].shape == (2, 20)
+    together = assemble(spec(), [(0, req(1, 20, 1)), (1, req(1, 3, 1))], BUCKETS)
+    assert together.inputs["tokens"].shape == (2, 32)
