@@ -171,6 +171,8 @@ class BatchEngine:
     @staticmethod
     def order(groups: List[List[Work]]) -> List[List[Work]]:
         """Higher priority first, then the earliest deadline."""
+        if len(groups) < 2:
+            return groups
         return sorted(groups, key=lambda g: (-max(w.options.priority for w in g), min(w.deadline for w in g)))
 
     # -- one batch ------------------------------------------------------------------------
@@ -231,8 +233,9 @@ class BatchEngine:
             return outcomes
         finally:
             del batch  # arena-backed input buffers go back as soon as the call is over
-        for w in group:
-            self._commit_session(w)
+        if self.sessions is not None:
+            for w in group:
+                self._commit_session(w)
         return [(w.position, part) for w, part in zip(group, parts)]
 
     def _call(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:

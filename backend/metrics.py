@@ -47,10 +47,7 @@ class MetricsAggregate:
 
     def add_all(self, increments) -> None:
         """Several counter increments under one lock: [((name, sorted label pairs), value)]."""
-        counters = self.counters
-        with self._lock:
-            for key, value in increments:
-                counters[key] = counters.get(key, 0.0) + value
+        self.update(increments, ())
 
     def set(self, name: str, labels: Mapping[str, str], value: float) -> None:
         with self._lock:
@@ -58,12 +55,20 @@ class MetricsAggregate:
 
     def observe(self, name: str, labels: Mapping[str, str], value: float, bounds, count: int = 1) -> None:
         """`count` observations of `value` (requests answered together share their latency)."""
-        key = (name, tuple(sorted(labels.items())))
+        self.update((), [((name, tuple(sorted(labels.items()))), value, bounds, count)])
+
+    def update(self, increments, observations) -> None:
+        """Counter increments [((name, sorted label pairs), value)] and histogram observations
+        [(key, value, bounds, count)] under one lock: the backend's updates of one call."""
+        counters, histograms = self.counters, self.histograms
         with self._lock:
-            hist = self.histograms.get(key)
-            if hist is None:
-                hist = self.histograms[key] = _Histogram(bounds)
-            hist.observe(value, count)
+            for key, value in increments:
+                counters[key] = counters.get(key, 0.0) + value
+            for key, value, bounds, count in observations:
+                hist = histograms.get(key)
+                if hist is None:
+                    hist = histograms[key] = _Histogram(bounds)
+                hist.observe(value, count)
 
     def snapshot(self) -> Tuple[Dict, Dict]:
         """(cumulative counters, gauges), histograms expanded into _bucket/_sum/_count counters."""
@@ -166,6 +171,7 @@ _STAGE_READ = ("latte_execute_us_total", (("stage", "read"),))
 _STAGE_ENGINE = ("latte_execute_us_total", (("stage", "engine"),))
 _STAGE_RESPOND = ("latte_execute_us_total", (("stage", "respond"),))
 _MODEL_US = ("latte_model_duration_us_total", ())
+_BATCH_SIZE = ("latte_batch_size", ())
 
 
 class BackendMetrics:
@@ -174,16 +180,26 @@ class BackendMetrics:
 
     def __init__(self, aggregate: Optional[MetricsAggregate] = None) -> None:
         self.aggregate = aggregate or MetricsAggregate()
+        self._outcome_keys: Dict[str, Tuple[str, Labels]] = {}
+        self._priority_keys: Dict[int, Tuple[str, Labels]] = {}
 
     def request(self, outcome: str, priority: int, seconds: float, count: int = 1) -> None:
-        self.aggregate.add("latte_requests_total", {"outcome": outcome}, count)
-        self.aggregate.observe("latte_request_duration_us", {"priority": str(priority)}, seconds * 1e6,
-                               LATENCY_BUCKETS_US, count)
+        self.requests({(outcome, priority): count}, seconds)
 
     def requests(self, counts: Mapping[Tuple[str, int], int], seconds: float) -> None:
         """Requests answered together: (outcome, priority) -> how many."""
+        increments, observations = [], []
+        us = seconds * 1e6
         for (outcome, priority), count in counts.items():
-            self.request(outcome, priority, seconds, count)
+            key = self._outcome_keys.get(outcome)
+            if key is None:
+                key = self._outcome_keys[outcome] = ("latte_requests_total", (("outcome", outcome),))
+            increments.append((key, count))
+            key = self._priority_keys.get(priority)
+            if key is None:
+                key = self._priority_keys[priority] = ("latte_request_duration_us", (("priority", str(priority)),))
+            observations.append((key, us, LATENCY_BUCKETS_US, count))
+        self.aggregate.update(increments, observations)
 
     def execute(self, requests: int, read_s: float, engine_s: float, respond_s: float) -> None:
         """Where one execute call's time went: reading requests, the engine (planning,
@@ -192,8 +208,7 @@ class BackendMetrics:
                                 (_STAGE_ENGINE, engine_s * 1e6), (_STAGE_RESPOND, respond_s * 1e6)))
 
     def batch(self, rows: int, seconds: float) -> None:
-        self.aggregate.observe("latte_batch_size", {}, rows, BATCH_BUCKETS)
-        self.aggregate.add_all(((_MODEL_US, seconds * 1e6),))
+        self.aggregate.update(((_MODEL_US, seconds * 1e6),), ((_BATCH_SIZE, rows, BATCH_BUCKETS, 1),))
 
     def arena(self, stats: Mapping[str, float]) -> None:
         for state in ("capacity", "reserved", "live", "allocated", "peak_live"):

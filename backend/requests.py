@@ -13,7 +13,6 @@ that fails one gets its message worded here.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
@@ -36,13 +35,25 @@ class RequestCancelled(RuntimeError):
     """The client gave up on the request before it ran."""
 
 
-@dataclass
 class ParsedRequest:
-    inputs: Dict[str, np.ndarray]
-    rows: int                                  # batch rows this request contributes (1 when unbatched)
-    parameters: Mapping[str, object] = field(default_factory=dict)
-    timeout_us: int = 0                        # Triton's own request timeout, 0 = none
-    length: Optional[int] = UNMEASURED         # longest ragged dimension, measured once by the reader
+    """One readable request: its input arrays, the batch rows it brings (1 when unbatched),
+    its parameters, Triton's own timeout (us, 0 = none) and its longest ragged dimension
+    (measured once by the reader; None when the model has no ragged input). One is made
+    per request, hence the slots."""
+
+    __slots__ = ("inputs", "rows", "parameters", "timeout_us", "length")
+
+    def __init__(self, inputs: Dict[str, np.ndarray], rows: int, parameters: Mapping[str, object] = NO_PARAMETERS,
+                 timeout_us: int = 0, length: Optional[int] = UNMEASURED) -> None:
+        self.inputs = inputs
+        self.rows = rows
+        self.parameters = parameters
+        self.timeout_us = timeout_us
+        self.length = length
+
+    def __repr__(self) -> str:
+        shapes = {name: list(array.shape) for name, array in self.inputs.items()}
+        return f"ParsedRequest(inputs={shapes}, rows={self.rows}, parameters={dict(self.parameters)})"
 
 
 def _dtype_name(dtype: np.dtype) -> str:

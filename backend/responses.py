@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List, Sequence
 
 import numpy as np
 
@@ -17,8 +17,30 @@ class ResponseBuilder:
         self.output_names = list(output_names)
 
     def success(self, outputs: Dict[str, np.ndarray]):
-        tensors = [self.pb.Tensor(name, np.ascontiguousarray(outputs[name])) for name in self.output_names]
+        # The stub's Tensor makes a non-contiguous array contiguous itself.
+        tensors = [self.pb.Tensor(name, outputs[name]) for name in self.output_names]
         return self.pb.InferenceResponse(output_tensors=tensors)
+
+    def build_all(self, outcomes: Sequence, answered: Sequence[bool]) -> List:
+        """execute's return value: a response per outcome, None where the request was
+        already answered through its sender. One loop, since it runs for every request."""
+        Tensor, Response = self.pb.Tensor, self.pb.InferenceResponse
+        names = self.output_names
+        single = names[0] if len(names) == 1 else None
+        responses = []
+        for done, outcome in zip(answered, outcomes):
+            if done:
+                responses.append(None)
+            elif isinstance(outcome, Exception):
+                responses.append(self.error(outcome))
+            else:
+                try:
+                    tensors = ([Tensor(single, outcome[single])] if single is not None
+                               else [Tensor(name, outcome[name]) for name in names])
+                    responses.append(Response(output_tensors=tensors))
+                except Exception as exc:  # an output Triton cannot carry fails this request alone
+                    responses.append(self.error(RuntimeError(f"could not build the response: {exc}")))
+        return responses
 
     def error(self, exc: Exception):
         return self.pb.InferenceResponse(output_tensors=[], error=self.triton_error(exc))

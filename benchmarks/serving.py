@@ -182,7 +182,14 @@ STAGES = ("read", "engine", "respond")
 
 
 def latte_counters(metrics_url: str, model: str) -> Dict[str, float]:
-    values = scrape(metrics_url)
+    for attempt in range(20):  # the metrics port opens a moment after the server is ready
+        try:
+            values = scrape(metrics_url)
+            break
+        except OSError:
+            if attempt == 19:
+                raise
+            time.sleep(0.25)
     found = {stage: total(values, "latte_execute_us_total", model=model, stage=stage) or 0.0 for stage in STAGES}
     found["model"] = total(values, "latte_model_duration_us_total", model=model) or 0.0
     found["requests"] = total(values, "latte_execute_requests_total", model=model) or 0.0
@@ -222,11 +229,12 @@ def run_model(name: str, args, work: Path) -> dict:
             order = ["latte", "stock"] if round_ % 2 == 0 else ["stock", "latte"]
             for role in order + ["echo"]:
                 for level in (levels if role != "echo" else [top]):
-                    before = latte_counters(server.metrics_url, names["latte"]) if role == "latte" else None
+                    decompose = args.decompose and role == "latte" and level == top
+                    before = latte_counters(server.metrics_url, names["latte"]) if decompose else None
                     print(f"  round {round_ + 1}/{args.rounds}: {names[role]} at concurrency {level} ...", flush=True)
                     point = measure(names[role], server.grpc_url, level, data, args.measurement_ms)
                     points[role][level].append(point)
-                    if before is not None and level == top and args.decompose:
+                    if decompose:
                         time.sleep(1.2)  # latte publishes its counters once a second
                         decomposed.append(per_request(before, latte_counters(server.metrics_url, names["latte"])))
     limit, limit_batch = in_process_limit(source, example, samples, setting.max_batch_size)
@@ -300,9 +308,9 @@ def main(argv=None) -> int:
     for name in models:
         print(f"{name}:", flush=True)
         results.append(run_model(name, args, work))
+        if args.out:  # kept after each model, so a long run that stops keeps what it measured
+            args.out.write_text(json.dumps(results, indent=2))
     print_results(results)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=2))
     return 0
 
 
