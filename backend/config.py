@@ -33,6 +33,7 @@ class TensorSpec:
     dims: Tuple[int, ...]          # without the batch dimension; -1 = any size
     ragged: bool = False           # allow_ragged_batch: pad variable dims across a batch
     optional: bool = False
+    valid_range: Optional[Tuple[int, int]] = None  # integer inputs: inclusive bounds of every value
 
     def shape_text(self, batched: bool) -> str:
         dims = (["-1"] if batched else []) + [str(d) for d in self.dims]
@@ -65,7 +66,7 @@ class ModelSpec:
     pin_lanes: bool = False
     reject_nan: bool = False                         # refuse requests with NaN/inf in float inputs
     check_cancellation: bool = False                 # ask Triton per request whether the client gave up
-    respond: str = "per_batch"                       # "per_batch" (as each batch finishes) or "per_call"
+    respond: str = "auto"                            # when early batches are answered (responses.EarlyAnswers)
     pipeline: bool = False                           # execute returns at once; lanes answer (see docs/backend.md)
     batch_window_us: int = 2000                      # longest a pipelined batch may wait to grow
     batch_planning: str = "cost"                     # "cost": cheapest plan across buckets; "bucket": one bucket per batch
@@ -129,6 +130,39 @@ def _tensor(entry: Mapping, where: str) -> TensorSpec:
                       optional=bool(entry.get("optional", False)))
 
 
+VALID_RANGE_PREFIX = "valid_range:"
+
+
+def _with_valid_ranges(model: str, inputs: Tuple[TensorSpec, ...], params: Mapping[str, str]) -> Tuple[TensorSpec, ...]:
+    """Inputs with the bounds parameters `valid_range:<input>` = "LOW..HIGH" declare (inclusive;
+    token ids into a 1000-row embedding: "0..999"); values outside are refused at read time."""
+    from dataclasses import replace
+
+    by_name = {t.name: t for t in inputs}
+    for key, value in params.items():
+        if not key.startswith(VALID_RANGE_PREFIX):
+            continue
+        target = key[len(VALID_RANGE_PREFIX):]
+        if target not in by_name:
+            raise ConfigError(f"model {model!r}: parameters[{key!r}] names no input; inputs are {sorted(by_name)}")
+        if by_name[target].dtype.kind not in "iu":
+            raise ConfigError(f"model {model!r}: parameters[{key!r}]: a valid range needs an integer input, "
+                              f"{target!r} is {by_name[target].dtype}")
+        low, sep, high = value.partition("..")
+        try:
+            bounds = (int(low), int(high))
+        except ValueError:
+            bounds = None
+        if not sep or bounds is None or bounds[0] > bounds[1]:
+            raise ConfigError(f"model {model!r}: parameters[{key!r}] must be LOW..HIGH with LOW <= HIGH "
+                              f"(e.g. \"0..999\"), got {value!r}")
+        info = np.iinfo(by_name[target].dtype)
+        if bounds[0] < info.min or bounds[1] > info.max:
+            raise ConfigError(f"model {model!r}: parameters[{key!r}]: {value} does not fit {by_name[target].dtype}")
+        by_name[target] = replace(by_name[target], valid_range=bounds)
+    return tuple(by_name[t.name] for t in inputs)
+
+
 def detect_runtime(path: Path) -> str:
     runtime = RUNTIME_BY_EXTENSION.get(Path(path).suffix)
     if runtime is None:
@@ -159,7 +193,7 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
     """Check Triton's model config (as `initialize` receives it) and describe how to serve it."""
     name = config.get("name") or model_dir.name
     params = parameters_of(config)
-    inputs = tuple(_tensor(t, "input") for t in config.get("input", []))
+    inputs = _with_valid_ranges(name, tuple(_tensor(t, "input") for t in config.get("input", [])), params)
     outputs = tuple(_tensor(t, "output") for t in config.get("output", []))
     if not inputs:
         raise ConfigError(f"model {name!r}: the config declares no input")
@@ -254,9 +288,9 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         # about 50 us per request (measured in-process on the example sequence model); a
         # pipelined model needs the lanes whatever their number.
         scheduler = "affinity" if lanes > 1 or flags["pipeline"] else "inline"
-    respond = params.get("respond", "per_batch").strip().lower()
-    if respond not in ("per_batch", "per_call"):
-        raise ConfigError(f"model {name!r}: parameters[\"respond\"] must be per_batch or per_call, got {respond!r}")
+    respond = params.get("respond", "auto").strip().lower()
+    if respond not in ("auto", "per_batch", "per_call"):
+        raise ConfigError(f"model {name!r}: parameters[\"respond\"] must be auto, per_batch or per_call, got {respond!r}")
     return ModelSpec(
         name=name, inputs=inputs, outputs=outputs, max_batch_size=max_batch_size, runtime=runtime,
         model_path=model_path, intra_op_threads=intra, inter_op_threads=inter, instance_count=count,

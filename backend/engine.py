@@ -23,7 +23,27 @@ Result = Union[Dict[str, np.ndarray], Exception]
 
 
 class ModelError(RuntimeError):
-    """The model itself raised while running a request."""
+    """The model itself raised while running a request. The message is one line for the
+    client; `detail` keeps the runtime's whole text (a TorchScript error carries its
+    traceback) for the server log."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+def model_failure(model: str, exc: BaseException) -> ModelError:
+    """The client's one line for an exception raised by the model: its type and the line that
+    says what went wrong (a TorchScript error opens with a generic line and a traceback and
+    ends with the exception raised inside the model)."""
+    text = str(exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    traceback_like = len(lines) > 1 and ("Traceback" in text or "TorchScript" in lines[0])
+    first = (lines[-1] if traceback_like else lines[0]) if lines else ""
+    if len(first) > 300:
+        first = first[:297] + "..."
+    return ModelError(f"model {model!r} failed: {type(exc).__name__}" + (f": {first}" if first else ""),
+                      detail=f"{type(exc).__name__}: {text}")
 
 
 class DeadlineExceeded(RuntimeError):
@@ -226,7 +246,7 @@ class BatchEngine:
             if batch is not None:
                 self._record(batch, len(group), started, failed=True)
             if len(group) == 1:
-                return [(group[0].position, ModelError(f"model {self.spec.name!r} failed: {type(exc).__name__}: {exc}"))]
+                return [(group[0].position, model_failure(self.spec.name, exc))]
             outcomes = []
             for w in group:
                 outcomes.extend(self._run([w]))

@@ -65,17 +65,20 @@ def _float_bits(dtype: np.dtype) -> int:
     return dtype.itemsize * 8 if dtype.kind == "f" else 0
 
 
+def _rule(spec: ModelSpec, t: TensorSpec) -> InputRule:
+    low, high = t.valid_range or (0, 0)
+    return InputRule(type=t.dtype.num, float_bits=_float_bits(t.dtype), dims=list(t.dims), batched=spec.batched,
+                     max_rows=max(spec.max_batch_size, 1), max_length=spec.max_sequence_length or 0,
+                     reject_nonfinite=spec.reject_nan, int_bits=t.dtype.itemsize * 8 if t.valid_range else 0,
+                     int_signed=t.dtype.kind == "i", low=low, high=high)
+
+
 class RequestReader:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self._by_name = {t.name: t for t in spec.inputs}
         self._required = [t.name for t in spec.inputs if not t.optional]
-        self._rules = {
-            t.name: InputRule(type=t.dtype.num, float_bits=_float_bits(t.dtype), dims=list(t.dims),
-                              batched=spec.batched, max_rows=max(spec.max_batch_size, 1),
-                              max_length=spec.max_sequence_length or 0, reject_nonfinite=spec.reject_nan)
-            for t in spec.inputs
-        }
+        self._rules = {t.name: _rule(spec, t) for t in spec.inputs}
 
     def read(self, request) -> ParsedRequest:
         """One request, checked; raises RequestError when it cannot be served."""
@@ -166,6 +169,11 @@ class RequestReader:
             index = np.unravel_index(detail, array.shape)
             return (f"input {spec.name!r}: NaN or infinity at index {[int(i) for i in index]}; "
                     f"this model only takes finite values")
+        if problem == "out_of_range":
+            index = np.unravel_index(detail, array.shape)
+            low, high = spec.valid_range
+            return (f"input {spec.name!r}: value {array[index]} at index {[int(i) for i in index]} is outside "
+                    f"this model's valid range {low}..{high}")
         return f"input {spec.name!r}: refused ({problem})"
 
 

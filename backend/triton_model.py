@@ -12,13 +12,13 @@ import numpy as np
 from latte.backend import autocomplete
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import parse_args, parse_model_config, usable_core_ids
-from latte.backend.engine import BatchEngine, BatchRecord, ModelError
+from latte.backend.engine import BatchEngine, BatchRecord, ModelError, model_failure
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
 from latte.backend.options import DEFAULT_OPTIONS, read_options
 from latte.backend.precision import load_at_precision
 from latte.backend.requests import RequestError, RequestReader
-from latte.backend.responses import ResponseBuilder
+from latte.backend.responses import EarlyAnswers, ResponseBuilder
 from latte.backend.sessions import SessionStore
 from latte.backend.warmup import measure_cost_model, warmup_requests, warmup_shapes
 from latte.memory import BuddyArena
@@ -68,6 +68,7 @@ class LatteModel:
             self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, spec.lanes, lane_cpus(spec),
                                                                       max_window_s=window)
         self.responses = ResponseBuilder(pb, [t.name for t in spec.outputs])
+        self.early = EarlyAnswers(spec.respond)
         self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._sender = None
         if spec.pipeline:
@@ -112,31 +113,38 @@ class LatteModel:
             self.metrics.execute(len(requests), read - started, time.perf_counter() - read, 0.0)
             return None
 
-        per_batch = self.spec.respond == "per_batch"
         sent = [False] * len(requests)
+        finished = [False] * len(requests)
         answered = 0
         responding = 0.0  # seconds spent building and sending responses
 
+        def pending_priority() -> int:
+            return min((o.priority if o is not None else 0) for o, done in zip(options, finished) if not done)
+
         def answer(outcomes) -> None:
-            """Account for a group of finished requests; while others are still to run, send
-            these now (each send is a round trip to the server). The last group rides back
-            in execute's return value, one message for all of them."""
+            """Account for a group of finished requests; send them now where that pays
+            (self.early), else they ride back in execute's return value, one message for all."""
             nonlocal answered, responding
             answered += len(outcomes)
+            for position, _ in outcomes:
+                finished[position] = True
             self._account(outcomes, options, started)
-            if not per_batch or answered == len(requests):
+            top = max((options[p].priority if options[p] is not None else 0) for p, _ in outcomes)
+            if not self.early.now(top, len(requests) - answered, pending_priority):
                 return
             begun = time.perf_counter()
             for position, outcome in outcomes:
                 sent[position] = True
                 self._send(requests[position].get_response_sender(), outcome)
-            responding += time.perf_counter() - begun
+            took = time.perf_counter() - begun
+            self.early.sent(len(outcomes), took)
+            responding += took
 
         try:
             outcomes = self.engine.infer(items, options, on_results=answer)
         except Exception as exc:
             # A fault outside any one batch: every request not yet answered gets this error.
-            failure = ModelError(f"model {self.spec.name!r} failed: {type(exc).__name__}: {exc}")
+            failure = model_failure(self.spec.name, exc)
             outcomes = [failure] * len(requests)
         ran = time.perf_counter()
         # Requests answered through their sender must be None here.
@@ -201,12 +209,17 @@ class LatteModel:
                 self._send(sender, outcome)
 
     def _account(self, outcomes, options, started: float) -> None:
-        """Count a group of answered requests, one metrics update per outcome and priority."""
+        """Count a group of answered requests, one metrics update per outcome and priority;
+        a model failure's whole text (the client got one line of it) goes to the server log."""
         counts = {}
         for position, outcome in outcomes:
             opts = options[position]
-            key = (outcome_label(outcome) if isinstance(outcome, Exception) else "success",
-                   opts.priority if opts is not None else 0)
+            if isinstance(outcome, Exception):
+                key = (outcome_label(outcome), opts.priority if opts is not None else 0)
+                if isinstance(outcome, ModelError) and outcome.detail:
+                    self.pb.Logger.log_error(f"latte: {self.spec.name}: {outcome}\n{outcome.detail}")
+            else:
+                key = ("success", opts.priority if opts is not None else 0)
             counts[key] = counts.get(key, 0) + 1
         self.metrics.requests(counts, time.perf_counter() - started)
 
@@ -225,6 +238,7 @@ class LatteModel:
 
     def _on_batch(self, record: BatchRecord) -> None:
         self.metrics.batch(record.rows, record.model_seconds)
+        self.early.batch_done(record.requests, record.seconds)
 
     def _refresh_gauges(self) -> None:
         if self.dispatcher is not None:

@@ -21,7 +21,11 @@ namespace batching = latte::batching;
 namespace {
 
 batching::InputRule make_rule(int type, int float_bits, const std::vector<std::int64_t>& dims, bool batched,
-                              std::int64_t max_rows, std::int64_t max_length, bool reject_nonfinite) {
+                              std::int64_t max_rows, std::int64_t max_length, bool reject_nonfinite, int int_bits,
+                              bool int_signed, std::int64_t low, std::int64_t high) {
+  LATTE_EXPECTS(int_bits == 0 || int_bits == 8 || int_bits == 16 || int_bits == 32 || int_bits == 64,
+                "InputRule: int_bits must be 0, 8, 16, 32 or 64");
+  LATTE_EXPECTS(int_bits == 0 || low <= high, "InputRule: the valid range needs low <= high");
   LATTE_EXPECTS(dims.size() + 1 <= static_cast<std::size_t>(batching::kMaxRank),
                 "InputRule: at most 7 dims besides the batch dimension");
   batching::InputRule rule;
@@ -36,6 +40,10 @@ batching::InputRule make_rule(int type, int float_bits, const std::vector<std::i
   rule.max_rows = max_rows;
   rule.max_length = max_length;
   rule.reject_nonfinite = reject_nonfinite;
+  rule.int_bits = int_bits;
+  rule.int_signed = int_signed;
+  rule.low = low;
+  rule.high = high;
   return rule;
 }
 
@@ -127,17 +135,19 @@ void bind_batching(nb::module_& m) {
   nb::class_<batching::InputRule>(m, "InputRule", "What one input's arrays must look like.")
       .def("__init__",
            [](batching::InputRule* self, int type, int float_bits, const std::vector<std::int64_t>& dims, bool batched,
-              std::int64_t max_rows, std::int64_t max_length, bool reject_nonfinite) {
-             new (self) batching::InputRule(
-                 make_rule(type, float_bits, dims, batched, max_rows, max_length, reject_nonfinite));
+              std::int64_t max_rows, std::int64_t max_length, bool reject_nonfinite, int int_bits, bool int_signed,
+              std::int64_t low, std::int64_t high) {
+             new (self) batching::InputRule(make_rule(type, float_bits, dims, batched, max_rows, max_length,
+                                                      reject_nonfinite, int_bits, int_signed, low, high));
            },
            nb::arg("type"), nb::arg("float_bits"), nb::arg("dims"), nb::arg("batched"), nb::arg("max_rows"),
-           nb::arg("max_length"), nb::arg("reject_nonfinite"));
+           nb::arg("max_length"), nb::arg("reject_nonfinite"), nb::arg("int_bits") = 0, nb::arg("int_signed") = true,
+           nb::arg("low") = 0, nb::arg("high") = 0);
   m.def("inspect_arrays", &inspect_arrays, nb::arg("rule"), nb::arg("arrays"),
         "Check each array against the rule: (rows, lengths, [(index, problem, detail)]).");
   m.def("pack_arrays", &pack_arrays, nb::arg("arrays"), nb::arg("out"), nb::arg("pad"),
         "Copy the arrays row after row into out, padding what they do not cover with pad.");
   nb::list problems;
-  for (const char* name : {"none", "dtype", "shape", "rows", "too_long", "empty", "nonfinite"}) problems.append(name);
+  for (const char* name : {"none", "dtype", "shape", "rows", "too_long", "empty", "nonfinite", "out_of_range"}) problems.append(name);
   m.attr("BATCH_PROBLEMS") = nb::tuple(problems);
 }

@@ -15,6 +15,7 @@ from typing import List, Optional
 # Modules that add subcommands, in the order `latte --help` lists them.
 COMMAND_MODULES = [
     "latte.commands.serving",
+    "latte.commands.passthrough",
     "latte.commands.deploy",
     "latte.commands.generator",
     "latte.commands.bench",
@@ -49,12 +50,36 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for command in sub.choices.values():
+        # Every option's default shows in its --help line.
+        if command.formatter_class is argparse.HelpFormatter:
+            command.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parse_command_line(argv: List[str]):
+    """(parser, args); what follows `--` goes to the program a command starts, as
+    args.passthrough (`latte serve REPO -- --log-verbose=1`)."""
+    rest: List[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, rest = argv[:at], argv[at + 1:]
     parser = build_parser()
     args = parser.parse_args(argv)
+    if rest and not hasattr(args, "passthrough"):
+        parser.error(f"`latte {args.command or ''}` takes no arguments after `--` (got {' '.join(rest)})")
+    if hasattr(args, "passthrough"):
+        args.passthrough = rest
+    return parser, args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from latte.commands import passthrough
+
+    if argv and argv[0] in passthrough.PASS_THROUGH:
+        return passthrough.run(argv[0], argv[1:])
+    parser, args = parse_command_line(argv)
     if args.version:
         from latte import __version__
         from latte import _native

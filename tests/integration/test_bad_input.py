@@ -28,3 +28,23 @@ def test_bad_request_gets_a_clear_error_and_the_next_good_one_succeeds(server, c
     example = EXAMPLES[model.rsplit("_", 1)[0]]
     result = clients.infer(protocol, model, example.sample(2, rng))
     assert result.as_numpy(example.outputs[0].name).shape[0] == 2
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["sequence_onnx", "sequence_torchscript"])
+@pytest.mark.parametrize("token", [1000, -3], ids=["past-the-vocabulary", "negative"])
+def test_token_ids_outside_the_declared_range_are_refused_alike_by_every_runtime(server, clients, model, protocol,
+                                                                                 token, rng):
+    tokens = np.array([[5, 7, token, 9]], np.int64)
+    with pytest.raises(InferenceServerException) as raised:
+        clients.infer(protocol, model, {"tokens": tokens})
+    # latte's own reader refuses it (Triton's core knows no value ranges): one line, no traceback.
+    message = str(raised.value)
+    assert f"input 'tokens': value {token} at index [0, 2] is outside this model's valid range 0..999" in message
+    assert "Traceback" not in message and "\n" not in message.strip()
+    if protocol == "grpc":
+        assert raised.value.status() == "StatusCode.INVALID_ARGUMENT"
+    else:
+        assert raised.value.status() == "400"
+    good = clients.infer(protocol, model, EXAMPLES["sequence"].sample(1, rng))
+    assert good.as_numpy("embedding").shape == (1, 32)

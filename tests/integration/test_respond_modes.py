@@ -1,6 +1,7 @@
 """Every way of answering gives every request exactly one correct response, bad ones
-included: `respond: per_batch` (earlier batches through response senders, the last in
-execute's return value), `per_call` (all in the return value) and `pipeline: true` (execute
+included: `respond: auto` (earlier batches through response senders where that pays),
+`per_batch` (earlier batches through response senders, the last in execute's return value),
+`per_call` (all in the return value) and `pipeline: true` (execute
 returns at once; the scheduler's lanes answer through response senders)."""
 
 import shutil
@@ -15,7 +16,7 @@ from latte.triton import TritonServer
 
 from conftest import Clients
 
-MODES = {"per_batch": {"respond": "per_batch"}, "per_call": {"respond": "per_call"},
+MODES = {"auto": {"respond": "auto"}, "per_batch": {"respond": "per_batch"}, "per_call": {"respond": "per_call"},
          "pipeline": {"pipeline": "true", "batch_window_us": "5000"}}
 
 

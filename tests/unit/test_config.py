@@ -49,6 +49,8 @@ def test_parse_args_reads_what_triton_passes(tmp_path):
     ({"parameters": {"intra_op_threads": {"string_value": "zero"}}}, "must be an integer"),
     ({"parameters": {"pad_value": {"string_value": "x"}}}, "pad_value"),
     ({"output": [{"name": "y", "data_type": "TYPE_STRING", "dims": [1]}]}, "not supported"),
+    ({"parameters": {"valid_range:tokens": {"string_value": "999..0"}}}, r"valid_range:tokens.*LOW\.\.HIGH"),
+    ({"parameters": {"valid_range:words": {"string_value": "0..9"}}}, "names no input"),
 ])
 def test_bad_configs_are_refused_with_the_key_named(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -61,3 +63,13 @@ def test_thread_budget_cannot_exceed_usable_cores(tmp_path):
                      parameters={"intra_op_threads": {"string_value": "2"}})
     with pytest.raises(ConfigError, match=f"exceed the {cores} core"):
         parse_model_config(config, _model_dir(tmp_path), "1")
+
+
+def test_an_integer_input_declares_its_valid_range(tmp_path):
+    config = _config(parameters={"valid_range:tokens": {"string_value": "0..999"}})
+    spec = parse_model_config(config, _model_dir(tmp_path), "1")
+    assert spec.inputs[0].valid_range == (0, 999)
+    floats = _config(input=[{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+                     parameters={"valid_range:x": {"string_value": "0..1"}})
+    with pytest.raises(ConfigError, match="needs an integer input"):
+        parse_model_config(floats, _model_dir(tmp_path / "f"), "1")

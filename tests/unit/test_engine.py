@@ -295,3 +295,18 @@ def test_a_call_whose_every_request_was_refused_runs_no_model(example_repo):
     spec, engine = engine_for(example_repo, "mlp_onnx")
     refusals = [RequestError("bad one"), RequestError("bad two")]
     assert engine.infer(refusals) == refusals
+
+
+def test_a_torchscript_failure_reaches_the_client_as_one_line_and_the_log_keeps_the_rest(tmp_path):
+    model_dir = tmp_path / "picky"
+    (model_dir / "1").mkdir(parents=True)
+    torch.jit.script(RejectsNegative()).save(str(model_dir / "1" / "model.pt"))
+    config = {"name": "picky", "max_batch_size": 8,
+              "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
+              "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]}
+    spec = parse_model_config(config, model_dir, "1")
+    engine = BatchEngine(spec, load_runtime("torchscript", spec.model_path, ["x"], ["y"], 1, 1))
+    (failed,) = engine.infer([ParsedRequest(inputs={"x": np.full((1, 2), -1.0, np.float32)}, rows=1)])
+    assert isinstance(failed, ModelError)
+    assert "\n" not in str(failed) and str(failed).endswith("negative input")
+    assert "TorchScript" in failed.detail and "negative input" in failed.detail

@@ -29,3 +29,15 @@ def test_benchmark_examples_stay_out_of_the_bundled_set():
     assert ranker.inputs[0].ragged and ranker.max_sequence_length == 64
     sample = ranker.sample(3, np.random.default_rng(0))
     assert sample["history"].shape[0] == 3 and 1 <= sample["history"].shape[1] <= 64
+
+
+def test_the_example_pipeline_spec_comes_from_the_command_line(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "latte.cli", "examples", str(tmp_path / "p"), "--pipeline"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    spec = tmp_path / "p" / "pipeline.yaml"
+    assert spec.is_file() and f"latte generate {spec} -o REPO" in done.stdout
+    assert (tmp_path / "p" / "sequence" / "model.onnx").is_file()

@@ -96,3 +96,15 @@ def test_requests_without_parameters_share_no_state():
     assert first.parameters == {} and second.parameters == {}
     with pytest.raises(TypeError):
         first.parameters["priority_level"] = 3  # the shared empty mapping is read-only
+
+
+def test_integer_values_outside_the_declared_range_are_refused_with_the_range():
+    from dataclasses import replace
+
+    ranged = replace(SPEC, inputs=(replace(SPEC.inputs[0], valid_range=(0, 999)), SPEC.inputs[1]))
+    request = good(rows=2, length=4)
+    request._tensors[0]._array = np.array([[1, 2, 3, 4], [5, 1000, 7, 8]], np.int64)
+    with pytest.raises(RequestError, match=r"input 'tokens': value 1000 at index \[1, 1\] is outside this model's "
+                                           r"valid range 0\.\.999"):
+        RequestReader(ranged).read(request)
+    assert RequestReader(SPEC).read(request).rows == 2  # no range declared: any id passes

@@ -1,7 +1,9 @@
 #include "latte/batching/gather.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "latte/memory/error.hpp"
 
@@ -45,6 +47,41 @@ std::int64_t first_nonfinite(const ArrayView& a, FloatKind kind) noexcept {
       return -1;
   }
   return -1;
+}
+
+template <typename T>
+std::int64_t first_outside(const std::byte* data, std::int64_t n, std::int64_t low, std::int64_t high) noexcept {
+  const T* p = reinterpret_cast<const T*>(data);
+  for (std::int64_t i = 0; i < n; ++i) {
+    // Compared as 64-bit values; an unsigned value past INT64_MAX is outside any int64 range.
+    if constexpr (std::is_unsigned_v<T> && sizeof(T) == 8) {
+      if (p[i] > static_cast<std::uint64_t>(INT64_MAX)) return i;
+    }
+    const auto v = static_cast<std::int64_t>(p[i]);
+    if (v < low || v > high) return i;
+  }
+  return -1;
+}
+
+// Flat index of the first value outside [rule.low, rule.high], or -1.
+std::int64_t first_out_of_range(const ArrayView& a, const InputRule& rule) noexcept {
+  const std::int64_t n = elements(a);
+  switch (rule.int_bits) {
+    case 8:
+      return rule.int_signed ? first_outside<std::int8_t>(a.data, n, rule.low, rule.high)
+                             : first_outside<std::uint8_t>(a.data, n, rule.low, rule.high);
+    case 16:
+      return rule.int_signed ? first_outside<std::int16_t>(a.data, n, rule.low, rule.high)
+                             : first_outside<std::uint16_t>(a.data, n, rule.low, rule.high);
+    case 32:
+      return rule.int_signed ? first_outside<std::int32_t>(a.data, n, rule.low, rule.high)
+                             : first_outside<std::uint32_t>(a.data, n, rule.low, rule.high);
+    case 64:
+      return rule.int_signed ? first_outside<std::int64_t>(a.data, n, rule.low, rule.high)
+                             : first_outside<std::uint64_t>(a.data, n, rule.low, rule.high);
+    default:
+      return -1;
+  }
 }
 
 void fill(std::byte* out, std::int64_t elements, int itemsize, const std::byte* pad) noexcept {
@@ -116,6 +153,14 @@ Finding inspect(const ArrayView& array, const InputRule& rule) noexcept {
     const std::int64_t at = first_nonfinite(array, rule.float_kind);
     if (at >= 0) {
       found.problem = Problem::nonfinite;
+      found.detail = at;
+      return found;
+    }
+  }
+  if (rule.int_bits != 0) {
+    const std::int64_t at = first_out_of_range(array, rule);
+    if (at >= 0) {
+      found.problem = Problem::out_of_range;
       found.detail = at;
     }
   }

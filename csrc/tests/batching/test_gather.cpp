@@ -93,6 +93,32 @@ TEST_CASE("non-finite values are found by flat index, only when asked") {
   CHECK(inspect(view(halves, 23, {1, 4}), rule).detail == 2);
 }
 
+TEST_CASE("integer values outside the declared range are found by flat index") {
+  std::vector<std::int64_t> ids = {1, 5, 999, 1000, 3};
+  InputRule rule = tokens_rule();
+  rule.max_length = 0;
+  CHECK(inspect(view(ids, kInt64, {1, 5}), rule).problem == Problem::none);  // no range declared
+  rule.int_bits = 64;
+  rule.low = 0;
+  rule.high = 999;
+  const Finding f = inspect(view(ids, kInt64, {1, 5}), rule);
+  CHECK(f.problem == Problem::out_of_range);
+  CHECK(f.detail == 3);
+  ids[3] = -3;  // a negative id would wrap around in an ONNX Gather
+  CHECK(inspect(view(ids, kInt64, {1, 5}), rule).detail == 3);
+  std::vector<std::uint8_t> bytes = {0, 7, 200};
+  InputRule small;
+  small.type = 2;
+  small.ndim = 1;
+  small.dims[0] = 3;
+  small.max_rows = 1;
+  small.int_bits = 8;
+  small.int_signed = false;
+  small.low = 0;
+  small.high = 199;
+  CHECK(inspect(view(bytes, 2, {1, 3}), small).detail == 2);
+}
+
 TEST_CASE("ragged parts are padded to the batch's shape, row after row") {
   std::vector<std::int64_t> a = {1, 2}, b = {3, 4, 5, 6, 7, 8};  // (1, 2) and (2, 3)
   const ArrayView parts[] = {view(a, kInt64, {1, 2}), view(b, kInt64, {2, 3})};

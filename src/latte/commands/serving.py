@@ -27,22 +27,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_install_backend)
 
     p = sub.add_parser("serve", help="start tritonserver on a model repository and wait for Ctrl-C",
+                       usage="latte serve [options] REPO [-- TRITONSERVER_FLAGS...]",
                        description="Start a real tritonserver on REPO with latte's backend, print the "
-                                   "endpoints once every model is ready, and stop cleanly on Ctrl-C or SIGTERM.")
+                                   "endpoints once every model is ready, and stop cleanly on Ctrl-C or SIGTERM. "
+                                   "Flags after `--` go to tritonserver unchanged, e.g. "
+                                   "`latte serve repo -- --log-verbose=1 --backend-config=python,shm-default-byte-size=16777216`.")
     p.add_argument("repo", help="model repository folder")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST port")
+    p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port")
+    p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port (nv_* and latte_*)")
     p.add_argument("--log", metavar="FILE", help="server log file (default: a temporary file)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for readiness")
     _add_triton_args(p)
-    p.set_defaults(handler=_serve)
+    p.set_defaults(handler=_serve, passthrough=[])
 
     p = sub.add_parser("examples", help="build the example models (MLP, CNN, sequence) and their repository",
                        description="Build small example models locally (no downloads), export each to "
                                    "TorchScript and ONNX, and write a model repository serving them with "
-                                   "backend: \"latte\".")
-    p.add_argument("dir", help="output folder for the model repository")
+                                   "backend: \"latte\". With --pipeline, write the example pipeline spec "
+                                   "(tokenizer -> encoder -> normalizer) that docs/generator.md walks through instead.")
+    p.add_argument("dir", help="output folder for the model repository (or the pipeline's files)")
+    p.add_argument("--pipeline", action="store_true",
+                   help="write DIR/pipeline.yaml and its files, for `latte generate DIR/pipeline.yaml -o REPO`")
     p.set_defaults(handler=_examples)
 
     p = sub.add_parser("demo", help="run Latte end to end: examples, server, requests, a short benchmark",
@@ -65,7 +71,13 @@ def _install_backend(args) -> int:
 
     dest = install_backend(Path(args.dir) if args.dir else default_backend_directory(), _install(args))
     print(f"backend directory ready: {dest}")
-    print(f"  tritonserver --backend-directory {dest} --model-repository REPO")
+    print(f"  start a server on it: latte tritonserver --backend-directory {dest} --model-repository REPO")
+    if not args.dir:
+        from latte.triton.perf import install_perf_analyzer_wrapper
+
+        wrapper = install_perf_analyzer_wrapper()
+        if wrapper is not None:
+            print(f"perf_analyzer ready: {wrapper} (or: latte perf-analyzer ARGS...)")
     return 0
 
 
@@ -73,7 +85,8 @@ def _serve(args) -> int:
     from latte.triton import TritonServer
 
     server = TritonServer(args.repo, install=_install(args), http_port=args.http_port,
-                          grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log)
+                          grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
+                          extra_args=args.passthrough)
     stop = {"now": False}
 
     def _on_signal(signum, _frame):
@@ -99,6 +112,13 @@ def _serve(args) -> int:
 def _examples(args) -> int:
     from latte.examples import build_examples
 
+    if args.pipeline:
+        from latte.examples.pipeline import write_pipeline
+
+        spec = write_pipeline(Path(args.dir))
+        print(f"example pipeline written to {spec}")
+        print(f"  next: latte generate {spec} -o REPO")
+        return 0
     repo = build_examples(Path(args.dir))
     print(f"example repository written to {repo}")
     return 0

@@ -33,6 +33,7 @@ class Example:
     outputs: Tuple[ExampleTensor, ...]
     max_batch_size: int
     max_sequence_length: int = 0
+    vocabulary: int = 0          # integer inputs are ids below this (declared as the valid range)
 
     def sample(self, rows: int, rng: np.random.Generator, length: int = 0) -> Dict[str, np.ndarray]:
         """Inputs for one request of `rows` rows (sequence length `length`, or random)."""
@@ -61,7 +62,7 @@ EXAMPLES: Dict[str, Example] = {
         "sequence", "token ids of length 1..128 -> pooled 32-d embedding (attention encoder)",
         (ExampleTensor("tokens", "TYPE_INT64", (-1,), ragged=True),),
         (ExampleTensor("embedding", "TYPE_FP32", (32,)),),
-        max_batch_size=32, max_sequence_length=128,
+        max_batch_size=32, max_sequence_length=128, vocabulary=1000,
     ),
 }
 # Built on request only (`build_examples(repo, ["ranker"])`): too large for the demo and the tests.
@@ -70,7 +71,7 @@ BENCHMARK_EXAMPLES: Dict[str, Example] = {
         "ranker", "item ids of length 1..64 -> 16 candidate scores (embedding bag + 4096-wide MLP tower)",
         (ExampleTensor("history", "TYPE_INT64", (-1,), ragged=True),),
         (ExampleTensor("scores", "TYPE_FP32", (16,)),),
-        max_batch_size=64, max_sequence_length=64,
+        max_batch_size=64, max_sequence_length=64, vocabulary=50_000,
     ),
 }
 CATALOG: Dict[str, Example] = {**EXAMPLES, **BENCHMARK_EXAMPLES}
@@ -126,6 +127,7 @@ def model_context(example: Example, runtime: str, model_file: str) -> dict:
             "runtime": runtime,
             "intra_op_threads": "1",
             "inter_op_threads": "1",
+            **({f"valid_range:{example.inputs[0].name}": f"0..{example.vocabulary - 1}"} if example.vocabulary else {}),
             **({"max_sequence_length": str(example.max_sequence_length), "pad_value": "0",
                 # Requests that carry a session_id continue that session's token prefix.
                 "session_input": example.inputs[0].name, "session_ttl_s": "300"}

@@ -74,6 +74,31 @@ def _runtime_libs() -> Optional[Path]:
     return folder
 
 
+def install_perf_analyzer_wrapper() -> Optional[Path]:
+    """Make <venv>/bin/perf_analyzer run as typed: the tritonclient wheel's binary moves to
+    <venv>/libexec/latte/ and a small script in its place puts its two libraries on the
+    loader's path. Returns the script, or None where there is no binary or no libraries."""
+    binary = Path(sys.executable).parent / "perf_analyzer"
+    real = Path(sys.prefix) / "libexec" / "latte" / "perf_analyzer"
+    libs = _runtime_libs()
+    if libs is None or not binary.exists():
+        return None
+    with open(binary, "rb") as f:
+        is_elf = f.read(4) == b"\x7fELF"
+    if is_elf:  # a fresh (or re-installed) tritonclient
+        real.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(binary), str(real))
+    elif not real.exists():
+        return binary  # a script that is not ours: leave it
+    binary.write_text(
+        "#!/bin/sh\n"
+        "# Written by `latte install-backend`: perf_analyzer from the tritonclient wheel, with the\n"
+        "# libb64 and libcudart it links (bundled by nvidia-pytriton) on the loader's path.\n"
+        f'LD_LIBRARY_PATH="{libs}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" exec "{real}" "$@"\n')
+    binary.chmod(0o755)
+    return binary
+
+
 def perf_analyzer_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     env = dict(os.environ if base is None else base)
     libs = _runtime_libs()

@@ -33,20 +33,26 @@ struct InputRule {
   std::int64_t max_rows = 0;          // batched: 1..max_rows rows per request
   std::int64_t max_length = 0;        // limit on the -1 dims; 0 = none
   bool reject_nonfinite = false;
+  // Integer inputs with a declared valid range (token ids into an embedding, say): the
+  // element layout, and the inclusive bounds every value must lie within.
+  int int_bits = 0;                   // 8, 16, 32 or 64; 0 = no range check
+  bool int_signed = true;
+  std::int64_t low = 0;
+  std::int64_t high = 0;
 };
 
 // Why an array was refused; the caller words the message (it knows names and types).
-enum class Problem : std::uint8_t { none = 0, dtype, shape, rows, too_long, empty, nonfinite };
+enum class Problem : std::uint8_t { none = 0, dtype, shape, rows, too_long, empty, nonfinite, out_of_range };
 
 struct Finding {
   std::int64_t rows = 0;      // batch rows the request contributes (1 when unbatched)
   std::int64_t length = -1;   // its longest -1 dimension; -1 when the input has none
   Problem problem = Problem::none;
-  std::int64_t detail = 0;    // too_long: the length; nonfinite: the flat index of the value
+  std::int64_t detail = 0;    // too_long: the length; nonfinite, out_of_range: the flat index of the value
 };
 
 // The checks of one array, in the order the messages are reported: data type, shape, rows,
-// length limit, empty dimensions, non-finite values.
+// length limit, empty dimensions, non-finite values, values outside the valid range.
 Finding inspect(const ArrayView& array, const InputRule& rule) noexcept;
 
 // Copies `count` arrays one after another along the batch dimension into `out`, a
