@@ -46,13 +46,23 @@ def _one_row_requests(spec: ModelSpec, length: int, count: int) -> List[ParsedRe
     return [ParsedRequest(inputs=feed, rows=1) for _ in range(count)]
 
 
-def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Callable[[], float] = time.perf_counter
+def timing_clock(spec: ModelSpec) -> Callable[[], float]:
+    """The clock cost timings are taken with. A runtime on one intra-op thread computes on
+    the calling thread, so that thread's CPU time is the call's cost without the time slices
+    other processes took meanwhile (models load while Triton starts other stubs: wall-clock
+    timings then came out up to 4x too high, and the inflated fixed cost merged short
+    requests into long padded batches). With more threads, CPU time would miss their work."""
+    return time.thread_time if spec.intra_op_threads == 1 and spec.device == "cpu" else time.perf_counter
+
+
+def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Optional[Callable[[], float]] = None
                        ) -> Optional[CostModel]:
     """Time, per bucket edge, batches of 1, rows/4, rows/2 and `rows` one-row requests
     through the engine's path for one batch (assembly, model call, splitting; not the
     per-call work that any plan pays once), fastest of `repeats`, and fit the planner's
     cost model to it. None when there is nothing to plan (no buckets, or not batched)."""
     spec = engine.spec
+    clock = clock or timing_clock(spec)
     if engine.buckets is None or not spec.batched:
         return None
     if spec.max_batch_size < 2:
