@@ -16,7 +16,7 @@ SOURCES := $(shell find csrc src backend generator model_repository_templates -t
 
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit test-integration test-cpp sanitize clean help
+.PHONY: setup demo test test-unit test-integration test-gpu test-cpp sanitize clean help
 
 help:
 	@echo "make demo   - set up .venv and run Latte end to end on the bundled examples"
@@ -49,6 +49,12 @@ test-unit: setup
 
 test-integration: setup
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+# The tests that need a CUDA device (pytest -m gpu); without one every one of them skips.
+# On the lent GPU machine, which has no package registry, scripts/gpu_check.sh builds and
+# runs them with the machine's own torch (docs/gpu.md).
+test-gpu: setup
+	$(PY) -m pytest -m gpu tests $(PYTEST_ARGS)
 
 # --- memory (BuddyArena) ---
 # The C++ suites without Python: plain, then with AddressSanitizer + UBSan and every

@@ -9,6 +9,7 @@ import numpy as np
 
 from latte.backend.config import ConfigError
 from latte.backend.engine import DeadlineExceeded, ModelError
+from latte.backend.lanes import Overloaded
 from latte.backend.requests import RequestCancelled, RequestError
 
 
@@ -51,7 +52,8 @@ class ResponseBuilder:
         code = None
         if isinstance(exc, (RequestError, ConfigError)):
             code = getattr(TritonError, "INVALID_ARG", None)
-        elif isinstance(exc, MemoryError):
+        elif isinstance(exc, (MemoryError, Overloaded)):
+            # Not the request's fault and not the model's: try again later (queue full, shed).
             code = getattr(TritonError, "UNAVAILABLE", None)
         elif isinstance(exc, RequestCancelled):
             code = getattr(TritonError, "CANCELLED", None)

@@ -149,8 +149,10 @@ class LatteModel:
         ran = time.perf_counter()
         # Requests answered through their sender must be None here.
         responses = self.responses.build_all(outcomes, sent)
+        # The early sends happened inside the engine's time; the final responses after it.
+        engine_s = ran - read - responding
         responding += time.perf_counter() - ran
-        self.metrics.execute(len(requests), read - started, ran - read - responding, responding)
+        self.metrics.execute(len(requests), read - started, engine_s, responding)
         return responses
 
     def _options(self, items) -> List:
