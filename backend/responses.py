@@ -80,11 +80,13 @@ class EarlyAnswers:
     senders, or ride back in `execute`'s return value with the last batch's.
 
     Each send is a round trip between the model's process and the server (measured at
-    ~0.3 ms on a busy 2-core box: more than a small model's whole batch), while the
-    returned list is one message for all. `auto` sends early only where it pays: when the
-    finished batch holds a higher priority than some request still to run, or when the
-    requests still to run will take clearly longer than a send (estimated from the model
-    time per request seen so far). `per_batch` always sends early, `per_call` never.
+    ~0.3 ms of the stub's time on a busy 2-core box: more than a small model's batch), while
+    the returned list is one message for all. Sending k finished requests early saves each
+    of them the rest of the call (pending x request_s) and delays every pending request by
+    k sends, a net gain of k x pending x (request_s - send_s): it pays when a request's model
+    time exceeds a send's. `auto` sends early when it pays, or when the finished batch holds
+    a higher priority than some request still to run (the client asked for it), using
+    running estimates of both times. `per_batch` always sends early, `per_call` never.
     """
 
     def __init__(self, mode: str = "auto", send_s: float = 300e-6) -> None:
@@ -110,4 +112,4 @@ class EarlyAnswers:
             return True
         if finished_priority > 0 and finished_priority > pending_priority():
             return True
-        return pending * self.request_s > 2.0 * self.send_s
+        return self.request_s > self.send_s

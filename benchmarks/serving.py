@@ -57,6 +57,16 @@ IDENTITY = Example("identity", "FP32[64] returned as it came (ONNX Identity)",
                    max_batch_size=32)
 
 
+# --ablation: latte with one setting changed at a time, measured like latte in every round.
+ABLATIONS = {
+    "scheduler_lane": {"scheduler": "affinity"},
+    "bucket_planning": {"batch_planning": "bucket"},
+    "respond_per_batch": {"respond": "per_batch"},
+    "respond_per_call": {"respond": "per_call"},
+    "pipeline": {"pipeline": "true"},
+}
+
+
 @dataclass(frozen=True)
 class Setting:
     slo_ms: float
@@ -97,18 +107,22 @@ def model_file(example: Example, work: Path) -> Path:
     return repo / f"{example.name}_onnx" / "1" / "model.onnx"
 
 
-def add_contenders(repo: Path, example: Example, source: Path, setting: Setting) -> Dict[str, str]:
-    """latte, stock and echo copies of the model in `repo`; role -> model name."""
+def add_contenders(repo: Path, example: Example, source: Path, setting: Setting, ablation: bool = False
+                   ) -> Dict[str, str]:
+    """latte, stock and echo copies of the model in `repo` (and latte's ablations); role -> model name."""
     names = {}
-    for role, backend, script in (("latte", "latte", None),
-                                  ("stock", "python", "echo_python_model.py" if example.name == "identity"
-                                   else "baseline_python_model.py"),
-                                  ("echo", "python", "echo_python_model.py")):
+    roles = [("latte", "latte", None),
+             ("stock", "python", "echo_python_model.py" if example.name == "identity" else "baseline_python_model.py"),
+             ("echo", "python", "echo_python_model.py")]
+    roles += [(f"latte_{label}", "latte", None) for label in ABLATIONS] if ablation else []
+    for role, backend, script in roles:
         context = model_context(example, "onnx", "model.onnx")
         context.update(name=f"{example.name}_{role}", backend=backend, max_batch_size=setting.max_batch_size,
                        dynamic_batching={"max_queue_delay_microseconds": setting.queue_delay_us})
         if backend == "python":
             context["parameters"] = {}
+        if role.startswith("latte_"):
+            context["parameters"] = {**context["parameters"], **ABLATIONS[role[len("latte_"):]]}
         if role == "echo":
             # The same request bytes, echoed: the first input comes back as the output.
             first = context["inputs"][0]
@@ -218,7 +232,7 @@ def run_model(name: str, args, work: Path) -> dict:
     levels = [int(x) for x in (args.concurrency or setting.concurrency).split(",")]
     source = model_file(example, work)
     repo = work / f"{name}-repo"
-    names = add_contenders(repo, example, source, setting)
+    names = add_contenders(repo, example, source, setting, args.ablation)
     samples = samples_for(example, setting)
     data = write_input_data(work / f"{name}-inputs.json", samples)
     points: Dict[str, Dict[int, list]] = {role: {level: [] for level in levels} for role in names}
@@ -227,7 +241,8 @@ def run_model(name: str, args, work: Path) -> dict:
     with TritonServer(repo, log_path=work / f"{name}-tritonserver.log") as server:
         for round_ in range(args.rounds):
             order = ["latte", "stock"] if round_ % 2 == 0 else ["stock", "latte"]
-            for role in order + ["echo"]:
+            ablations = [role for role in names if role.startswith("latte_")]
+            for role in order + ablations + ["echo"]:
                 for level in (levels if role != "echo" else [top]):
                     decompose = args.decompose and role == "latte" and level == top
                     before = latte_counters(server.metrics_url, names["latte"]) if decompose else None
@@ -246,10 +261,11 @@ def run_model(name: str, args, work: Path) -> dict:
               "in_process_limit": limit, "in_process_batch": limit_batch,
               "points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
                          for role, by_level in points.items()}}
-    for role in ("latte", "stock"):
+    for role in [r for r in names if r != "echo"]:
         ok = [level for level in levels if (summary(role, level, "p99_ms") or 1e9) <= setting.slo_ms]
         best = max(ok, key=lambda level: summary(role, level, "throughput")) if ok else None
-        result[role] = {"throughput": summary(role, best, "throughput") if best else 0.0, "concurrency": best,
+        where = result.setdefault("ablations", {}) if role.startswith("latte_") else result
+        where[role[len("latte_"):] if role.startswith("latte_") else role] = {"throughput": summary(role, best, "throughput") if best else 0.0, "concurrency": best,
                         "p50_ms": summary(role, best, "p50_ms") if best else None,
                         "p99_ms": summary(role, best, "p99_ms") if best else None,
                         "p50_ms_lowest_level": summary(role, levels[0], "p50_ms")}
@@ -278,6 +294,10 @@ def print_results(results: List[dict]) -> None:
               f"{r['echo']:>7.0f} {r['in_process_limit']:>8.0f} {r['python_backend_limit']:>7.0f} "
               f"{r['latte_share_of_limit']:>7.0%} {r['stock_share_of_limit']:>7.0%} {low:>34}")
     print("(infer/s at the best level with P99 within the SLO, medians of the rounds; H = 1/(1/echo + 1/in-process))")
+    for r in results:
+        for label, figures in r.get("ablations", {}).items():
+            print(f"  {r['model']} ablation {label:18} {figures['throughput']:>8.0f} infer/s "
+                  f"({figures['throughput'] / max(1e-9, r['latte']['throughput']):.2f}x latte's defaults)")
     decomposed = [r for r in results if "decompose_us_per_request" in r]
     if decomposed:
         print(f"\n{'model':9} {'req/exec':>8} {'read':>6} {'engine':>7} {'model':>6} {'respond':>8} "
@@ -296,6 +316,8 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", help="perf_analyzer concurrency levels, comma-separated (default: per model)")
     parser.add_argument("--measurement-ms", type=int, default=2000, help="default: %(default)s")
     parser.add_argument("--decompose", action="store_true", help="also print where latte's time goes per request")
+    parser.add_argument("--ablation", action="store_true",
+                        help=f"also measure latte with one setting changed at a time ({', '.join(ABLATIONS)})")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.model.split(",") if m.strip()]

@@ -10,12 +10,16 @@ def never_lower():
     return 0
 
 
-def test_auto_holds_answers_when_the_rest_of_the_call_is_shorter_than_a_send():
-    early = EarlyAnswers("auto", send_s=300e-6)
+def test_auto_sends_early_only_when_a_request_takes_longer_than_a_send():
+    small = EarlyAnswers("auto", send_s=300e-6)
     for _ in range(50):
-        early.batch_done(requests=4, seconds=200e-6)  # 50 us of model time per request
-    assert not early.now(finished_priority=0, pending=5, pending_priority=never_lower)   # 250 us left
-    assert early.now(finished_priority=0, pending=40, pending_priority=never_lower)      # 2 ms left
+        small.batch_done(requests=4, seconds=200e-6)  # 50 us of model time per request
+    # However many wait: every send would delay all of them by more than it saves.
+    assert not small.now(finished_priority=0, pending=40, pending_priority=never_lower)
+    heavy = EarlyAnswers("auto", send_s=300e-6)
+    for _ in range(50):
+        heavy.batch_done(requests=8, seconds=8e-3)  # 1 ms per request
+    assert heavy.now(finished_priority=0, pending=1, pending_priority=never_lower)
 
 
 def test_auto_answers_a_higher_priority_at_once_whatever_the_cost():
@@ -27,7 +31,7 @@ def test_auto_answers_a_higher_priority_at_once_whatever_the_cost():
 def test_sends_that_turn_out_slow_make_auto_hold_more():
     early = EarlyAnswers("auto", send_s=100e-6)
     for _ in range(50):
-        early.batch_done(requests=1, seconds=100e-6)
+        early.batch_done(requests=1, seconds=200e-6)
     assert early.now(finished_priority=0, pending=3, pending_priority=never_lower)
     for _ in range(50):
         early.sent(sends=2, seconds=2e-3)  # 1 ms a send

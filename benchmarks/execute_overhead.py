@@ -1,0 +1,139 @@
+"""latte's own cost per `execute` call, in process: the backend's Python and native work around
+a model call, with stand-in stub objects (no tritonserver), so the figure is latte's alone.
+
+    .venv/bin/python benchmarks/execute_overhead.py [--requests 1,16] [--calls 1000]
+
+Serves the ONNX Identity model on FP32[64] (the model call is ~5 us) through
+`LatteModel.execute` with N requests per call; prints the best of 7 runs of `--calls` calls:
+µs per call and per request, and the stage counters latte publishes (read, engine, respond).
+The stand-ins cost far less than the stub's pybind11 objects, so this is a floor for the
+served figure, and a way to compare two versions of the backend on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from serving import write_identity_onnx  # noqa: E402
+
+
+class StubTensor:
+    def __init__(self, name, array):
+        self._name, self._array = name, array
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+
+class StubRequest:
+    def __init__(self, tensors):
+        self._tensors = tensors
+
+    def inputs(self):
+        return self._tensors
+
+    def parameters(self):
+        return "{}"
+
+    def timeout(self):
+        return 0
+
+    def get_response_sender(self):
+        return None
+
+
+class StubPb:
+    """What latte uses of triton_python_backend_utils, doing nothing."""
+
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+    class Tensor:
+        def __init__(self, name, array):
+            self.name, self.array = name, array
+
+    class InferenceResponse:
+        def __init__(self, output_tensors, error=None):
+            self.output_tensors, self.error = output_tensors, error
+
+    class TritonError:
+        INVALID_ARG, INTERNAL, UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED = 3, 13, 14, 1, 4
+
+        def __init__(self, message, code=None):
+            self.message, self.code = message, code
+
+    class Logger:
+        @staticmethod
+        def log_info(message):
+            pass
+
+        log_warn = log_error = log_info
+
+    class MetricFamily:
+        COUNTER, GAUGE = "counter", "gauge"
+
+        def __init__(self, *args):
+            pass
+
+        def Metric(self, labels):
+            return self
+
+        def increment(self, value):
+            pass
+
+        def set(self, value):
+            pass
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", default="1,16", help="requests per execute call, comma-separated (default: %(default)s)")
+    parser.add_argument("--calls", type=int, default=1000, help="calls per timed run (default: %(default)s)")
+    args = parser.parse_args(argv)
+    from latte.backend.triton_model import LatteModel
+
+    model_dir = Path(tempfile.mkdtemp(prefix="latte-overhead-")) / "identity"
+    write_identity_onnx(model_dir / "1" / "model.onnx")
+    config = {"name": "identity", "backend": "latte", "max_batch_size": 32,
+              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [64]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [64]}],
+              "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+              "parameters": {"intra_op_threads": {"string_value": "1"}}}
+    rng = np.random.default_rng(1)
+    print(f"{'requests/call':>13} {'us/call':>8} {'us/request':>10} {'read':>6} {'engine':>7} {'respond':>8}  (us per request)")
+    for n in [int(x) for x in args.requests.split(",")]:
+        model = LatteModel({"model_config": json.dumps(config), "model_repository": str(model_dir),
+                            "model_version": "1"}, StubPb)
+        requests = [StubRequest([StubTensor("INPUT0", rng.random((1, 64), dtype=np.float32))]) for _ in range(n)]
+        for _ in range(200):
+            model.execute(requests)
+        runs = []
+        for _ in range(7):
+            started = time.perf_counter()
+            for _ in range(args.calls):
+                model.execute(requests)
+            runs.append((time.perf_counter() - started) / args.calls)
+        counters, _ = model.metrics.aggregate.snapshot()
+        answered = counters.get(("latte_execute_requests_total", ()), 1.0)
+        stages = [counters.get(("latte_execute_us_total", (("stage", s),)), 0.0) / answered
+                  for s in ("read", "engine", "respond")]
+        best = min(runs) * 1e6
+        print(f"{n:>13} {best:>8.1f} {best / n:>10.2f} {stages[0]:>6.2f} {stages[1]:>7.2f} {stages[2]:>8.2f}")
+        model.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
