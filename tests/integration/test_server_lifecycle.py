@@ -1,6 +1,7 @@
 """Starting and stopping tritonserver, and what a user sees when a model cannot load."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,45 @@ def test_latte_serve_prints_endpoints_and_stops_cleanly_on_sigterm(example_repo,
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0
         assert "tritonserver stopped" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_keep_going_serves_the_models_that_load_and_names_the_one_that_did_not(example_repo, tmp_path):
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(example_repo / "mlp_onnx", repo / "mlp_onnx")
+    write_model(repo, {"name": "broken", "backend": "latte", "max_batch_size": 4,
+                       "inputs": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+                       "outputs": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}],
+                       "parameters": {"model_file": "missing.onnx"}}, {})
+    http_port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "latte.cli", "serve", str(repo), "--keep-going", "--http-port", str(http_port),
+         "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--log", str(tmp_path / "log"),
+         "--", "--exit-timeout-secs=7"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+    )
+    try:
+        lines = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if line.startswith("ready") or not line:
+                break
+        out = "".join(lines)
+        assert lines[-1].startswith("ready") and "1 model(s) not served" in lines[-1], out
+        assert "not serving broken:" in out and "missing.onnx does not exist" in out
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/mlp_onnx/ready") as r:
+            assert r.status == 200
+        # The flag after `--` reached tritonserver: its table of options says so.
+        assert re.search(r"\| exit_timeout +\| 7 ", (tmp_path / "log").read_text())
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
     finally:
         if proc.poll() is None:
             proc.kill()

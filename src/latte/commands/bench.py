@@ -37,6 +37,15 @@ def _lengths(text: str):
         raise argparse.ArgumentTypeError(str(exc))
 
 
+def _trials(text: str) -> int:
+    value = int(text)
+    if value < 3:
+        # perf_analyzer calls a point stable only after 3 measurements in a row agree, so
+        # fewer trials can never produce a figure.
+        raise argparse.ArgumentTypeError(f"must be >= 3 (perf_analyzer judges stability over 3 trials in a row), got {value}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from latte.bench.lengths import EXAMPLES_TEXT
 
@@ -62,7 +71,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"length distribution of variable-shape inputs, e.g. {EXAMPLES_TEXT}")
     p.add_argument("--samples", type=int, default=256, help="distinct requests in perf_analyzer's --input-data")
     p.add_argument("--measurement-ms", type=int, default=1500, help="perf_analyzer measurement window")
-    p.add_argument("--max-trials", type=int, default=4, help="perf_analyzer trials per load point")
+    p.add_argument("--max-trials", type=_trials, default=4,
+                   help="perf_analyzer trials per load point (at least 3: it judges stability over 3 in a row)")
     p.add_argument("--out", default=".latte/bench", help="output folder (default .latte/bench)")
     p.add_argument("--report-from", metavar="RESULTS_JSON", nargs="+",
                    help="only re-render report.html beside existing results.json files (no server, no load); "
@@ -147,6 +157,10 @@ def _bench(args) -> int:
                 write_bench_report(results, model_out)
                 all_results.append(results)
         for r in all_results:
+            for point in r.get("points", []):
+                if point.get("error"):
+                    reason = point["error"].strip().splitlines()[-1]
+                    console.print(f"{r['model']}: {point['kind']} {point['level']:g} failed: {reason}")
             s = r["summary"]
             console.print(f"{r['model']}: peak {s.get('peak_throughput', 0):.0f} infer/s, P99 light "
                           f"{s.get('p99_ms_light_load', float('nan')):.2f} ms, P99 at peak "

@@ -38,6 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port (nv_* and latte_*)")
     p.add_argument("--log", metavar="FILE", help="server log file (default: a temporary file)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for readiness")
+    p.add_argument("--keep-going", action="store_true",
+                   help="serve the models that load when others fail, and list each failed one with its error")
     _add_triton_args(p)
     p.set_defaults(handler=_serve, passthrough=[])
 
@@ -86,7 +88,7 @@ def _serve(args) -> int:
 
     server = TritonServer(args.repo, install=_install(args), http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
-                          extra_args=args.passthrough)
+                          extra_args=args.passthrough, keep_going=args.keep_going)
     stop = {"now": False}
 
     def _on_signal(signum, _frame):
@@ -96,7 +98,12 @@ def _serve(args) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     print(f"starting tritonserver on {server.repository} (log: {server.log_path})", flush=True)
     server.start(timeout=args.timeout)
-    print(f"ready  http://{server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}", flush=True)
+    failed = server.failed_models() if args.keep_going else []
+    for model, reason in failed:
+        print(f"not serving {model}: {reason.strip().splitlines()[0] if reason.strip() else 'failed to load'}",
+              file=sys.stderr, flush=True)
+    print(f"ready  http://{server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}"
+          + (f"  ({len(failed)} model(s) not served, listed above)" if failed else ""), flush=True)
     try:
         while not stop["now"]:
             if not server.is_alive():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -13,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from latte.triton.backend_dir import install_backend
 from latte.triton.locate import TritonInstall, find_triton
@@ -61,6 +62,7 @@ class TritonServer:
         log_path: Optional[os.PathLike] = None,
         extra_args: Sequence[str] = (),
         log_verbose: int = 0,
+        keep_going: bool = False,
     ) -> None:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
@@ -73,6 +75,8 @@ class TritonServer:
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
         self.extra_args = list(extra_args)
         self.log_verbose = log_verbose
+        # Serve the models that load when others fail (listed by failed_models()).
+        self.keep_going = keep_going
         self.process: Optional[subprocess.Popen] = None
 
     @property
@@ -97,9 +101,10 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             "--http-address=127.0.0.1",
             "--grpc-address=127.0.0.1",
-            # A model that fails to load stops the server, so the failure is reported, not hidden.
-            "--exit-on-error=true",
-            "--strict-readiness=true",
+            # By default a model that fails to load stops the server, so the failure is reported,
+            # not hidden; with keep_going the rest is served and the failures are listed.
+            f"--exit-on-error={'false' if self.keep_going else 'true'}",
+            f"--strict-readiness={'false' if self.keep_going else 'true'}",
             f"--log-verbose={self.log_verbose}",
             *self.extra_args,
         ]
@@ -144,6 +149,15 @@ class TritonServer:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
+
+    def failed_models(self) -> List[Tuple[str, str]]:
+        """(model, reason) for every model of the repository that is not ready, from Triton's
+        repository index."""
+        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=5.0) as r:
+            index = json.loads(r.read().decode("utf-8"))
+        return [(entry["name"], entry.get("reason", "") or entry.get("state", "not ready"))
+                for entry in index if entry.get("state") != "READY"]
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
