@@ -60,7 +60,8 @@ class RejectsNegative(torch.nn.Module):
         return x * 2.0
 
 
-def test_a_model_exception_fails_only_the_request_that_caused_it(tmp_path):
+def picky_engine(tmp_path) -> BatchEngine:
+    """A TorchScript model that raises on negative inputs, served by the engine."""
     model_dir = tmp_path / "picky"
     (model_dir / "1").mkdir(parents=True)
     torch.jit.script(RejectsNegative()).save(str(model_dir / "1" / "model.pt"))
@@ -68,7 +69,11 @@ def test_a_model_exception_fails_only_the_request_that_caused_it(tmp_path):
               "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
               "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]}
     spec = parse_model_config(config, model_dir, "1")
-    engine = BatchEngine(spec, load_runtime("torchscript", spec.model_path, ["x"], ["y"], 1, 1))
+    return BatchEngine(spec, load_runtime("torchscript", spec.model_path, ["x"], ["y"], 1, 1))
+
+
+def test_a_model_exception_fails_only_the_request_that_caused_it(tmp_path):
+    engine = picky_engine(tmp_path)
     requests = [ParsedRequest(inputs={"x": np.full((1, 2), v, np.float32)}, rows=1) for v in (1.0, -1.0, 3.0)]
     ok1, failed, ok2 = engine.infer(requests)
     np.testing.assert_array_equal(ok1["y"], [[2.0, 2.0]])
@@ -298,14 +303,7 @@ def test_a_call_whose_every_request_was_refused_runs_no_model(example_repo):
 
 
 def test_a_torchscript_failure_reaches_the_client_as_one_line_and_the_log_keeps_the_rest(tmp_path):
-    model_dir = tmp_path / "picky"
-    (model_dir / "1").mkdir(parents=True)
-    torch.jit.script(RejectsNegative()).save(str(model_dir / "1" / "model.pt"))
-    config = {"name": "picky", "max_batch_size": 8,
-              "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
-              "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]}
-    spec = parse_model_config(config, model_dir, "1")
-    engine = BatchEngine(spec, load_runtime("torchscript", spec.model_path, ["x"], ["y"], 1, 1))
+    engine = picky_engine(tmp_path)
     (failed,) = engine.infer([ParsedRequest(inputs={"x": np.full((1, 2), -1.0, np.float32)}, rows=1)])
     assert isinstance(failed, ModelError)
     assert "\n" not in str(failed) and str(failed).endswith("negative input")
