@@ -8,7 +8,6 @@ batching, not thread oversubscription.
 import json
 import os
 
-import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 

@@ -4,7 +4,6 @@ included: `respond: auto` (earlier batches through response senders where that p
 `per_call` (all in the return value) and `pipeline: true` (execute
 returns at once; the scheduler's lanes answer through response senders)."""
 
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np

@@ -1,6 +1,5 @@
 """Starting and stopping tritonserver, and what a user sees when a model cannot load."""
 
-import os
 import re
 import signal
 import subprocess

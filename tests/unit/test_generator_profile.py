@@ -1,7 +1,6 @@
 """`latte profile` on the real example models, with latte's own runtimes."""
 
 import json
-from pathlib import Path
 
 import pytest
 
