@@ -51,10 +51,9 @@ def _error_for(reason: str) -> Exception:
 class LaneDispatcher:
     def __init__(self, engine: BatchEngine, lanes: int, lane_cpus: Optional[Sequence[Sequence[int]]] = None,
                  queue_capacity: int = 4096, max_window_s: float = 0.0) -> None:
-        from latte.scheduling import PRIORITY_LEVELS, AffinityScheduler
+        from latte.scheduling import AffinityScheduler
 
         self.engine = engine
-        self._top_priority = PRIORITY_LEVELS - 1
         self._lock = threading.Lock()
         self._pending: Dict[int, Tuple[Work, _Call]] = {}
         self._ids = itertools.count(1)
@@ -103,7 +102,7 @@ class LaneDispatcher:
             timeout = None if w.options.timeout_ms is None else max(0.0, w.deadline - now)
             # A refusal is also reported through _complete, the request's one answer.
             self.scheduler.submit(request_id, repr(keys[w.position]),
-                                  priority=min(w.options.priority, self._top_priority),
+                                  priority=w.options.priority,  # options.py admits the native levels only
                                   timeout_s=timeout, size=w.request.rows)
 
     def _execute(self, key: str, request_ids: List[int], lane: int) -> None:

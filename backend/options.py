@@ -14,7 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from latte._native import PRIORITY_LEVELS
 from latte.backend.requests import RequestError
+
+# The highest priority_level: the scheduler's, so inline and lane execution order alike.
+MAX_PRIORITY = PRIORITY_LEVELS - 1
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ def _bool(params: Mapping, key: str) -> bool:
     raise RequestError(f"parameter {key!r} must be a boolean, got {value!r}")
 
 
-def read_options(params: Mapping[str, object], max_priority: int = 15, triton_timeout_us: int = 0) -> RequestOptions:
+def read_options(params: Mapping[str, object], max_priority: int = MAX_PRIORITY, triton_timeout_us: int = 0) -> RequestOptions:
     if not params and triton_timeout_us <= 0:
         return DEFAULT_OPTIONS
     priority = params.get("priority_level", 0)

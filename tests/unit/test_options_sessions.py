@@ -84,3 +84,18 @@ def test_bucket_edges_default_to_powers_of_two_up_to_the_maximum():
 def test_tritons_own_request_timeout_applies_when_no_timeout_ms_is_given():
     assert read_options({}, triton_timeout_us=2500).timeout_ms == 2.5
     assert read_options({"timeout_ms": 7}, triton_timeout_us=2500).timeout_ms == 7.0
+
+
+def test_every_priority_level_the_options_admit_is_one_the_native_scheduler_takes():
+    from latte.backend.options import MAX_PRIORITY, read_options
+    from latte.scheduling import PRIORITY_LEVELS, AffinityScheduler
+
+    assert MAX_PRIORITY == PRIORITY_LEVELS - 1 == 15  # the documented 0-15
+    assert read_options({"priority_level": MAX_PRIORITY}).priority == MAX_PRIORITY
+    done = []
+    scheduler = AffinityScheduler(lambda key, ids, lane: None, lambda rid, error: done.append((rid, error)), lanes=1)
+    try:
+        assert scheduler.submit(1, "k", priority=MAX_PRIORITY) is None
+    finally:
+        scheduler.close(drain=True)
+    assert done == [(1, None)]

@@ -8,8 +8,10 @@
 
 namespace latte::scheduling {
 
-// Priority levels are 0 (lowest) .. kPriorityLevels-1 (highest).
-constexpr int kPriorityLevels = 8;
+// Priority levels are 0 (lowest) .. kPriorityLevels-1 (highest): the levels a request's
+// priority_level parameter may name (exported as latte._native.PRIORITY_LEVELS, which the
+// backend's option parser reads, so both sides accept the same range).
+constexpr int kPriorityLevels = 16;
 
 struct Request {
   std::uint64_t id = 0;
