@@ -129,8 +129,11 @@ class LatteModel:
             for position, _ in outcomes:
                 finished[position] = True
             self._account(outcomes, options, started)
+            pending = len(requests) - answered
+            if not pending:
+                return  # the last batch rides back in execute's return value
             top = max((options[p].priority if options[p] is not None else 0) for p, _ in outcomes)
-            if not self.early.now(top, len(requests) - answered, pending_priority):
+            if not self.early.now(top, pending, pending_priority):
                 return
             begun = time.perf_counter()
             for position, outcome in outcomes:
