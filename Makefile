@@ -51,8 +51,8 @@ test-integration: setup
 	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 # The tests that need a CUDA device (pytest -m gpu); without one every one of them skips.
-# On the lent GPU machine, which has no package registry, scripts/gpu_check.sh builds and
-# runs them with the machine's own torch (docs/gpu.md).
+# On a GPU machine without a package registry, scripts/gpu_check.sh builds and runs them
+# with the machine's own torch (docs/gpu.md).
 test-gpu: setup
 	$(PY) -m pytest -m gpu tests $(PYTEST_ARGS)
 

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Latte's GPU tests on a machine with a CUDA GPU and no package registry (the lent GPU
-# machine: CUDA toolkit, torch with CUDA, numpy, nanobind, scikit-build-core and pytest
-# installed system-wide). Builds the native core with CUDA into a venv that sees the
+# Latte's GPU tests on a machine with a CUDA GPU and no package registry (CUDA toolkit,
+# torch with CUDA, numpy, nanobind, scikit-build-core and pytest installed system-wide). Builds the native core with CUDA into a venv that sees the
 # system's packages, runs `pytest -m gpu` and leaves a JUnit report in $OUT (or build/gpu).
 # On a machine without a GPU every test it selects skips.
 set -euo pipefail
