@@ -33,6 +33,10 @@ def test_an_explicit_triton_without_a_python_backend_is_a_clear_error(tmp_path):
 
 def test_cli_help_lists_every_command_with_one_line():
     out = subprocess.run([sys.executable, "-m", "latte.cli", "--help"], capture_output=True, text=True, check=True).stdout
-    for command in ("install-backend", "serve", "examples", "demo"):
-        line = next(line for line in out.splitlines() if line.strip().startswith(command))
-        assert len(line.split(None, 1)) == 2, f"{command} has no help text"
+    lines = out.splitlines()
+    for command in ("install-backend", "serve", "examples", "demo", "tritonserver", "perf-analyzer", "bench"):
+        at = next(i for i, line in enumerate(lines) if line.strip().startswith(command + " "))
+        assert len(lines[at].split(None, 1)) == 2, f"{command} has no help text"
+        # One line each: the next line starts the next command, not a continuation.
+        following = lines[at + 1] if at + 1 < len(lines) else ""
+        assert following == "" or (following.startswith("    ") and not following.startswith("      ")), following

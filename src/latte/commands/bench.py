@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from latte.bench.lengths import EXAMPLES_TEXT
 
     p = sub.add_parser(
-        "bench", help="benchmark models on tritonserver: sweeps, soak; writes results.json + report.html",
+        "bench", help="benchmark models on tritonserver (sweeps, soak) -> results.json, report.html",
         description="Drive perf_analyzer over a concurrency sweep and a Poisson request-rate sweep with "
                     "variable-shape inputs, sample Triton's and Latte's metrics and process memory, and write "
                     "OUT/<model>/results.json and report.html. With --soak, run a steady load instead and print "

@@ -15,10 +15,9 @@ from typing import Callable, Dict, List
 def register(sub: argparse._SubParsersAction) -> None:
     # Listed in `latte --help`; main() hands their arguments over before argparse sees them.
     sub.add_parser("tritonserver", add_help=False,
-                   help="run the bundled tritonserver (all its flags pass through; --backend-directory "
-                        "defaults to latte's)")
+                   help="the bundled tritonserver, every flag passed through")
     sub.add_parser("perf-analyzer", add_help=False,
-                   help="run Triton's perf_analyzer with the libraries it needs (all its flags pass through)")
+                   help="Triton's perf_analyzer, every flag passed through")
 
 
 def tritonserver_command(argv: List[str]) -> List[str]:
