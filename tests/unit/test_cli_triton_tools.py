@@ -12,10 +12,12 @@ from latte.cli import parse_command_line
 LATTE = [sys.executable, "-m", "latte.cli"]
 
 
-def test_latte_tritonserver_runs_the_bundled_server_with_its_own_flags():
-    done = subprocess.run(LATTE + ["tritonserver", "--help"], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_latte_tritonserver_help_shows_the_servers_own_flags_and_succeeds(flag):
+    done = subprocess.run(LATTE + ["tritonserver", flag], capture_output=True, text=True, timeout=60)
     # tritonserver's own usage text, which names flags latte does not have.
-    assert "--model-control-mode" in done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--model-control-mode" in done.stdout
     assert "error while loading shared libraries" not in done.stderr
 
 
@@ -36,6 +38,12 @@ def test_perf_analyzer_runs_as_typed(command):
     output = done.stdout + done.stderr
     assert "error while loading shared libraries" not in output
     assert "--concurrency-range" in output
+
+
+def test_latte_perf_analyzer_help_succeeds_without_the_programs_complaint():
+    done = subprocess.run(LATTE + ["perf-analyzer", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "--concurrency-range" in done.stdout and "unrecognized option" not in done.stdout
 
 
 def test_flags_after_a_double_dash_go_to_tritonserver():

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Callable, Dict, List
 
 
@@ -36,20 +38,39 @@ def tritonserver_command(argv: List[str]) -> List[str]:
     return command + list(argv)
 
 
+HELP = ("-h", "--help")
+
+
+def _exec(command: List[str], env: Dict[str, str], name: str) -> int:
+    """Replace this process with the program (signals then reach it directly); for a help
+    request, print its usage and succeed: tritonserver exits 1 after its usage and
+    perf_analyzer 99, calling --help unrecognized."""
+    if len(command) == 2 and command[1] in HELP:
+        done = subprocess.run(command[:1] + ["--help"], env=env, capture_output=True, text=True)
+        usage = [line for line in (done.stdout + done.stderr).splitlines()
+                 if "unrecognized option" not in line and "invalid option" not in line]
+        print(f"latte {name}: {Path(command[0]).name} with latte's environment; every argument passes through.")
+        print("\n".join(usage))
+        return 0
+    os.execve(command[0], command, env)
+    return 1  # not reached
+
+
 def _tritonserver(argv: List[str]) -> int:
     from latte.triton import find_triton
 
-    command = tritonserver_command(argv)
-    os.execve(command[0], command, find_triton().environment())
-    return 1  # not reached: exec replaces this process, so signals reach tritonserver itself
+    if len(argv) == 1 and argv[0] in HELP:
+        command = [str(find_triton().server), argv[0]]  # usage only: no backend directory to lay out
+    else:
+        command = tritonserver_command(argv)
+    return _exec(command, find_triton().environment(), "tritonserver")
 
 
 def _perf_analyzer(argv: List[str]) -> int:
     from latte.triton.perf import find_perf_analyzer, perf_analyzer_env
 
     binary = str(find_perf_analyzer())
-    os.execve(binary, [binary, *argv], perf_analyzer_env())
-    return 1
+    return _exec([binary, *argv], perf_analyzer_env(), "perf-analyzer")
 
 
 PASS_THROUGH: Dict[str, Callable[[List[str]], int]] = {"tritonserver": _tritonserver, "perf-analyzer": _perf_analyzer}
