@@ -183,9 +183,6 @@ class BackendMetrics:
         self._outcome_keys: Dict[str, Tuple[str, Labels]] = {}
         self._priority_keys: Dict[int, Tuple[str, Labels]] = {}
 
-    def request(self, outcome: str, priority: int, seconds: float, count: int = 1) -> None:
-        self.requests({(outcome, priority): count}, seconds)
-
     def requests(self, counts: Mapping[Tuple[str, int], int], seconds: float) -> None:
         """Requests answered together: (outcome, priority) -> how many."""
         increments, observations = [], []

@@ -33,6 +33,7 @@ class RequestOptions:
 # What a request without parameters or a timeout runs with; shared, since options are frozen.
 DEFAULT_OPTIONS = RequestOptions()
 
+
 def _bool(params: Mapping, key: str) -> bool:
     value = params.get(key, False)
     if isinstance(value, bool):

@@ -122,23 +122,20 @@ class RequestReader:
     def _check(self, items: List[Union[ParsedRequest, Exception]]) -> None:
         """Fill in rows and length of every readable request; replace the refused ones with
         their RequestError."""
-        first = True
         for spec in self.spec.inputs:
             positions = [i for i, item in enumerate(items)
                          if not isinstance(item, Exception) and spec.name in item.inputs]
             if not positions:
                 continue
             rows, lengths, problems = inspect_arrays(self._rules[spec.name], [items[i].inputs[spec.name] for i in positions])
-            refused = set()
             for index, problem, detail in problems:
                 i = positions[index]
                 items[i] = RequestError(self._message(spec, items[i].inputs[spec.name], BATCH_PROBLEMS[problem], detail))
-                refused.add(index)
-            for index, (i, r, n) in enumerate(zip(positions, rows, lengths)):
-                if index in refused:
-                    continue
+            for i, r, n in zip(positions, rows, lengths):
                 item = items[i]
-                if first or item.rows == 0:
+                if isinstance(item, Exception):
+                    continue  # refused just above
+                if item.rows == 0:  # the first of its inputs checked
                     item.rows, item.length = r, (n if spec.ragged else None)
                     continue
                 if r != item.rows:
@@ -146,7 +143,6 @@ class RequestReader:
                                             f"others {item.rows}")
                 elif spec.ragged and (item.length is None or n > item.length):
                     item.length = n
-            first = False
         for item in items:
             if not isinstance(item, Exception) and item.rows == 0:
                 item.rows = 1  # only optional inputs were sent, and none of them

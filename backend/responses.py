@@ -25,24 +25,8 @@ class ResponseBuilder:
 
     def build_all(self, outcomes: Sequence, answered: Sequence[bool]) -> List:
         """execute's return value: a response per outcome, None where the request was
-        already answered through its sender. One loop, since it runs for every request."""
-        Tensor, Response = self.pb.Tensor, self.pb.InferenceResponse
-        names = self.output_names
-        single = names[0] if len(names) == 1 else None
-        responses = []
-        for done, outcome in zip(answered, outcomes):
-            if done:
-                responses.append(None)
-            elif isinstance(outcome, Exception):
-                responses.append(self.error(outcome))
-            else:
-                try:
-                    tensors = ([Tensor(single, outcome[single])] if single is not None
-                               else [Tensor(name, outcome[name]) for name in names])
-                    responses.append(Response(output_tensors=tensors))
-                except Exception as exc:  # an output Triton cannot carry fails this request alone
-                    responses.append(self.error(RuntimeError(f"could not build the response: {exc}")))
-        return responses
+        already answered through its sender."""
+        return [None if done else self.build(outcome) for done, outcome in zip(answered, outcomes)]
 
     def error(self, exc: Exception):
         return self.pb.InferenceResponse(output_tensors=[], error=self.triton_error(exc))
@@ -67,9 +51,13 @@ class ResponseBuilder:
         return TritonError(message, code)
 
     def build(self, outcome):
+        """The response for one outcome: its outputs, or its error."""
         if isinstance(outcome, Exception):
             return self.error(outcome)
-        return self.success(outcome)
+        try:
+            return self.success(outcome)
+        except Exception as exc:  # an output Triton cannot carry fails this request alone
+            return self.error(RuntimeError(f"could not build the response: {exc}"))
 
 
 RESPOND_MODES = ("auto", "per_batch", "per_call")

@@ -15,7 +15,7 @@ from latte.backend.config import parse_args, parse_model_config, usable_core_ids
 from latte.backend.engine import BatchEngine, BatchRecord, ModelError, model_failure
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
-from latte.backend.options import DEFAULT_OPTIONS, read_options
+from latte.backend.options import read_options
 from latte.backend.precision import load_at_precision
 from latte.backend.requests import RequestError, RequestReader
 from latte.backend.responses import EarlyAnswers, ResponseBuilder
@@ -159,14 +159,12 @@ class LatteModel:
         return responses
 
     def _options(self, items) -> List:
-        """Each readable request's options (the shared defaults for one that sends no
-        parameters); a request whose parameters are wrong becomes its RequestError."""
+        """Each readable request's options (read_options gives the shared defaults to one that
+        sends no parameters); a request whose parameters are wrong becomes its RequestError."""
         options = []
         for i, item in enumerate(items):
             if isinstance(item, Exception):
                 options.append(None)
-            elif not item.parameters and item.timeout_us <= 0:
-                options.append(DEFAULT_OPTIONS)
             else:
                 try:
                     options.append(read_options(item.parameters, triton_timeout_us=item.timeout_us))
@@ -231,15 +229,9 @@ class LatteModel:
     def _send(self, sender, outcome) -> None:
         """A request's one final response, through its response sender."""
         try:
-            sender.send(self._response(outcome), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(self.responses.build(outcome), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as exc:  # the client may be gone; the other requests still get theirs
             self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
-
-    def _response(self, outcome):
-        try:
-            return self.responses.build(outcome)
-        except Exception as exc:  # an output Triton cannot carry fails this request alone
-            return self.responses.error(RuntimeError(f"could not build the response: {exc}"))
 
     def _on_batch(self, record: BatchRecord) -> None:
         self.metrics.batch(record.rows, record.model_seconds)
