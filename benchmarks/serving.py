@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -227,6 +228,9 @@ def median(values):
 
 
 def run_model(name: str, args, work: Path) -> dict:
+    # Recorded with the figures: a run that starts on a busy machine measures the machine.
+    load_at_start = os.getloadavg()[0]
+    print(f"  load average at start: {load_at_start:.2f}", flush=True)
     example = IDENTITY if name == "identity" else CATALOG[name]
     setting = SETTINGS[name]
     levels = [int(x) for x in (args.concurrency or setting.concurrency).split(",")]
@@ -257,18 +261,24 @@ def run_model(name: str, args, work: Path) -> dict:
     def summary(role, level, field):
         return median([getattr(p, field) for p in points[role][level]])
 
-    result = {"model": name, "slo_ms": setting.slo_ms, "levels": levels, "rounds": args.rounds,
+    result = {"model": name, "load_average_at_start": load_at_start, "slo_ms": setting.slo_ms, "levels": levels,
+              "rounds": args.rounds,
               "in_process_limit": limit, "in_process_batch": limit_batch,
               "points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
                          for role, by_level in points.items()}}
-    for role in [r for r in names if r != "echo"]:
+    for role in names:
+        if role == "echo":
+            continue
         ok = [level for level in levels if (summary(role, level, "p99_ms") or 1e9) <= setting.slo_ms]
         best = max(ok, key=lambda level: summary(role, level, "throughput")) if ok else None
-        where = result.setdefault("ablations", {}) if role.startswith("latte_") else result
-        where[role[len("latte_"):] if role.startswith("latte_") else role] = {"throughput": summary(role, best, "throughput") if best else 0.0, "concurrency": best,
-                        "p50_ms": summary(role, best, "p50_ms") if best else None,
-                        "p99_ms": summary(role, best, "p99_ms") if best else None,
-                        "p50_ms_lowest_level": summary(role, levels[0], "p50_ms")}
+        figures = {"throughput": summary(role, best, "throughput") if best else 0.0, "concurrency": best,
+                   "p50_ms": summary(role, best, "p50_ms") if best else None,
+                   "p99_ms": summary(role, best, "p99_ms") if best else None,
+                   "p50_ms_lowest_level": summary(role, levels[0], "p50_ms")}
+        if role.startswith("latte_"):
+            result.setdefault("ablations", {})[role[len("latte_"):]] = figures
+        else:
+            result[role] = figures
     # Each round's two contenders ran minutes apart at most: their ratio drifts less with the
     # machine than the ratio of separate medians does.
     round_ratios = [a.throughput / max(1e-9, b.throughput) for a, b in zip(points["latte"][top], points["stock"][top])]

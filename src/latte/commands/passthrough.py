@@ -22,13 +22,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Triton's perf_analyzer, every flag passed through")
 
 
-def tritonserver_command(argv: List[str]) -> List[str]:
+def tritonserver_command(argv: List[str], install=None) -> List[str]:
     """The bundled (or LATTE_TRITONSERVER's) tritonserver with ARGS, and latte's backend
     directory unless ARGS name one."""
     from latte.triton import find_triton, install_backend
     from latte.triton.server import default_backend_directory
 
-    install = find_triton()
+    install = install or find_triton()
     command = [str(install.server)]
     if not any(arg.startswith("--backend-directory") for arg in argv):
         backends = default_backend_directory()
@@ -59,11 +59,10 @@ def _exec(command: List[str], env: Dict[str, str], name: str) -> int:
 def _tritonserver(argv: List[str]) -> int:
     from latte.triton import find_triton
 
-    if len(argv) == 1 and argv[0] in HELP:
-        command = [str(find_triton().server), argv[0]]  # usage only: no backend directory to lay out
-    else:
-        command = tritonserver_command(argv)
-    return _exec(command, find_triton().environment(), "tritonserver")
+    install = find_triton()
+    help_only = len(argv) == 1 and argv[0] in HELP  # usage only: no backend directory to lay out
+    command = [str(install.server), *argv] if help_only else tritonserver_command(argv, install)
+    return _exec(command, install.environment(), "tritonserver")
 
 
 def _perf_analyzer(argv: List[str]) -> int:
