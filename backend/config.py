@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Tuple
 
@@ -71,15 +72,15 @@ class ModelSpec:
     batch_window_us: int = 2000                      # longest a pipelined batch may wait to grow
     batch_planning: str = "cost"                     # "cost": cheapest plan across buckets; "bucket": one bucket per batch
 
-    @property
+    @cached_property  # read on every batch; the spec never changes
     def batched(self) -> bool:
         return self.max_batch_size > 0
 
-    @property
+    @cached_property
     def ragged_inputs(self) -> bool:
         return any(t.ragged for t in self.inputs)
 
-    @property
+    @cached_property
     def trimmed_outputs(self) -> bool:
         """Whether some output has a variable dimension, which split cuts back per request."""
         return any(-1 in t.dims for t in self.outputs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -50,7 +50,7 @@ class DeadlineExceeded(RuntimeError):
     """The request waited longer than its timeout_ms before it could run."""
 
 
-@dataclass
+@dataclass(slots=True)
 class BatchRecord:
     """What one model call did, for metrics."""
     rows: int
@@ -107,31 +107,31 @@ class BatchEngine:
         self._one_shape = spec.batched and not spec.ragged_inputs and uniform_shapes(spec)
 
     # -- the whole call -------------------------------------------------------------------
-    def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
-              options: Optional[Sequence[Optional[RequestOptions]]] = None,
-              on_results: Optional[Callable[[List[Tuple[int, Result]]], None]] = None) -> List[Result]:
-        """One result per item, in order: outputs, or the exception that explains the failure.
-
-        `on_results([(position, result), ...])` also receives the results as soon as they are
-        known, a group at a time (the unreadable requests at once, then the requests of each
-        batch as it finishes), so callers can answer early requests before later batches run.
-        """
+    def answers(self, items: Sequence[Union[ParsedRequest, Exception]],
+                options: Optional[Sequence[Optional[RequestOptions]]] = None) -> Iterator[List[Tuple[int, Result]]]:
+        """The call's results a group at a time, as they become known: the unreadable requests
+        first, then the requests of each batch as it finishes, so the caller can answer early
+        requests before later batches run. Every item appears exactly once, as
+        (position, outputs or the exception that explains the failure)."""
         now = self.clock()
-        results: List[Result] = [None] * len(items)
-
-        def deliver(outcomes: List[Tuple[int, Result]]) -> None:
-            for position, outcome in outcomes:
-                results[position] = outcome
-            if on_results is not None and outcomes:
-                on_results(outcomes)
-
         work, refused = self._admit(items, options, now)
-        deliver(refused)
+        if refused:
+            yield refused
+        if not work:
+            return
         if self.dispatcher is not None:
-            self.dispatcher.run(work, now, deliver)
+            yield from self.dispatcher.run(work, now)
         else:
             for group in self.order(self._groups(work)):
-                deliver(self._run_in_time(group))
+                yield self._run_in_time(group)
+
+    def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
+              options: Optional[Sequence[Optional[RequestOptions]]] = None) -> List[Result]:
+        """One result per item, in order (`answers`, collected)."""
+        results: List[Result] = [None] * len(items)
+        for outcomes in self.answers(items, options):
+            for position, outcome in outcomes:
+                results[position] = outcome
         return results
 
     def submit(self, items: Sequence[Union[ParsedRequest, Exception]],

@@ -16,7 +16,7 @@ import itertools
 import queue
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from latte.backend.engine import BatchEngine, DeadlineExceeded, ModelError, Result, Work
 from latte.backend.requests import RequestError
@@ -70,9 +70,9 @@ class LaneDispatcher:
             max_window_s=max_window_s,
         )
 
-    def run(self, work: Sequence[Work], now: float, on_results: Callable[[List[Tuple[int, Result]]], None]) -> None:
-        """Submit the work of one execute call; `on_results([(position, result), ...])` is
-        called on this thread with what the lanes have finished, until every request is in."""
+    def run(self, work: Sequence[Work], now: float) -> Iterator[List[Tuple[int, Result]]]:
+        """Submit the work of one execute call; yields [(position, result), ...] on the
+        calling thread as the lanes finish requests, until every request is in."""
         call = _Call()
         self._enqueue(work, now, call)
         remaining = len(work)
@@ -84,7 +84,7 @@ class LaneDispatcher:
                 except queue.Empty:
                     break
             remaining -= len(finished)
-            on_results(finished)
+            yield finished
 
     def submit(self, work: Sequence[Work], now: float, on_results: Callable[[List[Tuple[int, Result]]], None]) -> None:
         """Submit the work of one execute call and return at once; `on_results` is called

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 LATENCY_BUCKETS_US = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -174,6 +174,11 @@ _MODEL_US = ("latte_model_duration_us_total", ())
 _BATCH_SIZE = ("latte_batch_size", ())
 
 
+def _stages(requests: int, read_s: float, engine_s: float, respond_s: float) -> list:
+    return [(_EXECUTE_CALLS, 1.0), (_EXECUTE_REQUESTS, requests), (_STAGE_READ, read_s * 1e6),
+            (_STAGE_ENGINE, engine_s * 1e6), (_STAGE_RESPOND, respond_s * 1e6)]
+
+
 class BackendMetrics:
     """The figures the backend records; cheap in-process updates only (a few per execute
     call, whatever its number of requests)."""
@@ -186,6 +191,32 @@ class BackendMetrics:
     def requests(self, counts: Mapping[Tuple[str, int], int], seconds: float) -> None:
         """Requests answered together: (outcome, priority) -> how many."""
         increments, observations = [], []
+        self._answered(counts, seconds, increments, observations)
+        self.aggregate.update(increments, observations)
+
+    def execute(self, requests: int, read_s: float, engine_s: float, respond_s: float) -> None:
+        """Where one execute call's time went: reading requests, the engine (planning,
+        packing, model calls, splitting), building and sending responses."""
+        self.aggregate.add_all(_stages(requests, read_s, engine_s, respond_s))
+
+    def batch(self, rows: int, seconds: float) -> None:
+        self.aggregate.update(((_MODEL_US, seconds * 1e6),), ((_BATCH_SIZE, rows, BATCH_BUCKETS, 1),))
+
+    def call(self, requests: int, read_s: float, engine_s: float, respond_s: float,
+             answered: Sequence[Tuple[Mapping[Tuple[str, int], int], float]],
+             batches: Sequence[Tuple[int, float]]) -> None:
+        """A whole execute call in one update: its stages (as `execute`), each group of
+        answered requests with its latency (as `requests`) and each batch (as `batch`)."""
+        increments = _stages(requests, read_s, engine_s, respond_s)
+        observations = []
+        for counts, seconds in answered:
+            self._answered(counts, seconds, increments, observations)
+        for rows, seconds in batches:
+            increments.append((_MODEL_US, seconds * 1e6))
+            observations.append((_BATCH_SIZE, rows, BATCH_BUCKETS, 1))
+        self.aggregate.update(increments, observations)
+
+    def _answered(self, counts, seconds: float, increments: list, observations: list) -> None:
         us = seconds * 1e6
         for (outcome, priority), count in counts.items():
             key = self._outcome_keys.get(outcome)
@@ -196,16 +227,6 @@ class BackendMetrics:
             if key is None:
                 key = self._priority_keys[priority] = ("latte_request_duration_us", (("priority", str(priority)),))
             observations.append((key, us, LATENCY_BUCKETS_US, count))
-        self.aggregate.update(increments, observations)
-
-    def execute(self, requests: int, read_s: float, engine_s: float, respond_s: float) -> None:
-        """Where one execute call's time went: reading requests, the engine (planning,
-        packing, model calls, splitting), building and sending responses."""
-        self.aggregate.add_all(((_EXECUTE_CALLS, 1.0), (_EXECUTE_REQUESTS, requests), (_STAGE_READ, read_s * 1e6),
-                                (_STAGE_ENGINE, engine_s * 1e6), (_STAGE_RESPOND, respond_s * 1e6)))
-
-    def batch(self, rows: int, seconds: float) -> None:
-        self.aggregate.update(((_MODEL_US, seconds * 1e6),), ((_BATCH_SIZE, rows, BATCH_BUCKETS, 1),))
 
     def arena(self, stats: Mapping[str, float]) -> None:
         for state in ("capacity", "reserved", "live", "allocated", "peak_live"):

@@ -3,7 +3,7 @@ triton_python_backend_utils, passed in."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List
 
 import numpy as np
 
@@ -22,11 +22,6 @@ class ResponseBuilder:
         # The stub's Tensor makes a non-contiguous array contiguous itself.
         tensors = [self.pb.Tensor(name, outputs[name]) for name in self.output_names]
         return self.pb.InferenceResponse(output_tensors=tensors)
-
-    def build_all(self, outcomes: Sequence, answered: Sequence[bool]) -> List:
-        """execute's return value: a response per outcome, None where the request was
-        already answered through its sender."""
-        return [None if done else self.build(outcome) for done, outcome in zip(answered, outcomes)]
 
     def error(self, exc: Exception):
         return self.pb.InferenceResponse(output_tensors=[], error=self.triton_error(exc))

@@ -24,6 +24,19 @@ from latte.backend.warmup import measure_cost_model, warmup_requests, warmup_sha
 from latte.memory import BuddyArena
 
 
+_UNANSWERED = object()  # a request of the running execute call with no outcome yet
+_SENT = object()        # one already answered through its response sender
+
+
+def _top_priority(outcomes, options) -> int:
+    return max((options[p].priority if options[p] is not None else 0) for p, _ in outcomes)
+
+
+def _lowest_waiting(results, options) -> int:
+    """The lowest priority among the call's requests still to run."""
+    return min((o.priority if o is not None else 0) for o, r in zip(options, results) if r is _UNANSWERED)
+
+
 def lane_cpus(spec) -> Optional[List[List[int]]]:
     """CPU sets for pinned lanes (parameter pin_lanes), intra_op_threads cores each.
 
@@ -69,6 +82,7 @@ class LatteModel:
                                                                       max_window_s=window)
         self.responses = ResponseBuilder(pb, [t.name for t in spec.outputs])
         self.early = EarlyAnswers(spec.respond)
+        self._batches: List = []  # (rows, model seconds) of the running execute call's batches
         self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._sender = None
         if spec.pipeline:
@@ -113,50 +127,46 @@ class LatteModel:
             self.metrics.execute(len(requests), read - started, time.perf_counter() - read, 0.0)
             return None
 
-        sent = [False] * len(requests)
-        finished = [False] * len(requests)
-        answered = 0
+        # Each request's outcome as the engine yields it; _SENT once answered through its
+        # sender (early), which leaves None in execute's return value.
+        results = [_UNANSWERED] * len(requests)
+        pending = len(requests)
         responding = 0.0  # seconds spent building and sending responses
-
-        def pending_priority() -> int:
-            return min((o.priority if o is not None else 0) for o, done in zip(options, finished) if not done)
-
-        def answer(outcomes) -> None:
-            """Account for a group of finished requests; send them now where that pays
-            (self.early), else they ride back in execute's return value, one message for all."""
-            nonlocal answered, responding
-            answered += len(outcomes)
-            for position, _ in outcomes:
-                finished[position] = True
-            self._account(outcomes, options, started)
-            pending = len(requests) - answered
-            if not pending:
-                return  # the last batch rides back in execute's return value
-            top = max((options[p].priority if options[p] is not None else 0) for p, _ in outcomes)
-            if not self.early.now(top, pending, pending_priority):
-                return
-            begun = time.perf_counter()
-            for position, outcome in outcomes:
-                sent[position] = True
-                self._send(requests[position].get_response_sender(), outcome)
-            took = time.perf_counter() - begun
-            self.early.sent(len(outcomes), took)
-            responding += took
-
+        answered = []     # (outcome counts, seconds since execute began) per group, for metrics
         try:
-            outcomes = self.engine.infer(items, options, on_results=answer)
+            for outcomes in self.engine.answers(items, options):
+                pending -= len(outcomes)
+                answered.append((self._tally(outcomes, options), time.perf_counter() - started))
+                for position, outcome in outcomes:
+                    results[position] = outcome
+                if pending and self.early.now(_top_priority(outcomes, options), pending,
+                                              lambda: _lowest_waiting(results, options)):
+                    responding += self._send_early(requests, outcomes, results)
         except Exception as exc:
             # A fault outside any one batch: every request not yet answered gets this error.
             failure = model_failure(self.spec.name, exc)
-            outcomes = [failure] * len(requests)
+            failed = [(i, failure) for i, r in enumerate(results) if r is _UNANSWERED]
+            answered.append((self._tally(failed, options), time.perf_counter() - started))
+            for position, _ in failed:
+                results[position] = failure
         ran = time.perf_counter()
-        # Requests answered through their sender must be None here.
-        responses = self.responses.build_all(outcomes, sent)
+        responses = [None if r is _SENT else self.responses.build(r) for r in results]
         # The early sends happened inside the engine's time; the final responses after it.
         engine_s = ran - read - responding
         responding += time.perf_counter() - ran
-        self.metrics.execute(len(requests), read - started, engine_s, responding)
+        batches, self._batches = self._batches, []
+        self.metrics.call(len(requests), read - started, engine_s, responding, answered, batches)
         return responses
+
+    def _send_early(self, requests, outcomes, results) -> float:
+        """Answer a finished group through its response senders now (see EarlyAnswers)."""
+        begun = time.perf_counter()
+        for position, outcome in outcomes:
+            results[position] = _SENT
+            self._send(requests[position].get_response_sender(), outcome)
+        took = time.perf_counter() - begun
+        self.early.sent(len(outcomes), took)
+        return took
 
     def _options(self, items) -> List:
         """Each readable request's options (read_options gives the shared defaults to one that
@@ -212,8 +222,12 @@ class LatteModel:
                 self._send(sender, outcome)
 
     def _account(self, outcomes, options, started: float) -> None:
-        """Count a group of answered requests, one metrics update per outcome and priority;
-        a model failure's whole text (the client got one line of it) goes to the server log."""
+        """Count a group of answered requests of a pipelined call as they are answered."""
+        self.metrics.requests(self._tally(outcomes, options), time.perf_counter() - started)
+
+    def _tally(self, outcomes, options) -> dict:
+        """(outcome label, priority) -> how many, for a group of answered requests; a model
+        failure's whole text (the client got one line of it) goes to the server log."""
         counts = {}
         for position, outcome in outcomes:
             opts = options[position]
@@ -224,7 +238,7 @@ class LatteModel:
             else:
                 key = ("success", opts.priority if opts is not None else 0)
             counts[key] = counts.get(key, 0) + 1
-        self.metrics.requests(counts, time.perf_counter() - started)
+        return counts
 
     def _send(self, sender, outcome) -> None:
         """A request's one final response, through its response sender."""
@@ -234,7 +248,12 @@ class LatteModel:
             self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
 
     def _on_batch(self, record: BatchRecord) -> None:
-        self.metrics.batch(record.rows, record.model_seconds)
+        if self.spec.pipeline:
+            self.metrics.batch(record.rows, record.model_seconds)
+        else:
+            # Counted with the rest of its execute call, under one lock; lanes running the
+            # call's batches append from their threads before the call's last answer is in.
+            self._batches.append((record.rows, record.model_seconds))
         self.early.batch_done(record.requests, record.seconds)
 
     def _refresh_gauges(self) -> None:

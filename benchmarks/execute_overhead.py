@@ -27,81 +27,12 @@ sys.path.insert(0, str(HERE))
 from serving import write_identity_onnx  # noqa: E402
 
 
-class StubTensor:
-    def __init__(self, name, array):
-        self._name, self._array = name, array
-
-    def name(self):
-        return self._name
-
-    def as_numpy(self):
-        return self._array
-
-
-class StubRequest:
-    def __init__(self, tensors):
-        self._tensors = tensors
-
-    def inputs(self):
-        return self._tensors
-
-    def parameters(self):
-        return "{}"
-
-    def timeout(self):
-        return 0
-
-    def get_response_sender(self):
-        return None
-
-
-class StubPb:
-    """What latte uses of triton_python_backend_utils, doing nothing."""
-
-    TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-
-    class Tensor:
-        def __init__(self, name, array):
-            self.name, self.array = name, array
-
-    class InferenceResponse:
-        def __init__(self, output_tensors, error=None):
-            self.output_tensors, self.error = output_tensors, error
-
-    class TritonError:
-        INVALID_ARG, INTERNAL, UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED = 3, 13, 14, 1, 4
-
-        def __init__(self, message, code=None):
-            self.message, self.code = message, code
-
-    class Logger:
-        @staticmethod
-        def log_info(message):
-            pass
-
-        log_warn = log_error = log_info
-
-    class MetricFamily:
-        COUNTER, GAUGE = "counter", "gauge"
-
-        def __init__(self, *args):
-            pass
-
-        def Metric(self, labels):
-            return self
-
-        def increment(self, value):
-            pass
-
-        def set(self, value):
-            pass
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", default="1,16", help="requests per execute call, comma-separated (default: %(default)s)")
     parser.add_argument("--calls", type=int, default=1000, help="calls per timed run (default: %(default)s)")
     args = parser.parse_args(argv)
+    from latte.backend.standin_stub import InferenceRequest, StandinStub
     from latte.backend.triton_model import LatteModel
 
     model_dir = Path(tempfile.mkdtemp(prefix="latte-overhead-")) / "identity"
@@ -115,8 +46,8 @@ def main(argv=None) -> int:
     print(f"{'requests/call':>13} {'us/call':>8} {'us/request':>10} {'read':>6} {'engine':>7} {'respond':>8}  (us per request)")
     for n in [int(x) for x in args.requests.split(",")]:
         model = LatteModel({"model_config": json.dumps(config), "model_repository": str(model_dir),
-                            "model_version": "1"}, StubPb)
-        requests = [StubRequest([StubTensor("INPUT0", rng.random((1, 64), dtype=np.float32))]) for _ in range(n)]
+                            "model_version": "1"}, StandinStub)
+        requests = [InferenceRequest({"INPUT0": rng.random((1, 64), dtype=np.float32)}) for _ in range(n)]
         for _ in range(200):
             model.execute(requests)
         runs = []

@@ -176,18 +176,15 @@ def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(ex
     options = [RequestOptions(), None, RequestOptions(), RequestOptions(priority=2), RequestOptions()]
     delivered = []
     groups = []
-
-    def heard(outcomes):
+    for outcomes in engine.answers(items, options):
         groups.append([pos for pos, _ in outcomes])
         delivered.extend((pos, len(batches_run), out) for pos, out in outcomes)
-
-    results = engine.infer(items, options, on_results=heard)
     assert sorted(pos for pos, _, _ in delivered) == [0, 1, 2, 3, 4]            # each exactly once
     assert delivered[0][0] == 1 and delivered[0][1] == 0                         # the bad one before any batch ran
     batch_of = {pos: batches for pos, batches, _ in delivered}
     assert all(batch_of[3] <= batch_of[p] for p in (0, 2, 4))                    # high priority not after the rest
     assert all(batch_of[p] >= 1 for p in (0, 2, 3, 4))                           # results come after their batch
-    assert all(results[pos] is out for pos, _, out in delivered)
+    assert delivered[0][2] is unreadable and all(isinstance(out, dict) for _, _, out in delivered[1:])
     assert len(batches_run) == 2                                                 # two buckets, two calls
     assert groups == [[1], [3], [0, 2, 4]]                                       # refused, then batch by batch
 

@@ -57,11 +57,11 @@ def test_lane_results_reach_the_calling_thread_one_by_one(example_repo):
         rng = np.random.default_rng(10)
         requests = [ParsedRequest(inputs=EXAMPLES["sequence"].sample(1, rng), rows=1) for _ in range(12)]
         seen = []
-        results = engine.infer(requests, on_results=lambda outcomes: seen.extend(
-            (pos, threading.get_ident()) for pos, _ in outcomes))
-        assert sorted(pos for pos, _ in seen) == list(range(12))
-        assert {thread for _, thread in seen} == {threading.get_ident()}
-        assert all(r["embedding"].shape == (1, 32) for r in results)
+        for outcomes in engine.answers(requests):
+            seen.extend((pos, out, threading.get_ident()) for pos, out in outcomes)
+        assert sorted(pos for pos, _, _ in seen) == list(range(12))
+        assert {thread for _, _, thread in seen} == {threading.get_ident()}
+        assert all(out["embedding"].shape == (1, 32) for _, out, _ in seen)
     finally:
         engine.dispatcher.close()
 
@@ -97,9 +97,8 @@ def test_an_idle_lane_starts_with_the_most_urgent_request_and_reports_each_as_it
     try:
         # Three shape buckets, so three batches; the lane is idle when the call arrives.
         requests = [ParsedRequest(inputs={"tokens": np.ones((1, n), np.int64)}, rows=1) for n in (10, 40, 100)]
-        heard = []
-        engine.infer(requests, [RequestOptions(), RequestOptions(priority=2), RequestOptions(priority=7)],
-                     on_results=lambda outcomes: heard.extend(position for position, _ in outcomes))
+        options = [RequestOptions(), RequestOptions(priority=2), RequestOptions(priority=7)]
+        heard = [position for outcomes in engine.answers(requests, options) for position, _ in outcomes]
         assert heard == [2, 1, 0]
     finally:
         engine.dispatcher.close()

@@ -1,0 +1,108 @@
+"""LatteModel.execute as Triton calls it, on stand-ins for the stub's objects: one response
+per request, in order, each bad request refused alone, and one call's figures counted once."""
+
+import json
+
+import numpy as np
+import pytest
+from google.protobuf.json_format import MessageToDict
+
+from latte.backend.standin_stub import InferenceRequest, StandinStub, TritonError
+from latte.examples import EXAMPLES
+
+
+def load(repo, model, **parameters):
+    from latte.generator.validate import parse_config_file
+    from latte.backend.triton_model import LatteModel
+
+    config = MessageToDict(parse_config_file(repo / model / "config.pbtxt"), preserving_proto_field_name=True)
+    for key, value in parameters.items():
+        config.setdefault("parameters", {})[key] = {"string_value": value}
+    return LatteModel({"model_config": json.dumps(config), "model_repository": str(repo / model),
+                       "model_version": "1"}, StandinStub)
+
+
+@pytest.fixture(scope="module")
+def mlp(example_repo):
+    model = load(example_repo, "mlp_onnx")
+    yield model
+    model.finalize()
+
+
+def counter(model, name, **labels):
+    counters, _ = model.metrics.aggregate.snapshot()
+    return counters.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_each_request_gets_its_own_response_in_order_and_a_bad_one_fails_alone(mlp):
+    rng = np.random.default_rng(3)
+    feeds = [EXAMPLES["mlp"].sample(rows, rng) for rows in (1, 2, 1)]
+    bad = {"features": np.ones((1, 16), np.float64)}
+    requests = [InferenceRequest(feeds[0]), InferenceRequest(bad), InferenceRequest(feeds[1]),
+                InferenceRequest(feeds[2])]
+    alone = [mlp.execute([InferenceRequest(f)])[0] for f in feeds]
+
+    first, refused, second, third = mlp.execute(requests)
+
+    assert refused.has_error() and refused.error().code() == TritonError.INVALID_ARG
+    assert refused.error().message() == "input 'features': expected data type FP32, got FP64"
+    for response, reference in zip((first, second, third), alone):
+        assert not response.has_error()
+        (got,), (want,) = response.output_tensors(), reference.output_tensors()
+        np.testing.assert_allclose(got.as_numpy(), want.as_numpy(), rtol=1e-5, atol=1e-6)
+    assert second.output_tensors()[0].as_numpy().shape[0] == 2
+
+
+def test_a_call_is_counted_once_with_its_batches_and_outcomes(mlp):
+    rng = np.random.default_rng(4)
+    before = {name: counter(mlp, name) for name in ("latte_execute_calls_total", "latte_execute_requests_total",
+                                                     "latte_batch_size_count")}
+    ok_before = counter(mlp, "latte_requests_total", outcome="success")
+    bad_before = counter(mlp, "latte_requests_total", outcome="bad_request")
+
+    mlp.execute([InferenceRequest(EXAMPLES["mlp"].sample(1, rng)) for _ in range(3)]
+                + [InferenceRequest({"features": np.ones((1, 3), np.float32)})])
+
+    assert counter(mlp, "latte_execute_calls_total") == before["latte_execute_calls_total"] + 1
+    assert counter(mlp, "latte_execute_requests_total") == before["latte_execute_requests_total"] + 4
+    assert counter(mlp, "latte_batch_size_count") == before["latte_batch_size_count"] + 1  # one model call
+    assert counter(mlp, "latte_requests_total", outcome="success") == ok_before + 3
+    assert counter(mlp, "latte_requests_total", outcome="bad_request") == bad_before + 1
+
+
+def test_a_fault_outside_any_batch_answers_every_request_with_one_line(example_repo):
+    model = load(example_repo, "mlp_onnx")
+    try:
+        def broken(work):
+            raise KeyError("plan lost")
+
+        model.engine._groups = broken
+        rng = np.random.default_rng(5)
+        bad = InferenceRequest({"features": np.ones((1, 16), np.int32)})
+        responses = model.execute([InferenceRequest(EXAMPLES["mlp"].sample(1, rng)), bad])
+        assert len(responses) == 2
+        assert responses[0].error().code() == TritonError.INTERNAL
+        assert responses[0].error().message() == "model 'mlp_onnx' failed: KeyError: 'plan lost'"
+        # The request refused before the fault keeps its own answer.
+        assert responses[1].error().code() == TritonError.INVALID_ARG
+    finally:
+        model.finalize()
+
+
+def test_early_answers_go_through_the_sender_and_leave_none_in_the_returned_list(example_repo):
+    model = load(example_repo, "sequence_onnx", respond="per_batch", bucket_edges="16,128",
+                 batch_planning="bucket")
+    try:
+        rng = np.random.default_rng(6)
+        short = InferenceRequest(EXAMPLES["sequence"].sample(1, rng, length=8))
+        long = InferenceRequest(EXAMPLES["sequence"].sample(1, rng, length=100))
+        responses = model.execute([short, long])
+        # Two buckets, two batches: the first finished is sent at once, the last rides back.
+        sent = [r for r in (short, long) if r._sender is not None and r._sender.sent]
+        assert len(sent) == 1
+        (response, flags), = sent[0]._sender.sent
+        assert flags == StandinStub.TRITONSERVER_RESPONSE_COMPLETE_FINAL and not response.has_error()
+        returned = [r for r in responses if r is not None]
+        assert len(returned) == 1 and responses[[short, long].index(sent[0])] is None
+    finally:
+        model.finalize()
