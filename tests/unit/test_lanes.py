@@ -1,13 +1,16 @@
 """The engine's batches on the AffinityScheduler's lanes: same answers, one answer each."""
 
 import itertools
+import threading
 
 import numpy as np
 
-from latte.backend.errors import DeadlineExceeded
+from latte.backend.errors import DeadlineExceeded, Overloaded, error_class
 from latte.backend.lanes import LaneDispatcher
+from latte.backend.metrics import outcome_label
 from latte.backend.options import RequestOptions
 from latte.backend.requests import ParsedRequest
+from latte.backend.runtimes import Runtime
 from latte.examples import EXAMPLES, reference_runner
 
 
@@ -137,3 +140,40 @@ def test_submitted_calls_share_batches_and_each_request_gets_its_own_answer(exam
                                            rtol=1e-5, atol=1e-6)
     finally:
         engine.dispatcher.close()
+
+
+class GatedMlp(Runtime):
+    """The mlp example's signature; each call waits until the gate opens."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__(["features"], ["logits"])
+        self.gate = gate
+
+    def run(self, feed):
+        assert self.gate.wait(30.0)
+        return {"logits": np.zeros((feed["features"].shape[0], 8), np.float32)}
+
+
+def test_a_request_the_full_queue_cannot_take_is_answered_overloaded_and_unavailable(example_engine):
+    spec, engine = example_engine("mlp_onnx")
+    gate = threading.Event()
+    engine.runtime = GatedMlp(gate)  # the lane holds its first batch, so the queue stays full
+    engine.dispatcher = LaneDispatcher(engine, lanes=1, queue_capacity=1)
+
+    def open_on_refusal(outcomes):
+        if any(isinstance(outcome, Overloaded) for _, outcome in outcomes):
+            gate.set()
+
+    try:
+        feed = EXAMPLES["mlp"].sample(1, np.random.default_rng(13))
+        results = engine.infer([ParsedRequest(inputs=feed, rows=1) for _ in range(4)], on_results=open_on_refusal)
+    finally:
+        gate.set()
+        engine.dispatcher.close()
+    refused = [r for r in results if isinstance(r, Overloaded)]
+    served = [r for r in results if not isinstance(r, Exception)]
+    # One request runs or waits in the queue of one, one more may wait behind a running one.
+    assert len(refused) >= 2 and len(refused) + len(served) == 4
+    assert all("not admitted (queue_full)" in str(r) for r in refused)
+    assert {(error_class(r).code, outcome_label(r)) for r in refused} == {("UNAVAILABLE", "overloaded")}
+    assert all(r["logits"].shape == (1, 8) for r in served)
