@@ -13,7 +13,7 @@ from latte.backend.batching import (Allocate, affinity_key, assemble, chunk_by_r
                                     uniform_shapes)
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
-from latte.backend.errors import DeadlineExceeded, ModelError, RequestError
+from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
 from latte.backend.planning import CostModel
 from latte.backend.requests import ParsedRequest
@@ -228,7 +228,8 @@ class BatchEngine:
             self._record(batch, len(group), started, failed=False, model_seconds=called)
         except MemoryError as exc:
             # Not the model's fault and not the request's: the arena is full right now.
-            return [(w.position, exc) for w in group]
+            full = exc if isinstance(exc, OutOfMemory) else OutOfMemory(str(exc))
+            return [(w.position, full) for w in group]
         except Exception as exc:
             if batch is not None:
                 self._record(batch, len(group), started, failed=True)

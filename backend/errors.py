@@ -95,8 +95,9 @@ class ModelError(LatteError, RuntimeError):
 
 def error_class(exc: BaseException) -> Type[LatteError]:
     """The class whose `code` and `label` answer `exc`: its own for latte's errors. The arena
-    (latte.memory) raises the builtin MemoryError, answered as OutOfMemory; anything else
-    is answered as LatteError, an internal error."""
+    (latte.memory) raises the builtin MemoryError, which the engine turns into OutOfMemory
+    and which is answered as one wherever else it surfaces; anything else is answered as
+    LatteError, an internal error."""
     if isinstance(exc, LatteError):
         return type(exc)
     if isinstance(exc, MemoryError):

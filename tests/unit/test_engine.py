@@ -9,7 +9,8 @@ import torch
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import parse_model_config
 from latte.backend.engine import BatchEngine
-from latte.backend.errors import ConfigError, DeadlineExceeded, ModelError, RequestError, RuntimeLoadError
+from latte.backend.errors import (ConfigError, DeadlineExceeded, ModelError, OutOfMemory, RequestError,
+                                  RuntimeLoadError)
 from latte.backend.options import RequestOptions
 from latte.backend.requests import ParsedRequest
 from latte.backend.runtimes import load_runtime
@@ -138,7 +139,7 @@ def test_a_full_arena_fails_the_batch_with_memory_error_and_the_next_request_suc
     big = [ParsedRequest(inputs=EXAMPLES["cnn"].sample(16, rng), rows=16) for _ in range(2)]
     first, second = engine.infer(big)  # 32 x 3 x 32 x 32 floats = 384 KiB in one buffer
     for outcome in (first, second):
-        assert isinstance(outcome, MemoryError) and "bytes" in str(outcome)
+        assert isinstance(outcome, OutOfMemory) and "bytes" in str(outcome)
     small = [ParsedRequest(inputs=EXAMPLES["cnn"].sample(2, rng), rows=2) for _ in range(2)]
     results = engine.infer(small)
     assert all(r["logits"].shape == (2, 10) for r in results)
