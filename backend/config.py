@@ -16,15 +16,12 @@ from typing import Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from latte.backend.dtypes import to_numpy
+from latte.backend.errors import ConfigError
 from latte.backend.planning import parse_planning
 
 RUNTIMES = ("torchscript", "torch_export", "onnx", "tensorrt")
 RUNTIME_BY_EXTENSION = {".pt": "torchscript", ".ts": "torchscript", ".pt2": "torch_export",
                ".onnx": "onnx", ".plan": "tensorrt", ".engine": "tensorrt"}
-
-
-class ConfigError(ValueError):
-    """The model config cannot be served as written."""
 
 
 @dataclass(frozen=True)

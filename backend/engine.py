@@ -13,23 +13,14 @@ from latte.backend.batching import (Allocate, affinity_key, assemble, chunk_by_r
                                     uniform_shapes)
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
+from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
 from latte.backend.planning import CostModel
-from latte.backend.requests import ParsedRequest, RequestError
+from latte.backend.requests import ParsedRequest
 from latte.backend.runtimes import Runtime
 from latte.backend.sessions import SessionStore
 
 Result = Union[Dict[str, np.ndarray], Exception]
-
-
-class ModelError(RuntimeError):
-    """The model itself raised while running a request. The message is one line for the
-    client; `detail` keeps the runtime's whole text (a TorchScript error carries its
-    traceback) for the server log."""
-
-    def __init__(self, message: str, detail: str = "") -> None:
-        super().__init__(message)
-        self.detail = detail
 
 
 def model_failure(model: str, exc: BaseException) -> ModelError:
@@ -44,10 +35,6 @@ def model_failure(model: str, exc: BaseException) -> ModelError:
         first = first[:297] + "..."
     return ModelError(f"model {model!r} failed: {type(exc).__name__}" + (f": {first}" if first else ""),
                       detail=f"{type(exc).__name__}: {text}")
-
-
-class DeadlineExceeded(RuntimeError):
-    """The request waited longer than its timeout_ms before it could run."""
 
 
 @dataclass(slots=True)
@@ -241,7 +228,8 @@ class BatchEngine:
             self._record(batch, len(group), started, failed=False, model_seconds=called)
         except MemoryError as exc:
             # Not the model's fault and not the request's: the arena is full right now.
-            return [(w.position, exc) for w in group]
+            full = exc if isinstance(exc, OutOfMemory) else OutOfMemory(str(exc))
+            return [(w.position, full) for w in group]
         except Exception as exc:
             if batch is not None:
                 self._record(batch, len(group), started, failed=True)

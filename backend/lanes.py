@@ -18,12 +18,8 @@ import threading
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from latte.backend.engine import BatchEngine, DeadlineExceeded, ModelError, Result, Work
-from latte.backend.requests import RequestError
-
-
-class Overloaded(RuntimeError):
-    """The scheduler's bounded queue could not take the request."""
+from latte.backend.engine import BatchEngine, Result, Work
+from latte.backend.errors import DeadlineExceeded, ModelError, Overloaded, RequestError
 
 
 class _Call:

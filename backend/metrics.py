@@ -16,6 +16,8 @@ import bisect
 import threading
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
+from latte.backend.errors import error_class
+
 LATENCY_BUCKETS_US = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -247,8 +249,7 @@ class BackendMetrics:
 
 
 def outcome_label(exc: Optional[BaseException]) -> str:
+    """The `outcome` of latte_requests_total for a request answered with `exc` (None: success)."""
     if exc is None:
         return "success"
-    name = type(exc).__name__
-    return {"RequestError": "bad_request", "DeadlineExceeded": "timeout", "MemoryError": "out_of_memory",
-            "ModelError": "model_error", "RequestCancelled": "cancelled", "Overloaded": "overloaded"}.get(name, "error")
+    return error_class(exc).label

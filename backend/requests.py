@@ -21,18 +21,11 @@ import numpy as np
 from latte._native import BATCH_PROBLEMS, InputRule, inspect_arrays
 from latte.backend.config import ModelSpec, TensorSpec
 from latte.backend.dtypes import NUMPY_TO_TRITON, wire_name
+from latte.backend.errors import RequestCancelled, RequestError
 
 # The length of a request not yet measured (ParsedRequest.length); None means no ragged input.
 UNMEASURED = -1
 NO_PARAMETERS: Mapping[str, object] = MappingProxyType({})
-
-
-class RequestError(ValueError):
-    """This request cannot be served; the message says what was wrong and what was expected."""
-
-
-class RequestCancelled(RuntimeError):
-    """The client gave up on the request before it ran."""
 
 
 class ParsedRequest:

@@ -7,10 +7,7 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-from latte.backend.config import ConfigError
-from latte.backend.engine import DeadlineExceeded, ModelError
-from latte.backend.lanes import Overloaded
-from latte.backend.requests import RequestCancelled, RequestError
+from latte.backend.errors import error_class
 
 
 class ResponseBuilder:
@@ -27,20 +24,12 @@ class ResponseBuilder:
         return self.pb.InferenceResponse(output_tensors=[], error=self.triton_error(exc))
 
     def triton_error(self, exc: Exception):
+        """The stub's TritonError carrying the code errors.py gives the exception's class."""
         TritonError = self.pb.TritonError
-        code = None
-        if isinstance(exc, (RequestError, ConfigError)):
-            code = getattr(TritonError, "INVALID_ARG", None)
-        elif isinstance(exc, (MemoryError, Overloaded)):
-            # Not the request's fault and not the model's: try again later (queue full, shed).
-            code = getattr(TritonError, "UNAVAILABLE", None)
-        elif isinstance(exc, RequestCancelled):
-            code = getattr(TritonError, "CANCELLED", None)
-        elif isinstance(exc, DeadlineExceeded):
-            code = getattr(TritonError, "DEADLINE_EXCEEDED", getattr(TritonError, "UNAVAILABLE", None))
-        elif isinstance(exc, ModelError):
-            code = getattr(TritonError, "INTERNAL", None)
         message = str(exc) or type(exc).__name__
+        # Triton 2.51's stub has every code errors.py names; an older one that lacks one still
+        # gets the error out, with TritonError's default code (INTERNAL).
+        code = getattr(TritonError, error_class(exc).code, None)
         if code is None:
             return TritonError(message)
         return TritonError(message, code)

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from latte.backend.requests import RequestError
+from latte.backend.errors import RequestError
 
 
 @dataclass

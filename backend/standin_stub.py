@@ -26,8 +26,8 @@ class Tensor:
 
 
 class TritonError:
-    # The codes of the stub's TritonError that latte maps its errors onto.
-    CANCELLED, INVALID_ARG, DEADLINE_EXCEEDED, INTERNAL, UNAVAILABLE = 1, 3, 4, 13, 14
+    # The codes of Triton 2.51's stub TritonError (it has no DEADLINE_EXCEEDED).
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
 
     def __init__(self, message: str, code: Optional[int] = None) -> None:
         self._message, self._code = message, code

@@ -6,9 +6,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-
-class RuntimeLoadError(RuntimeError):
-    """The model file could not be loaded by its runtime."""
+from latte.backend.errors import RuntimeLoadError
 
 
 class Runtime:

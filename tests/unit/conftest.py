@@ -19,3 +19,30 @@ def sequence_pipeline(tmp_path_factory):
     profile.save(directory / "encoder.json")
     write_pipeline(directory, slo_ms=20, cores=2, profile=directory / "encoder.json")
     return directory
+
+
+@pytest.fixture
+def example_engine(example_repo):
+    """Builds an example model's engine as the served model would: `example_engine(model)`
+    gives (spec, engine); `bucketed=True` pads ragged inputs to the config's shape buckets,
+    other keywords override config parameters."""
+    from google.protobuf.json_format import MessageToDict
+
+    from latte.backend.buckets import BucketPlan
+    from latte.backend.config import parse_model_config
+    from latte.backend.engine import BatchEngine
+    from latte.backend.runtimes import load_runtime
+    from latte.generator.validate import parse_config_file
+
+    def build(model, bucketed=False, **parameters):
+        config = MessageToDict(parse_config_file(example_repo / model / "config.pbtxt"),
+                               preserving_proto_field_name=True)
+        for key, value in parameters.items():
+            config.setdefault("parameters", {})[key] = {"string_value": value}
+        spec = parse_model_config(config, example_repo / model, "1")
+        runtime = load_runtime(spec.runtime, spec.model_path, [t.name for t in spec.inputs],
+                               [t.name for t in spec.outputs], spec.intra_op_threads, spec.inter_op_threads)
+        buckets = BucketPlan(spec.bucket_edges) if bucketed and spec.bucket_edges else None
+        return spec, BatchEngine(spec, runtime, buckets=buckets)
+
+    return build

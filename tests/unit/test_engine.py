@@ -7,34 +7,21 @@ import pytest
 import torch
 
 from latte.backend.buckets import BucketPlan
-from latte.backend.config import ConfigError, parse_model_config
-from latte.backend.engine import BatchEngine, ModelError
+from latte.backend.config import parse_model_config
+from latte.backend.engine import BatchEngine
+from latte.backend.errors import (ConfigError, DeadlineExceeded, ModelError, OutOfMemory, RequestError,
+                                  RuntimeLoadError)
 from latte.backend.options import RequestOptions
-from latte.backend.requests import ParsedRequest, RequestError
-from latte.backend.runtimes import RuntimeLoadError, load_runtime
+from latte.backend.requests import ParsedRequest
+from latte.backend.runtimes import load_runtime
 from latte.examples import EXAMPLES, reference_runner
-from latte.generator.validate import parse_config_file
-from google.protobuf.json_format import MessageToDict
-
-
-def engine_for(repo, model, bucketed=False, **parameters):
-    """The example model's engine; `bucketed` pads ragged inputs to the config's shape buckets
-    as the served model does; `parameters` override config parameters."""
-    config = MessageToDict(parse_config_file(repo / model / "config.pbtxt"), preserving_proto_field_name=True)
-    for key, value in parameters.items():
-        config.setdefault("parameters", {})[key] = {"string_value": value}
-    spec = parse_model_config(config, repo / model, "1")
-    runtime = load_runtime(spec.runtime, spec.model_path, [t.name for t in spec.inputs],
-                           [t.name for t in spec.outputs], spec.intra_op_threads, spec.inter_op_threads)
-    buckets = BucketPlan(spec.bucket_edges) if bucketed and spec.bucket_edges else None
-    return spec, BatchEngine(spec, runtime, buckets=buckets)
 
 
 @pytest.mark.parametrize("model", ["sequence_onnx", "sequence_torchscript", "cnn_onnx", "mlp_torchscript"])
-def test_one_batched_call_matches_each_request_run_alone(example_repo, model):
+def test_one_batched_call_matches_each_request_run_alone(example_repo, model, example_engine):
     info = json.loads((example_repo / "examples.json").read_text())[model]
     example = EXAMPLES[info["example"]]
-    spec, engine = engine_for(example_repo, model)
+    spec, engine = example_engine(model)
     rng = np.random.default_rng(1)
     feeds = [example.sample(rows, rng) for rows in (1, 3, 2)]
     results = engine.infer([ParsedRequest(inputs=f, rows=next(iter(f.values())).shape[0]) for f in feeds])
@@ -44,8 +31,8 @@ def test_one_batched_call_matches_each_request_run_alone(example_repo, model):
         np.testing.assert_allclose(result[name], reference(feed)[name], rtol=1e-5, atol=1e-6)
 
 
-def test_a_request_that_failed_to_parse_keeps_its_error_and_the_rest_run(example_repo):
-    spec, engine = engine_for(example_repo, "mlp_onnx")
+def test_a_request_that_failed_to_parse_keeps_its_error_and_the_rest_run(example_engine):
+    spec, engine = example_engine("mlp_onnx")
     feed = EXAMPLES["mlp"].sample(2, np.random.default_rng(2))
     bad = RequestError("input 'features': expected data type FP32, got FP64")
     results = engine.infer([bad, ParsedRequest(inputs=feed, rows=2)])
@@ -121,9 +108,6 @@ def test_ragged_inputs_pad_to_their_bucket_and_per_token_outputs_come_back_unpad
 
 
 def test_a_request_past_its_timeout_fails_without_running(tmp_path):
-    from latte.backend.engine import DeadlineExceeded
-    from latte.backend.options import RequestOptions
-
     now = [100.0]
     # Bucket planning keeps the urgent short request apart from the long ones.
     engine = per_token_engine(tmp_path, planning="bucket", clock=lambda: now[0])
@@ -145,27 +129,27 @@ def test_a_request_past_its_timeout_fails_without_running(tmp_path):
     assert isinstance(timed_out, DeadlineExceeded) and "timeout_ms=10" in str(timed_out)
 
 
-def test_a_full_arena_fails_the_batch_with_memory_error_and_the_next_request_succeeds(example_repo):
+def test_a_full_arena_fails_the_batch_with_memory_error_and_the_next_request_succeeds(example_engine):
     from latte.memory import BuddyArena
 
     arena = BuddyArena(256 << 10)  # room for small batches only
-    spec, engine = engine_for(example_repo, "cnn_onnx")
+    spec, engine = example_engine("cnn_onnx")
     engine.allocate = arena.empty
     rng = np.random.default_rng(3)
     big = [ParsedRequest(inputs=EXAMPLES["cnn"].sample(16, rng), rows=16) for _ in range(2)]
     first, second = engine.infer(big)  # 32 x 3 x 32 x 32 floats = 384 KiB in one buffer
     for outcome in (first, second):
-        assert isinstance(outcome, MemoryError) and "bytes" in str(outcome)
+        assert isinstance(outcome, OutOfMemory) and "bytes" in str(outcome)
     small = [ParsedRequest(inputs=EXAMPLES["cnn"].sample(2, rng), rows=2) for _ in range(2)]
     results = engine.infer(small)
     assert all(r["logits"].shape == (2, 10) for r in results)
     assert arena.stats()["live"] == 0  # every batch buffer went back
 
 
-def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(example_repo):
+def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(example_engine):
     """What lets the backend answer a request before later batches of the same call run."""
     # One batch per bucket, so the call runs two batches.
-    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True, batch_planning="bucket")
+    spec, engine = example_engine("sequence_onnx", bucketed=True, batch_planning="bucket")
     batches_run = []
     engine.on_batch = lambda record: batches_run.append(record.rows)
     rng = np.random.default_rng(4)
@@ -205,10 +189,10 @@ def test_cost_planning_lets_short_requests_ride_in_a_longer_bucket_and_unpads_th
 
 
 @pytest.mark.parametrize("model", ["sequence_onnx", "sequence_torchscript"])
-def test_cost_planned_batches_give_each_request_exactly_its_output_alone(example_repo, model):
+def test_cost_planned_batches_give_each_request_exactly_its_output_alone(example_repo, model, example_engine):
     from latte.backend.planning import CostModel
 
-    spec, engine = engine_for(example_repo, model, bucketed=True)
+    spec, engine = example_engine(model, bucketed=True)
     records = []
     engine.on_batch = records.append
     # A model call costs as much as 2000 padded positions: every call's requests share one batch.
@@ -227,10 +211,10 @@ def test_cost_planned_batches_give_each_request_exactly_its_output_alone(example
         np.testing.assert_allclose(together["embedding"], reference(feed)["embedding"], rtol=1e-5, atol=1e-6)
 
 
-def test_the_warmup_timings_give_a_cost_model_for_every_bucket(example_repo):
+def test_the_warmup_timings_give_a_cost_model_for_every_bucket(example_engine):
     from latte.backend.warmup import measure_cost_model
 
-    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True)
+    spec, engine = example_engine("sequence_onnx", bucketed=True)
     records = []
     engine.on_batch = records.append
     model = measure_cost_model(engine, repeats=3, rows=4)
@@ -240,13 +224,13 @@ def test_the_warmup_timings_give_a_cost_model_for_every_bucket(example_repo):
     assert records == [] and engine.on_batch == records.append  # timing calls are not counted as traffic
 
 
-def test_batch_planning_is_a_checked_config_parameter(example_repo):
-    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True)
+def test_batch_planning_is_a_checked_config_parameter(example_engine):
+    spec, engine = example_engine("sequence_onnx", bucketed=True)
     assert spec.batch_planning == "cost" and engine.cost_model is not None
-    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True, batch_planning="bucket")
+    spec, engine = example_engine("sequence_onnx", bucketed=True, batch_planning="bucket")
     assert engine.cost_model is None
     with pytest.raises(ConfigError, match="batch_planning must be one of cost, bucket, got 'greedy'"):
-        engine_for(example_repo, "sequence_onnx", batch_planning="greedy")
+        example_engine("sequence_onnx", batch_planning="greedy")
 
 
 def test_requests_planned_into_one_batch_share_the_affinity_key_of_its_edge(tmp_path):
@@ -293,8 +277,8 @@ def test_models_loading_side_by_side_time_themselves_one_at_a_time():
     assert waited > 0.5
 
 
-def test_a_call_whose_every_request_was_refused_runs_no_model(example_repo):
-    spec, engine = engine_for(example_repo, "mlp_onnx")
+def test_a_call_whose_every_request_was_refused_runs_no_model(example_engine):
+    spec, engine = example_engine("mlp_onnx")
     refusals = [RequestError("bad one"), RequestError("bad two")]
     assert engine.infer(refusals) == refusals
 

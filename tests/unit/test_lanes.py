@@ -1,20 +1,21 @@
 """The engine's batches on the AffinityScheduler's lanes: same answers, one answer each."""
 
 import itertools
+import threading
 
 import numpy as np
 
-from latte.backend.engine import DeadlineExceeded
+from latte.backend.errors import DeadlineExceeded, Overloaded, error_class
 from latte.backend.lanes import LaneDispatcher
+from latte.backend.metrics import outcome_label
 from latte.backend.options import RequestOptions
 from latte.backend.requests import ParsedRequest
+from latte.backend.runtimes import Runtime
 from latte.examples import EXAMPLES, reference_runner
 
-from test_engine import engine_for
 
-
-def test_two_lanes_answer_every_request_like_the_model_in_process(example_repo):
-    spec, engine = engine_for(example_repo, "sequence_onnx")
+def test_two_lanes_answer_every_request_like_the_model_in_process(example_repo, example_engine):
+    spec, engine = example_engine("sequence_onnx")
     engine.dispatcher = LaneDispatcher(engine, lanes=2)
     try:
         rng = np.random.default_rng(9)
@@ -32,8 +33,8 @@ def test_two_lanes_answer_every_request_like_the_model_in_process(example_repo):
         engine.dispatcher.close()
 
 
-def test_an_expired_request_is_answered_once_with_a_timeout(example_repo):
-    spec, engine = engine_for(example_repo, "mlp_onnx")
+def test_an_expired_request_is_answered_once_with_a_timeout(example_engine):
+    spec, engine = example_engine("mlp_onnx")
     engine.dispatcher = LaneDispatcher(engine, lanes=1)
     ticks = itertools.count(0.0, 1.0)
     engine.clock = lambda: next(ticks)  # every look at the clock is a second later
@@ -47,11 +48,11 @@ def test_an_expired_request_is_answered_once_with_a_timeout(example_repo):
         engine.dispatcher.close()
 
 
-def test_lane_results_reach_the_calling_thread_one_by_one(example_repo):
+def test_lane_results_reach_the_calling_thread_one_by_one(example_engine):
     """Triton's response senders are used from the thread that runs `execute`."""
     import threading
 
-    spec, engine = engine_for(example_repo, "sequence_onnx")
+    spec, engine = example_engine("sequence_onnx")
     engine.dispatcher = LaneDispatcher(engine, lanes=2)
     try:
         rng = np.random.default_rng(10)
@@ -66,10 +67,10 @@ def test_lane_results_reach_the_calling_thread_one_by_one(example_repo):
         engine.dispatcher.close()
 
 
-def test_cost_planned_batches_on_the_lanes_answer_like_the_model_in_process(example_repo):
+def test_cost_planned_batches_on_the_lanes_answer_like_the_model_in_process(example_repo, example_engine):
     from latte.backend.planning import CostModel
 
-    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True)
+    spec, engine = example_engine("sequence_onnx", bucketed=True)
     # Calls dominate: the plan puts every request of the call into one batch, one affinity key.
     engine.cost_model = CostModel(2000.0, {e: float(e) for e in spec.bucket_edges})
     records = []
@@ -88,10 +89,10 @@ def test_cost_planned_batches_on_the_lanes_answer_like_the_model_in_process(exam
         engine.dispatcher.close()
 
 
-def test_an_idle_lane_starts_with_the_most_urgent_request_and_reports_each_as_it_finishes(example_repo):
+def test_an_idle_lane_starts_with_the_most_urgent_request_and_reports_each_as_it_finishes(example_engine):
     from latte.backend.buckets import BucketPlan
 
-    spec, engine = engine_for(example_repo, "sequence_onnx")
+    spec, engine = example_engine("sequence_onnx")
     engine.buckets = BucketPlan(spec.bucket_edges)
     engine.dispatcher = LaneDispatcher(engine, lanes=1)
     try:
@@ -104,12 +105,12 @@ def test_an_idle_lane_starts_with_the_most_urgent_request_and_reports_each_as_it
         engine.dispatcher.close()
 
 
-def test_submitted_calls_share_batches_and_each_request_gets_its_own_answer(example_repo):
+def test_submitted_calls_share_batches_and_each_request_gets_its_own_answer(example_repo, example_engine):
     """Pipelined calls: requests of several execute calls (whose positions repeat) meet in one
     scheduler queue, may share a batch, and each answer reaches its own call."""
     import threading
 
-    spec, engine = engine_for(example_repo, "sequence_onnx", bucketed=True)
+    spec, engine = example_engine("sequence_onnx", bucketed=True)
     engine.dispatcher = LaneDispatcher(engine, lanes=1, max_window_s=0.005)
     reference = reference_runner(example_repo, "sequence_onnx")
     try:
@@ -138,3 +139,40 @@ def test_submitted_calls_share_batches_and_each_request_gets_its_own_answer(exam
                                            rtol=1e-5, atol=1e-6)
     finally:
         engine.dispatcher.close()
+
+
+class GatedMlp(Runtime):
+    """The mlp example's signature; each call waits until the gate opens."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__(["features"], ["logits"])
+        self.gate = gate
+
+    def run(self, feed):
+        assert self.gate.wait(30.0)
+        return {"logits": np.zeros((feed["features"].shape[0], 8), np.float32)}
+
+
+def test_a_request_the_full_queue_cannot_take_is_answered_overloaded_and_unavailable(example_engine):
+    spec, engine = example_engine("mlp_onnx")
+    gate = threading.Event()
+    engine.runtime = GatedMlp(gate)  # the lane holds its first batch, so the queue stays full
+    engine.dispatcher = LaneDispatcher(engine, lanes=1, queue_capacity=1)
+
+    def open_on_refusal(outcomes):
+        if any(isinstance(outcome, Overloaded) for _, outcome in outcomes):
+            gate.set()
+
+    try:
+        feed = EXAMPLES["mlp"].sample(1, np.random.default_rng(13))
+        results = engine.infer([ParsedRequest(inputs=feed, rows=1) for _ in range(4)], on_results=open_on_refusal)
+    finally:
+        gate.set()
+        engine.dispatcher.close()
+    refused = [r for r in results if isinstance(r, Overloaded)]
+    served = [r for r in results if not isinstance(r, Exception)]
+    # One request runs or waits in the queue of one, one more may wait behind a running one.
+    assert len(refused) >= 2 and len(refused) + len(served) == 4
+    assert all("not admitted (queue_full)" in str(r) for r in refused)
+    assert {(error_class(r).code, outcome_label(r)) for r in refused} == {("UNAVAILABLE", "overloaded")}
+    assert all(r["logits"].shape == (1, 8) for r in served)

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from latte.backend.buckets import BucketPlan
+from latte.backend.errors import RequestError
 from latte.backend.options import read_options
-from latte.backend.requests import RequestError
 from latte.backend.sessions import SessionStore
 
 

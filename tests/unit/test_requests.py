@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from latte.backend.config import ModelSpec, TensorSpec
-from latte.backend.requests import RequestError, RequestReader
+from latte.backend.errors import RequestError
+from latte.backend.requests import RequestReader
 
 
 class Tensor:

@@ -2,15 +2,14 @@
 
 import pytest
 
-from latte.backend.config import ConfigError
-from latte.backend.engine import DeadlineExceeded, ModelError
-from latte.backend.lanes import Overloaded
-from latte.backend.requests import RequestCancelled, RequestError
+from latte.backend.errors import (ConfigError, DeadlineExceeded, ModelError, Overloaded, RequestCancelled,
+                                  RequestError)
 from latte.backend.responses import ResponseBuilder
 
 
 class FakeTritonError:
-    INVALID_ARG, INTERNAL, UNAVAILABLE, CANCELLED, DEADLINE_EXCEEDED = "invalid", "internal", "unavailable", "cancelled", "deadline"
+    """The codes of Triton 2.51's pb_utils.TritonError (it has no DEADLINE_EXCEEDED)."""
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
 
     def __init__(self, message, code=None):
         self.message, self.code = message, code
@@ -21,15 +20,31 @@ class FakePb:
 
 
 @pytest.mark.parametrize("exc, code", [
-    (RequestError("input 'x': expected data type FP32, got FP64"), "invalid"),
-    (ConfigError("bad config"), "invalid"),
-    (MemoryError("arena full"), "unavailable"),
-    (Overloaded("overloaded: the request was not admitted (queue_full)"), "unavailable"),
-    (RequestCancelled("the client cancelled this request before it ran"), "cancelled"),
-    (DeadlineExceeded("timed out"), "deadline"),
-    (ModelError("model 'm' failed: ValueError: negative input"), "internal"),
-])
+    (RequestError("input 'x': expected data type FP32, got FP64"), FakeTritonError.INVALID_ARG),
+    (ConfigError("bad config"), FakeTritonError.INVALID_ARG),
+    (MemoryError("arena full"), FakeTritonError.UNAVAILABLE),
+    (Overloaded("overloaded: the request was not admitted (queue_full)"), FakeTritonError.UNAVAILABLE),
+    (RequestCancelled("the client cancelled this request before it ran"), FakeTritonError.CANCELLED),
+    (DeadlineExceeded("timed out"), FakeTritonError.UNAVAILABLE),
+    (ModelError("model 'm' failed: ValueError: negative input"), FakeTritonError.INTERNAL),
+    (KeyError("a fault nobody foresaw"), FakeTritonError.INTERNAL),
+], ids=["request", "config", "memory", "overloaded", "cancelled", "deadline", "model", "unforeseen"])
 def test_each_failure_carries_its_code_and_its_one_line(exc, code):
     error = ResponseBuilder(FakePb(), ["y"]).triton_error(exc)
     assert error.code == code
     assert error.message == str(exc)
+
+
+def test_a_stub_without_the_code_still_answers_with_its_default_code():
+    class OldTritonError:
+        """A stub's TritonError from before CANCELLED existed."""
+        UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS = range(7)
+
+        def __init__(self, message, code=None):
+            self.message, self.code = message, code
+
+    class OldPb:
+        TritonError = OldTritonError
+
+    error = ResponseBuilder(OldPb(), ["y"]).triton_error(RequestCancelled("the client cancelled"))
+    assert error.code is None and error.message == "the client cancelled"
