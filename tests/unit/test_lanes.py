@@ -159,13 +159,14 @@ def test_a_request_the_full_queue_cannot_take_is_answered_overloaded_and_unavail
     engine.runtime = GatedMlp(gate)  # the lane holds its first batch, so the queue stays full
     engine.dispatcher = LaneDispatcher(engine, lanes=1, queue_capacity=1)
 
-    def open_on_refusal(outcomes):
-        if any(isinstance(outcome, Overloaded) for _, outcome in outcomes):
-            gate.set()
-
+    results = [None] * 4
     try:
         feed = EXAMPLES["mlp"].sample(1, np.random.default_rng(13))
-        results = engine.infer([ParsedRequest(inputs=feed, rows=1) for _ in range(4)], on_results=open_on_refusal)
+        for outcomes in engine.answers([ParsedRequest(inputs=feed, rows=1) for _ in range(4)]):
+            for position, outcome in outcomes:
+                results[position] = outcome
+            if any(isinstance(outcome, Overloaded) for _, outcome in outcomes):
+                gate.set()  # the refusals are in: let the lane finish the rest
     finally:
         gate.set()
         engine.dispatcher.close()
