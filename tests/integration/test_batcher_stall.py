@@ -23,9 +23,10 @@ from latte.generator.validate import batcher_stall, parse_config
 
 CLIENTS = 16
 STALL_S = 0.4
-# The stall hits about once a second under this flood; waiting 15 s for one misses it
-# with a probability of about e^-7.
-REPRODUCE_WITHIN_S = 15.0
+# The batcher misses its wake-up only when the instance's thread is held up in a gap of a few
+# microseconds, so the stall's rate follows the machine's load: in our runs on the 2-core box
+# the first one came within 2-10 s of this flood. The flood stops at the first one.
+REPRODUCE_WITHIN_S = 30.0
 CLEAN_FLOOD_S = 3.0
 
 ECHO_MODEL = '''
