@@ -27,7 +27,7 @@ STALL_S = 0.4
 # microseconds, so the stall's rate follows the machine's load: in our runs on the 2-core box
 # the first one came within 2-10 s of this flood. The flood stops at the first one.
 REPRODUCE_WITHIN_S = 30.0
-CLEAN_FLOOD_S = 3.0
+CLEAN_FLOOD_S = 10.0   # as long as the stall took to show with one instance
 
 ECHO_MODEL = '''
 import triton_python_backend_utils as pb_utils
