@@ -107,11 +107,14 @@ class TritonPublisher:
     """Publishes a MetricsAggregate through the stub's MetricFamily, from a daemon thread."""
 
     def __init__(self, pb, aggregate: MetricsAggregate, model: str, interval_s: float = 1.0,
-                 refresh=None) -> None:
+                 refresh=None, instance: str = "") -> None:
         self.pb = pb
         self.refresh = refresh  # called before each publication to update gauges
         self.aggregate = aggregate
         self.model = model
+        # Gauges hold one instance's state (arena, sessions); without this label the instances of a
+        # model would share one series and each would overwrite the others' value.
+        self.gauge_labels = {"instance": instance} if instance else {}
         self.interval_s = interval_s
         self._families: Dict[Tuple[str, str], object] = {}
         self._metrics: Dict[Tuple[str, Labels], object] = {}
@@ -137,7 +140,9 @@ class TritonPublisher:
         key = (name, labels)
         metric = self._metrics.get(key)
         if metric is None:
-            metric = self._metrics[key] = self._family(name, kind).Metric(labels={"model": self.model, **dict(labels)})
+            own = self.gauge_labels if kind == "GAUGE" else {}
+            metric = self._metrics[key] = self._family(name, kind).Metric(labels={"model": self.model, **own,
+                                                                                   **dict(labels)})
         return metric
 
     def flush(self) -> None:

@@ -89,7 +89,8 @@ class LatteModel:
             self._sender = threading.Thread(target=self._send_responses, name=f"latte-responses-{spec.name}", daemon=True)
             self._sender.start()
         # Publishing is off the request path: each Triton metric update is a round trip to the server.
-        self.publisher = TritonPublisher(pb, self.metrics.aggregate, spec.name, refresh=self._refresh_gauges)
+        self.publisher = TritonPublisher(pb, self.metrics.aggregate, spec.name, refresh=self._refresh_gauges,
+                                         instance=args.get("model_instance_name", ""))
         warmed = self._warmup() if spec.warmup else 0
         if spec.warmup and self.engine.cost_model is not None:
             measured = measure_cost_model(self.engine)

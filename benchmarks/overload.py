@@ -4,7 +4,9 @@
     .venv/bin/python benchmarks/overload.py --model cnn_onnx --step-s 60
 
 Builds the example repository, renders a variant config of the model (two priority levels; the
-low level sheds with a 100 ms queue timeout and a 64-request queue, the high level never sheds),
+low level sheds with a 100 ms queue timeout and a 64-request queue, the high level never sheds;
+two instances, since one instance behind priority levels stalls ~500 ms in Triton 2.51, see
+docs/backend.md "Priorities"),
 starts tritonserver on it and reports per-priority P99, shed rate, that every request got exactly
 one answer, and whether memory returned to its pre-step baseline. Writes .latte/overload/<model>.json.
 """

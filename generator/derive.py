@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from latte.generator.profile_data import Point, Profile
+from latte.generator.validate import STALL_FREE_INSTANCES
 
 # A larger batch must add at least this much throughput to count as an improvement.
 SATURATION_GAIN = 1.05
@@ -155,6 +156,19 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
         why.append(f"instance count {count} ({kind}): no arrival rate given, so every slot of the thread budget "
                    f"is used ({budget_text}; instances x intra_op_threads <= cores)")
 
+    # Triton 2.51 stalls a lone instance up to 500 ms behind a queue policy or priority levels
+    # (docs/backend.md, Priorities); a second instance, when the budget has room, avoids it.
+    if count < STALL_FREE_INSTANCES <= budget:
+        count = STALL_FREE_INSTANCES
+        why.append(f"instance count raised to {count}: with one instance Triton 2.51's batcher can sit idle "
+                   "up to 500 ms behind the queue policy below; a second instance wakes it")
+    queue_policy = count >= STALL_FREE_INSTANCES
+    if priority_levels > 1 and not queue_policy:
+        raise DerivationError(
+            f"priority_levels {priority_levels} need {STALL_FREE_INSTANCES} instances (one instance behind "
+            "Triton 2.51's priority queue stalls up to 500 ms), but the thread budget allows "
+            f"{budget} ({budget_text}); give the model more cores or profile with fewer intra_op_threads")
+
     # Queue delay. While every instance is busy the queue fills by itself, so the delay only
     # acts when an instance idles; there, a batch that cannot fill waits the whole delay
     # (closed-loop clients never fill it). Waiting pays only when the arrival rate needs
@@ -202,15 +216,19 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     timeout_us = int((slo_ms - l_b) * 1000.0)
     batches_in_slo = max(1, int((slo_ms - l_b) // l_b))
     queue_size = count * b * batches_in_slo
-    dynamic["default_queue_policy"] = {
-        "timeout_action": "DELAY",
-        "default_timeout_microseconds": timeout_us,
-        "allow_timeout_override": "true",
-        "max_queue_size": queue_size,
-    }
-    why.append(f"default_queue_policy: timeout {timeout_us} us (SLO - l(b): a request queued longer cannot "
-               f"finish in time, so it yields to requests that still can); max_queue_size {queue_size} = {count} instance(s) x batch "
-               f"{b} x {batches_in_slo} batch(es) that fit in the SLO after the first")
+    if queue_policy:
+        dynamic["default_queue_policy"] = {
+            "timeout_action": "DELAY",
+            "default_timeout_microseconds": timeout_us,
+            "allow_timeout_override": "true",
+            "max_queue_size": queue_size,
+        }
+        why.append(f"default_queue_policy: timeout {timeout_us} us (SLO - l(b): a request queued longer cannot "
+                   f"finish in time, so it yields to requests that still can); max_queue_size {queue_size} = "
+                   f"{count} instance(s) x batch {b} x {batches_in_slo} batch(es) that fit in the SLO after the first")
+    else:
+        why.append("warning: default_queue_policy not set: one instance behind a queue policy stalls up to 500 ms "
+                   "in Triton 2.51 (docs/backend.md, Priorities), so the queue is unbounded; overload is not shed")
 
     parameters = {"intra_op_threads": str(intra), "inter_op_threads": "1"}
     edges = bucket_edges(profile, b)

@@ -15,7 +15,7 @@ from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, deri
 from latte.generator.profile_data import Profile
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
 from latte.generator.templates import render
-from latte.generator.validate import parse_config, validate_repository
+from latte.generator.validate import InvalidConfig, batcher_stall, parse_config, validate_repository
 
 # Variable dimensions of warm-up samples take this size (or the longest profiled length if shorter).
 WARMUP_LENGTH = 16
@@ -174,7 +174,9 @@ def check_spec_ensembles(spec: PipelineSpec, interfaces: Dict[str, Interface]) -
 
 def _write_model(repo: Path, plan: ModelPlan, templates: Optional[Path]) -> None:
     text = render("config.pbtxt.j2", {"platform": None, **plan.context}, templates)
-    parse_config(text, f"{plan.name}/config.pbtxt")
+    stall = batcher_stall(parse_config(text, f"{plan.name}/config.pbtxt"))
+    if stall:
+        raise InvalidConfig(f"{plan.name}/config.pbtxt not written: {stall}")
     model_dir = repo / plan.name
     if model_dir.exists():
         shutil.rmtree(model_dir)

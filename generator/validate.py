@@ -37,6 +37,41 @@ def parse_config_file(path: Path):
     return config
 
 
+# Triton 2.51's dynamic batcher waits for an idle instance when it cannot prefetch a batch,
+# and that wait can miss the instance's wake-up for its full 500 ms timeout (docs/backend.md,
+# "Priorities"). It cannot prefetch once any priority level or queue limit is set; a second
+# instance wakes it when it finishes, so only one instance is exposed.
+BATCHER_SLOT_WAIT_MS = 500
+STALL_FREE_INSTANCES = 2
+
+
+def batcher_prefetch_disabled(batching) -> bool:
+    """Whether Triton's queue for this ModelDynamicBatching refuses to prefetch batches."""
+    policy = batching.default_queue_policy
+    return bool(batching.priority_levels or policy.default_timeout_microseconds
+                or policy.allow_timeout_override or policy.max_queue_size)
+
+
+def instance_count(config) -> int:
+    """Instances a ModelConfig asks for; a group without a count has one (per listed GPU)."""
+    if not config.instance_group:
+        return 1
+    return sum(max(1, group.count) * max(1, len(group.gpus)) for group in config.instance_group)
+
+
+def batcher_stall(config):
+    """The warning for a ModelConfig whose one instance can sit idle ~500 ms with requests
+    queued (Triton 2.51), else None."""
+    if not config.HasField("dynamic_batching") or not batcher_prefetch_disabled(config.dynamic_batching):
+        return None
+    if instance_count(config) >= STALL_FREE_INSTANCES:
+        return None
+    return (f"{config.name}: one instance with dynamic_batching priority_levels or a default_queue_policy "
+            f"limit stalls up to {BATCHER_SLOT_WAIT_MS} ms in Triton 2.51's batcher under concurrent load; "
+            f"use instance_group count >= {STALL_FREE_INSTANCES}, or drop priority_levels and the queue policy "
+            "(docs/backend.md, Priorities)")
+
+
 class RepositoryError(ValueError):
     """A model repository with problems; `problems` holds one located line each."""
 

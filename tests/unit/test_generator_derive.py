@@ -79,9 +79,11 @@ def test_instances_fill_the_thread_budget_without_a_rate():
 
 
 def test_instances_follow_the_arrival_rate():
-    # 4000 rows/s per instance at 80% utilisation: 1000 req/s need one instance.
+    # 4000 rows/s per instance at 80% utilisation: 1000 req/s need one instance, but one instance
+    # behind Triton's queue policy stalls (docs/backend.md, Priorities), so two are rendered.
     d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=1000, cores=8)
-    assert d.instance_count == 1
+    assert d.instance_count == 2
+    assert "instance count raised to 2" in d.explain()
     d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=7000, cores=8)
     assert d.instance_count == 3
 
@@ -95,10 +97,22 @@ def test_queue_policy_delays_requests_that_cannot_make_the_slo():
 
 
 def test_priority_levels_only_when_asked():
-    assert "priority_levels" not in derive(make_profile(SATURATING), slo_ms=20).dynamic_batching
-    d = derive(make_profile(SATURATING), slo_ms=20, priority_levels=3)
+    assert "priority_levels" not in derive(make_profile(SATURATING), slo_ms=20, cores=2).dynamic_batching
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2, priority_levels=3)
     assert d.dynamic_batching["priority_levels"] == 3
     assert d.dynamic_batching["default_priority_level"] == 3
+
+
+def test_one_instance_gets_no_queue_policy_and_no_priority_levels():
+    # One core, one intra-op thread: a single instance, which Triton 2.51 stalls behind a
+    # queue policy or priority levels; the queue is left unbounded and priorities are refused.
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=1)
+    assert d.instance_count == 1
+    assert "default_queue_policy" not in d.dynamic_batching
+    assert "warning: default_queue_policy not set" in d.explain()
+    with pytest.raises(DerivationError, match=r"priority_levels 2 need 2 instances .* allows 1 "
+                                              r"\(1 core\(s\) // intra_op_threads 1\)"):
+        derive(make_profile(SATURATING), slo_ms=20, cores=1, priority_levels=2)
 
 
 def test_arena_is_peak_with_headroom_rounded_to_a_power_of_two():

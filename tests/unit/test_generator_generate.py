@@ -42,14 +42,14 @@ def test_repository_layout_has_versions_model_files_and_warmup(repo):
 def test_overrides_win_over_derived_values(sequence_pipeline, tmp_path):
     spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
         "    slo_ms: 20\n",
-        "    slo_ms: 20\n    overrides: {max_batch_size: 4, instance_count: 1, "
+        "    slo_ms: 20\n    overrides: {max_batch_size: 4, instance_count: 2, "
         "dynamic_batching: {max_queue_delay_microseconds: 100}, parameters: {pad_value: 7}}\n")
     path = sequence_pipeline / "override.yaml"
     path.write_text(spec)
     generate(path, tmp_path / "repo")
     config = parse_config((tmp_path / "repo" / "encoder" / "config.pbtxt").read_text())
     assert config.max_batch_size == 4
-    assert config.instance_group[0].count == 1
+    assert config.instance_group[0].count == 2
     assert config.dynamic_batching.max_queue_delay_microseconds == 100
     assert config.dynamic_batching.default_queue_policy.max_queue_size == 32    # derived value kept
     assert config.parameters["pad_value"].string_value == "7"
@@ -65,6 +65,18 @@ def test_thread_budget_override_beyond_cores_is_refused(sequence_pipeline, tmp_p
     with pytest.raises(ValueError, match=r"threads.yaml:\d+: models\[1\].overrides: 3 instance\(s\) x "
                                          r"intra_op_threads 1 exceed the 2 core"):
         generate(path, tmp_path / "repo")
+
+
+def test_single_instance_behind_a_queue_policy_is_not_written(sequence_pipeline, tmp_path):
+    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
+        "    slo_ms: 20\n", "    slo_ms: 20\n    overrides: {instance_count: 1}\n")
+    path = sequence_pipeline / "one_instance.yaml"
+    path.write_text(spec)
+    with pytest.raises(ValueError, match=r"encoder/config.pbtxt not written: encoder: one instance with "
+                                         r"dynamic_batching priority_levels or a default_queue_policy limit "
+                                         r"stalls up to 500 ms"):
+        generate(path, tmp_path / "repo")
+    assert not (tmp_path / "repo" / "encoder").exists()
 
 
 def test_ensemble_errors_name_the_spec_line(sequence_pipeline, tmp_path):
@@ -122,6 +134,18 @@ def test_cli_validate_exit_codes(repo, capsys):
     (repo / "normalize" / "1" / "model.py").unlink()
     assert main(["validate", str(repo)]) == 1
     assert "needs model.py" in capsys.readouterr().err
+
+
+def test_cli_validate_warns_on_one_instance_behind_a_queue_policy(repo, capsys):
+    config = repo / "encoder" / "config.pbtxt"
+    config.write_text(config.read_text().replace("count: 2", "count: 1"))
+    assert main(["validate", str(repo)]) == 0
+    err = capsys.readouterr().err
+    assert ("warning: encoder: one instance with dynamic_batching priority_levels or a default_queue_policy "
+            "limit stalls up to 500 ms") in err
+    config.write_text(config.read_text().replace("count: 1", "count: 2"))
+    assert main(["validate", str(repo)]) == 0
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_cli_generate_prints_the_reasons(sequence_pipeline, tmp_path, capsys):

@@ -22,6 +22,7 @@ from latte.bench.lengths import LengthDistribution
 from latte.bench.loadgen import AsyncSender, Outcomes, grpc_inputs, percentile, poisson_schedule, run_open_loop
 from latte.bench.metrics import MetricsSampler
 from latte.bench.target import Target
+from latte.generator.validate import STALL_FREE_INSTANCES
 
 HIGH, LOW = 1, 2
 
@@ -55,7 +56,9 @@ class OverloadSettings:
 
 def overload_variant_context(context: dict, queue_timeout_us: int, max_queue_size: int,
                              session_ttl_s: float = 3.0) -> dict:
-    """A model context (as rendered by the generator) with two priority levels and a shedding queue.
+    """A model context (as rendered by the generator) with two priority levels and a shedding queue,
+    on two instances: one instance behind them stalls up to 500 ms in Triton 2.51
+    (docs/backend.md, Priorities).
 
     A model with a ragged input also keeps sessions on it, with a short idle TTL, so that the
     sessions abandoned during the step are seen to be reclaimed.
@@ -65,6 +68,8 @@ def overload_variant_context(context: dict, queue_timeout_us: int, max_queue_siz
     if ragged:
         variant["parameters"] = {**context.get("parameters", {}), "session_input": ragged[0],
                                  "session_ttl_s": f"{session_ttl_s:g}"}
+    variant["instance_groups"] = [{**group, "count": max(group.get("count", 1), STALL_FREE_INSTANCES)}
+                                  for group in context.get("instance_groups") or [{"kind": "KIND_CPU"}]]
     variant["dynamic_batching"] = {
         **(context.get("dynamic_batching") or {}),
         "priority_levels": 2,
@@ -115,13 +120,15 @@ HIGH_PRIORITY_POLICY = f"""
 
 def with_high_priority_policy(config_text: str, where: str) -> str:
     """config.pbtxt text with HIGH_PRIORITY_POLICY added to its dynamic_batching block, checked by Triton's schema."""
-    from latte.generator.validate import parse_config
+    from latte.generator.validate import batcher_stall, parse_config
 
     marker = "dynamic_batching {"
     if marker not in config_text:
         raise ValueError(f"{where} has no dynamic_batching block to add a priority queue policy to")
     text = config_text.replace(marker, marker + HIGH_PRIORITY_POLICY, 1)
-    parse_config(text, where)
+    stall = batcher_stall(parse_config(text, where))
+    if stall:
+        raise ValueError(f"{where}: {stall}")
     return text
 
 

@@ -87,7 +87,9 @@ examples:
 Parse every REPO/*/config.pbtxt with Triton's ModelConfig protobuf, check version folders hold
 their model files, and check every ensemble: no cycles, every tensor produced once and
 consumed, step inputs/outputs exist on the step's model with the same dtypes and shapes,
-and the ensemble's own inputs and outputs are wired. Exits 1 listing every problem.""",
+and the ensemble's own inputs and outputs are wired. Exits 1 listing every problem.
+Warns (exit 0) on a config that Triton 2.51 serves with ~500 ms stalls: one instance behind
+a dynamic batcher with priority levels or a queue policy limit.""",
         epilog="example:\n  latte validate repo/")
     p.add_argument("repo", help="model repository folder")
     p.set_defaults(handler=_validate)
@@ -175,7 +177,7 @@ def _generate(args) -> int:
 
 
 def _validate(args) -> int:
-    from latte.generator.validate import RepositoryError, validate_repository
+    from latte.generator.validate import RepositoryError, batcher_stall, validate_repository
 
     try:
         configs = validate_repository(Path(args.repo))
@@ -184,6 +186,10 @@ def _validate(args) -> int:
         for line in exc.problems:
             print(f"  {line}", file=sys.stderr)
         return 1
+    for config in configs.values():
+        stall = batcher_stall(config)
+        if stall:
+            print(f"warning: {stall}", file=sys.stderr)
     ensembles = sum(1 for c in configs.values() if c.platform == "ensemble")
     print(f"{args.repo}: {len(configs)} model(s), {ensembles} ensemble(s): valid")
     return 0
