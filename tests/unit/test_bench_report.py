@@ -190,8 +190,8 @@ def test_a_browser_draws_every_figure_at_its_size(chromium, tmp_path):
     drawn, text = screenshot(chromium, page), screenshot(chromium, text_only)
     assert drawn.size == WINDOW
     assert drawn.bottom < WINDOW[1] - 100, "the page is taller than the window: raise WINDOW"
-    # A figure the browser cannot decode shows as a small broken-image box: the page then
-    # grows by less than the figures' own heights, and holds none of their colour.
-    expected = sum(shown_height(png) for png in figures)
-    assert abs((drawn.bottom - text.bottom) - expected) < 0.05 * expected
+    # A figure the browser cannot decode shows as a small broken-image box, so the page grows
+    # by less than the figures' heights; the slack (borders, line gaps) is well under one figure.
+    heights = [shown_height(png) for png in figures]
+    assert abs((drawn.bottom - text.bottom) - sum(heights)) < min(heights) / 2
     assert drawn.coloured > 20 * max(text.coloured, 100)
