@@ -1,4 +1,4 @@
-"""The line of every field in a config.pbtxt, so a problem can be reported as file:line.
+"""The line of every field in a config.pbtxt, and its key paths as text, for file:line: field reports.
 
 protobuf's Python text_format parser keeps no positions once it has parsed, so this walks
 the text a second time, guided by the message's descriptor. It only runs on text that
@@ -126,3 +126,23 @@ def nearest_line(lines: Dict[KeyPath, int], path: KeyPath) -> int:
     while path and path not in lines:
         path = path[:-1]
     return lines.get(path, 1)
+
+
+def format_field_path(path: KeyPath, descriptor) -> str:
+    """A key path as the fields read, e.g. ensemble_scheduling.step[1].input_map['x'] (a `descriptor` message)."""
+    text, field = "", None
+    for part in path:
+        if field is not None and field.label == field.LABEL_REPEATED:
+            text += f"[{part}]" if isinstance(part, int) else f"[{part!r}]"
+            descriptor, field = field.message_type, None
+            if descriptor is not None and descriptor.GetOptions().map_entry and isinstance(part, str):
+                # A map entry named by its key: what follows are the value's fields.
+                descriptor = descriptor.fields_by_name["value"].message_type
+            continue
+        if field is not None:
+            descriptor = field.message_type
+        field = descriptor.fields_by_name.get(part) if descriptor is not None else None
+        if field is None:
+            descriptor = None
+        text += f".{part}" if text else str(part)
+    return text

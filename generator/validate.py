@@ -8,7 +8,7 @@ from typing import Any, Dict, Tuple
 
 from google.protobuf import text_format
 
-from latte.generator.pbtxt_lines import KeyPath, field_lines, nearest_line
+from latte.generator.pbtxt_lines import KeyPath, field_lines, format_field_path, nearest_line
 
 
 class InvalidConfig(ValueError):
@@ -43,28 +43,6 @@ def parse_config(text: str, source: str = "config.pbtxt"):
     return message
 
 
-def format_field_path(path: KeyPath, descriptor=None) -> str:
-    """A config field path as it reads in config.pbtxt terms, e.g. ensemble_scheduling.step[1].input_map['x']."""
-    descriptor = descriptor or model_config_class().DESCRIPTOR
-    text, field = "", None
-    for part in path:
-        entries = field is not None and (field.label == field.LABEL_REPEATED)
-        if entries:
-            text += f"[{part}]" if isinstance(part, int) else f"[{part!r}]"
-            descriptor, field = field.message_type, None
-            if descriptor is not None and descriptor.GetOptions().map_entry and isinstance(part, str):
-                # A map entry named by its key: what follows are the value's fields.
-                descriptor = descriptor.fields_by_name["value"].message_type
-            continue
-        if field is not None:
-            descriptor = field.message_type
-        field = descriptor.fields_by_name.get(part) if descriptor is not None else None
-        if field is None:
-            descriptor = None
-        text += f".{part}" if text else str(part)
-    return text
-
-
 @dataclass
 class ConfigFile:
     """A parsed config.pbtxt and the line of each of its fields."""
@@ -74,7 +52,8 @@ class ConfigFile:
 
     def where(self, field_path: KeyPath) -> str:
         """'file:line: field' for a field path; a field not in the text is placed at its parent."""
-        return f"{self.path}:{nearest_line(self.lines, field_path)}: {format_field_path(field_path)}"
+        place = format_field_path(field_path, self.config.DESCRIPTOR)
+        return f"{self.path}:{nearest_line(self.lines, field_path)}: {place}"
 
 
 def read_config_file(path: Path) -> ConfigFile:
@@ -123,11 +102,6 @@ def config_field_path(path: KeyPath) -> Tuple:
     if path and path[0] in ("inputs", "outputs"):
         return (path[0][:-1],) + tuple(path[1:])
     return tuple(path)
-
-
-def config_key_path(path: KeyPath) -> str:
-    """An ensemble key path as the config.pbtxt field it came from."""
-    return format_field_path(config_field_path(path))
 
 
 def interface_of(config, source: ConfigFile = None):
