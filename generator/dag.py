@@ -35,6 +35,11 @@ class Interface:
     inputs: Dict[str, TensorInfo]
     outputs: Dict[str, TensorInfo]
     optional_inputs: Tuple[str, ...] = ()
+    # Where the model declares its own tensors, given ("inputs" | "outputs", name, field) with
+    # field "data_type" or "dims", when it has
+    # a file of its own (a repository's config.pbtxt): a tensor that disagrees with its
+    # neighbours is then reported at that declaration, not at the ensemble's wiring of it.
+    where: Optional[Where] = None
 
 
 @dataclass
@@ -91,6 +96,13 @@ def check_ensemble(ensemble: EnsembleWiring, models: Dict[str, Interface], where
     def problem(path: Tuple, message: str) -> None:
         problems.append(f"{where(path)}: {message}")
 
+    def declared(path: Tuple, step_index: Optional[int], field: str) -> Optional[str]:
+        # A step's tensor field, located in its model's own file when that model has one.
+        model = models.get(ensemble.steps[step_index].model) if step_index is not None else None
+        if model is None or model.where is None:
+            return None
+        return model.where((path[2], path[3], field))
+
     # Which tensor comes from where: the ensemble's inputs, or exactly one step output.
     producers: Dict[str, Tuple[Tuple, TensorInfo, Optional[int]]] = {
         name: (("inputs", name), info, None) for name, info in ensemble.inputs.items()}
@@ -144,11 +156,21 @@ def check_ensemble(ensemble: EnsembleWiring, models: Dict[str, Interface], where
             if info is None or source_info is None:
                 continue
             if info.data_type != source_info.data_type:
-                problem(path, f"tensor {tensor!r} is {source_info.data_type} at {where(source_path)} but "
-                        f"{info.data_type} here")
+                field = "data_type"
             elif not shapes_agree(info.dims, source_info.dims):
-                problem(path, f"tensor {tensor!r} has dims {list(source_info.dims)} at {where(source_path)} but "
-                        f"{list(info.dims)} here")
+                field = "dims"
+            else:
+                continue
+            there = declared(source_path, source_step, field) or where(source_path)
+            if field == "data_type":
+                text = f"tensor {tensor!r} is {source_info.data_type} at {there} but {info.data_type} here"
+            else:
+                text = f"tensor {tensor!r} has dims {list(source_info.dims)} at {there} but {list(info.dims)} here"
+            here = declared(path, step_index, field)
+            if here is None:
+                problem(path, text)
+            else:
+                problems.append(f"{here}: {text} (wired at {where(path)})")
     for tensor, (path, _, step_index) in producers.items():
         if tensor not in consumers:
             what = "ensemble input" if step_index is None else "step output"

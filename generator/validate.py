@@ -1,10 +1,14 @@
-"""Checking configs with Triton's own `ModelConfig` protobuf."""
+"""Checking configs with Triton's own `ModelConfig` protobuf; every problem as file:line."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Dict, Tuple
 
 from google.protobuf import text_format
+
+from latte.generator.pbtxt_lines import KeyPath, field_lines, format_field_path, nearest_line
 
 
 class InvalidConfig(ValueError):
@@ -17,24 +21,55 @@ def model_config_class():
     return model_config_pb2.ModelConfig
 
 
+def _parse_error_text(exc: text_format.ParseError) -> str:
+    # ParseError's own text starts "LINE:COLUMN : "; the located prefix replaces it.
+    text = str(exc)
+    prefix = f"{exc.GetLine()}:{exc.GetColumn()} : " if exc.GetColumn() is not None else f"{exc.GetLine()} : "
+    return text[len(prefix):] if text.startswith(prefix) else text
+
+
 def parse_config(text: str, source: str = "config.pbtxt"):
-    """Parse config text into Triton's ModelConfig message, or raise InvalidConfig."""
+    """Parse config text into Triton's ModelConfig message, or raise InvalidConfig naming source:line."""
     message = model_config_class()()
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as exc:
-        raise InvalidConfig(f"{source}: {exc}") from None
+        if exc.GetLine() is None:
+            raise InvalidConfig(f"{source}: {exc}") from None
+        column = f":{exc.GetColumn()}" if exc.GetColumn() is not None else ""
+        raise InvalidConfig(f"{source}:{exc.GetLine()}{column}: {_parse_error_text(exc)}") from None
     if not message.name:
-        raise InvalidConfig(f"{source}: the config has no name")
+        raise InvalidConfig(f"{source}:1: name: the config has no name")
     return message
 
 
-def parse_config_file(path: Path):
+@dataclass
+class ConfigFile:
+    """A parsed config.pbtxt and the line of each of its fields."""
+    path: Path
+    config: Any
+    lines: Dict[KeyPath, int]
+
+    def where(self, field_path: KeyPath) -> str:
+        """'file:line: field' for a field path; a field not in the text is placed at its parent."""
+        place = format_field_path(field_path, self.config.DESCRIPTOR)
+        return f"{self.path}:{nearest_line(self.lines, field_path)}: {place}"
+
+
+def read_config_file(path: Path) -> ConfigFile:
+    """Parse a model folder's config.pbtxt, checking its name against the folder, or raise InvalidConfig."""
     path = Path(path)
-    config = parse_config(path.read_text(), str(path))
+    text = path.read_text()
+    config = parse_config(text, str(path))
+    found = ConfigFile(path, config, field_lines(text, config.DESCRIPTOR))
     if config.name != path.parent.name:
-        raise InvalidConfig(f"{path}: name {config.name!r} differs from its folder {path.parent.name!r}")
-    return config
+        raise InvalidConfig(f"{found.where(('name',))}: {config.name!r} differs from its folder "
+                            f"{path.parent.name!r}")
+    return found
+
+
+def parse_config_file(path: Path):
+    return read_config_file(path).config
 
 
 # Triton 2.51's dynamic batcher waits for an idle instance when it cannot prefetch a batch,
@@ -86,45 +121,51 @@ def _data_type_name(value: int) -> str:
     return model_config_pb2.DataType.Name(value)
 
 
-def interface_of(config):
-    """The tensors and batching of a parsed ModelConfig, as the ensemble check sees them."""
-    from latte.generator.dag import Interface, TensorInfo
+def _tensors(tensors) -> Dict:
+    from latte.generator.dag import TensorInfo
+
+    return {t.name: TensorInfo(_data_type_name(t.data_type), tuple(t.dims)) for t in tensors}
+
+
+def config_field_path(path: KeyPath) -> Tuple:
+    """An ensemble key path, as check_ensemble speaks of it, as the config.pbtxt field path it came from."""
+    if path and path[0] == "steps":
+        field = ("ensemble_scheduling", "step") + tuple(path[1:2])
+        if len(path) > 2:
+            field += ({"inputs": "input_map", "outputs": "output_map", "model": "model_name"}[path[2]],)
+        return field + tuple(path[3:4])
+    if path and path[0] in ("inputs", "outputs"):
+        return (path[0][:-1],) + tuple(path[1:])
+    return tuple(path)
+
+
+def interface_of(config, source: ConfigFile = None):
+    """The tensors and batching of a parsed ModelConfig, as the ensemble check sees them.
+
+    With its `source`, the check reports a tensor that disagrees with its neighbours at
+    this model's own declaration of it.
+    """
+    from latte.generator.dag import Interface
 
     return Interface(
         name=config.name, max_batch_size=config.max_batch_size,
-        inputs={t.name: TensorInfo(_data_type_name(t.data_type), tuple(t.dims)) for t in config.input},
-        outputs={t.name: TensorInfo(_data_type_name(t.data_type), tuple(t.dims)) for t in config.output},
+        inputs=_tensors(config.input), outputs=_tensors(config.output),
         optional_inputs=tuple(t.name for t in config.input if t.optional),
+        where=(lambda path: source.where(config_field_path(path))) if source is not None else None,
     )
 
 
 def ensemble_wiring(config):
-    from latte.generator.dag import EnsembleWiring, StepWiring, TensorInfo
+    from latte.generator.dag import EnsembleWiring, StepWiring
 
     steps = [StepWiring(s.model_name, dict(s.input_map), dict(s.output_map))
              for s in config.ensemble_scheduling.step]
-    return EnsembleWiring(
-        name=config.name, max_batch_size=config.max_batch_size,
-        inputs={t.name: TensorInfo(_data_type_name(t.data_type), tuple(t.dims)) for t in config.input},
-        outputs={t.name: TensorInfo(_data_type_name(t.data_type), tuple(t.dims)) for t in config.output},
-        steps=steps,
-    )
+    return EnsembleWiring(name=config.name, max_batch_size=config.max_batch_size,
+                          inputs=_tensors(config.input), outputs=_tensors(config.output), steps=steps)
 
 
-def config_key_path(path) -> str:
-    """An ensemble key path as the config.pbtxt field it came from."""
-    if path and path[0] == "steps":
-        text = f"ensemble_scheduling.step[{path[1]}]"
-        if len(path) > 2:
-            field = {"inputs": "input_map", "outputs": "output_map", "model": "model_name"}[path[2]]
-            text += f".{field}" + (f"[{path[3]!r}]" if len(path) > 3 else "")
-        return text
-    if path and path[0] in ("inputs", "outputs"):
-        return f"{path[0][:-1]}[{path[1]!r}]" if len(path) > 1 else path[0][:-1]
-    return ".".join(str(p) for p in path)
-
-
-def _version_problems(model_dir: Path, config) -> list:
+def _version_problems(model_dir: Path, found: ConfigFile) -> list:
+    config = found.config
     versions = [d for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit()]
     if config.platform == "ensemble":
         return []
@@ -134,49 +175,52 @@ def _version_problems(model_dir: Path, config) -> list:
     params = {k: v.string_value for k, v in config.parameters.items()}
     for version in versions:
         if config.backend == "python" and not (version / "model.py").exists():
-            problems.append(f"{version}: a python-backend model needs model.py here")
+            problems.append(f"{found.where(('backend',))}: a python-backend model needs {version}/model.py, "
+                            "which does not exist")
         if config.backend == "latte" and params.get("model_file") and not (version / params["model_file"]).exists():
-            problems.append(f"{version}: parameters[\"model_file\"] names {params['model_file']!r}, "
-                            "which is not in this folder")
+            problems.append(f"{found.where(('parameters', 'model_file'))}: names {params['model_file']!r}, "
+                            f"which is not in {version}/")
     for warmup in config.model_warmup:
         for name, data in warmup.inputs.items():
             if data.input_data_file and not (model_dir / "warmup" / data.input_data_file).exists():
-                problems.append(f"{model_dir}/config.pbtxt: model_warmup {warmup.name!r} input {name!r} reads "
-                                f"warmup/{data.input_data_file}, which does not exist")
+                where = found.where(("model_warmup", warmup.name, "inputs", name, "input_data_file"))
+                problems.append(f"{where}: reads warmup/{data.input_data_file}, which does not exist in "
+                                f"{model_dir}/")
     return problems
 
 
 def validate_repository(repo: Path):
     """Parse every config.pbtxt in REPO and check each ensemble's DAG; returns the configs.
 
-    Raises RepositoryError listing every problem found, each naming its file.
+    Raises RepositoryError listing every problem found, each naming its file and line
+    (or the folder, for a file that is missing).
     """
     from latte.generator.dag import check_ensemble
 
     repo = Path(repo)
     if not repo.is_dir():
         raise RepositoryError([f"{repo}: the model repository does not exist"])
-    configs, problems = {}, []
+    files: Dict[str, ConfigFile] = {}
+    problems = []
     for model_dir in sorted(d for d in repo.iterdir() if d.is_dir()):
         path = model_dir / "config.pbtxt"
         if not path.exists():
             problems.append(f"{model_dir}: no config.pbtxt")
             continue
         try:
-            configs[model_dir.name] = parse_config_file(path)
+            files[model_dir.name] = read_config_file(path)
         except InvalidConfig as exc:
             problems.append(str(exc))
             continue
-        problems.extend(_version_problems(model_dir, configs[model_dir.name]))
-    interfaces = {name: interface_of(c) for name, c in configs.items()}
-    for name, config in configs.items():
-        if config.platform != "ensemble":
+        problems.extend(_version_problems(model_dir, files[model_dir.name]))
+    interfaces = {name: interface_of(f.config, f) for name, f in files.items()}
+    for found in files.values():
+        if found.config.platform != "ensemble":
             continue
-        source = repo / name / "config.pbtxt"
-        problems.extend(check_ensemble(ensemble_wiring(config), interfaces,
-                                       lambda p, s=source: f"{s}: {config_key_path(p)}"))
+        problems.extend(check_ensemble(ensemble_wiring(found.config), interfaces,
+                                       lambda p, f=found: f.where(config_field_path(p))))
     if problems:
         raise RepositoryError(problems)
-    if not configs:
+    if not files:
         raise RepositoryError([f"{repo}: no model folders with a config.pbtxt"])
-    return configs
+    return {name: f.config for name, f in files.items()}

@@ -115,16 +115,16 @@ def test_validate_reports_each_broken_part(repo):
     with pytest.raises(RepositoryError) as info:
         validate_repository(repo)
     problems = "\n".join(info.value.problems)
-    assert "tokenize/1: a python-backend model needs model.py here" in problems
-    assert "model_warmup 'sample' input 'tokens' reads warmup/tokens, which does not exist" in problems
-    assert "embed_text/config.pbtxt: output['EMBEDDING']: tensor 'EMBEDDING' has dims [32]" in problems
-    assert "copy/config.pbtxt: name 'normalize' differs from its folder 'copy'" in problems
+    assert "tokenize/config.pbtxt:2: backend: a python-backend model needs" in problems
+    assert ".inputs['tokens'].input_data_file: reads warmup/tokens, which does not exist" in problems
+    assert "embed_text/config.pbtxt:10: output['EMBEDDING']: tensor 'EMBEDDING' has dims [32]" in problems
+    assert "copy/config.pbtxt:1: name: 'normalize' differs from its folder 'copy'" in problems
 
 
 def test_validate_names_the_line_of_a_syntax_error(repo):
     config = repo / "encoder" / "config.pbtxt"
     config.write_text(config.read_text().replace("max_batch_size: 16", "max_batch_sise: 16"))
-    with pytest.raises(RepositoryError, match=r"encoder/config.pbtxt: 3:\d+ : .*max_batch_sise"):
+    with pytest.raises(RepositoryError, match=r"encoder/config.pbtxt:3:\d+: .*max_batch_sise"):
         validate_repository(repo)
 
 
@@ -133,7 +133,7 @@ def test_cli_validate_exit_codes(repo, capsys):
     assert "4 model(s), 1 ensemble(s): valid" in capsys.readouterr().out
     (repo / "normalize" / "1" / "model.py").unlink()
     assert main(["validate", str(repo)]) == 1
-    assert "needs model.py" in capsys.readouterr().err
+    assert "normalize/config.pbtxt:2: backend: a python-backend model needs" in capsys.readouterr().err
 
 
 def test_cli_validate_warns_on_one_instance_behind_a_queue_policy(repo, capsys):

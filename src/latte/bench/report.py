@@ -5,9 +5,10 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
-from typing import Iterable, List, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 from latte.bench import plots
+from latte.bench.metrics import series_key, split_key
 
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1060px;margin:2em auto;
@@ -69,6 +70,21 @@ def headline_rows(results: dict) -> List[Tuple[str, str]]:
     rows.append(("Load points measured", f'{s["points"] - failed} of {s["points"]}'
                  + (f' <span class="bad">({failed} failed, see below)</span>' if failed else ' <span class="ok">(all)</span>')))
     return rows
+
+
+def latte_metric_rows(samples: List[dict], model: str) -> List[Tuple[str, Optional[float]]]:
+    """(series, last value) for every latte_* series of `model`, keyed without the model label.
+
+    The server's metrics carry every loaded model's series; the page is about one model.
+    """
+    series = {}
+    for sample in samples:
+        for key in sample["metrics"]:
+            name, labels = split_key(key)
+            if name.startswith("latte_") and labels.pop("model", None) == model:
+                series[key] = series_key(name, labels)
+    last = samples[-1]["metrics"] if samples else {}
+    return sorted(((shown, last.get(key)) for key, shown in series.items()), key=lambda row: row[0])
 
 
 def render_bench_report(results: dict) -> str:
@@ -133,12 +149,11 @@ def render_bench_report(results: dict) -> str:
                             f"{results['samples'][1]['t'] - results['samples'][0]['t']:.1f} s. Flat lines across "
                             "the sweep mean no growth under load." if len(results["samples"]) > 1 else
                             "Resident memory of tritonserver and its stubs.")]
-    latte_series = sorted({k for s in results["samples"] for k in s["metrics"] if k.startswith("latte_")})
-    if latte_series:
-        last = results["samples"][-1]["metrics"]
-        sections += ["<h2>Latte metrics (last sample)</h2>",
-                     table(("series", "value"), [(f"<code>{html.escape(k)}</code>", _fmt(last.get(k)))
-                                                 for k in latte_series])]
+    latte_rows = latte_metric_rows(results["samples"], results["model"])
+    if latte_rows:
+        sections += [f"<h2>Latte metrics of <code>{html.escape(results['model'])}</code> (last sample)</h2>",
+                     table(("series", "value"), [(f"<code>{html.escape(k)}</code>", _fmt(v))
+                                                 for k, v in latte_rows], "latte-metrics")]
     s = results["settings"]
     sections.append(f"<p class=\"meta\">perf_analyzer: measurement window {s['measurement_ms']} ms, up to "
                     f"{s['max_trials']} trials, stability {s['stability_percentage']:g} %, {s['samples']} distinct "

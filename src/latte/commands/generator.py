@@ -87,9 +87,10 @@ examples:
 Parse every REPO/*/config.pbtxt with Triton's ModelConfig protobuf, check version folders hold
 their model files, and check every ensemble: no cycles, every tensor produced once and
 consumed, step inputs/outputs exist on the step's model with the same dtypes and shapes,
-and the ensemble's own inputs and outputs are wired. Exits 1 listing every problem.
-Warns (exit 0) on a config that Triton 2.51 serves with ~500 ms stalls: one instance behind
-a dynamic batcher with priority levels or a queue policy limit.""",
+and the ensemble's own inputs and outputs are wired. Exits 1 listing every problem, each as
+FILE:LINE: field: message on the config.pbtxt that holds it. Warns (exit 0) on a config that
+Triton 2.51 serves with ~500 ms stalls: one instance behind a dynamic batcher with priority
+levels or a queue policy limit.""",
         epilog="example:\n  latte validate repo/")
     p.add_argument("repo", help="model repository folder")
     p.set_defaults(handler=_validate)
