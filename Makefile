@@ -16,7 +16,7 @@ SOURCES := $(shell find csrc src backend generator model_repository_templates -t
 
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit test-integration test-gpu test-cpp sanitize clean help
+.PHONY: setup demo test test-unit test-integration test-gpu test-cpp sanitize browser clean help
 
 help:
 	@echo "make demo   - set up .venv and run Latte end to end on the bundled examples"
@@ -41,8 +41,17 @@ $(LATTE_STAMP): $(DEPS_STAMP) $(SOURCES)
 demo: setup
 	$(LATTE) demo
 
-test: setup sanitize
+test: setup sanitize browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The report's browser tests render it in Debian's chromium; where it cannot be installed
+# (no root, no apt, no network) they skip and say why.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } || true; fi
+	@command -v chromium >/dev/null 2>&1 && echo "browser tests: $$(chromium --version 2>/dev/null)" || \
+  echo "browser tests: no chromium (they will skip)"
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
