@@ -89,13 +89,27 @@ def config_key_path(path) -> str:
     return ".".join(str(p) for p in path)
 
 
+def _policy_problems(model_dir: Path, config, present: list) -> list:
+    """Versions the version_policy asks for that have no folder: Triton would serve fewer, or none."""
+    policy = config.version_policy
+    kind = policy.WhichOneof("policy_choice")
+    found = ", ".join(map(str, present))
+    if kind == "specific":
+        return [f"{model_dir}/config.pbtxt: version_policy lists version {v}, but {model_dir}/{v}/ does not "
+                f"exist (version folders: {found})" for v in policy.specific.versions if v not in present]
+    if kind == "latest" and policy.latest.num_versions > len(present):
+        return [f"{model_dir}/config.pbtxt: version_policy serves the latest {policy.latest.num_versions} "
+                f"versions, but only {len(present)} version folder(s) exist ({found})"]
+    return []
+
+
 def _version_problems(model_dir: Path, config) -> list:
     versions = [d for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit()]
     if config.platform == "ensemble":
         return []
     if not versions:
         return [f"{model_dir}: no version folder (e.g. {model_dir}/1/) holding the model"]
-    problems = []
+    problems = _policy_problems(model_dir, config, sorted(int(v.name) for v in versions))
     params = {k: v.string_value for k, v in config.parameters.items()}
     for version in versions:
         if config.backend == "python" and not (version / "model.py").exists():
