@@ -58,8 +58,9 @@ def write_repository(examples: Path, model: str, out: Path) -> dict:
 def cache_counts(server: TritonServer, model: str) -> tuple:
     import tritonclient.http as httpclient
 
-    (stats,) = httpclient.InferenceServerClient(server.http_url).get_inference_statistics(model).model_stats
-    return stats.inference_stats.cache_hit.count, stats.inference_stats.cache_miss.count, stats.execution_count
+    (stats,) = httpclient.InferenceServerClient(server.http_url).get_inference_statistics(model)["model_stats"]
+    inference = stats["inference_stats"]
+    return inference["cache_hit"]["count"], inference["cache_miss"]["count"], stats["execution_count"]
 
 
 def main() -> int:

@@ -35,6 +35,13 @@ def cache_flag(size_bytes: int) -> str:
     return f"--cache-config=local,size={size_bytes}"
 
 
+def cache_directory_flags(server: Path) -> List[str]:
+    """Where tritonserver finds caches/local/libtritoncache_local.so: next to its bin/ in both
+    /opt/tritonserver and the nvidia-pytriton wheel, but it only looks in /opt/tritonserver/caches."""
+    caches = Path(server).resolve().parent.parent / "caches"
+    return [f"--cache-directory={caches}"] if (caches / "local").is_dir() else []
+
+
 def models_with_response_cache(repo: Path) -> List[str]:
     """Models of REPO whose config enables the response cache (configs that do not parse are skipped:
     the server reports those itself)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from latte.triton.backend_dir import install_backend
-from latte.triton.cache import cache_bytes_for, cache_flag
+from latte.triton.cache import cache_bytes_for, cache_directory_flags, cache_flag
 from latte.triton.locate import TritonInstall, find_triton
 
 
@@ -110,7 +110,8 @@ class TritonServer:
             f"--exit-on-error={'false' if self.keep_going else 'true'}",
             f"--strict-readiness={'false' if self.keep_going else 'true'}",
             f"--log-verbose={self.log_verbose}",
-            *([cache_flag(self.response_cache_bytes)] if self.response_cache_bytes else []),
+            *([*cache_directory_flags(self.install.server), cache_flag(self.response_cache_bytes)]
+              if self.response_cache_bytes else []),
             *self.extra_args,
         ]
 
