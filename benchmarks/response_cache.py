@@ -72,6 +72,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--measurement-ms", type=int, default=5000)
     parser.add_argument("--max-trials", type=int, default=6)
+    parser.add_argument("--stability-percentage", type=float, default=25.0,
+                        help="perf_analyzer's bound on trial-to-trial variation (default: %(default)s)")
     parser.add_argument("--cache-size", default="256Mi", help="Triton's cache (default: %(default)s)")
     parser.add_argument("--out", default=".latte/response_cache")
     args = parser.parse_args()
@@ -89,7 +91,8 @@ def main() -> int:
         for label in ("nocache", "cache"):
             (point,) = run_perf_analyzer(plan[label], server.grpc_url, concurrency=[args.concurrency],
                                          input_data=data, measurement_ms=args.measurement_ms,
-                                         max_trials=args.max_trials)
+                                         max_trials=args.max_trials,
+                                         stability_percentage=args.stability_percentage)
             hits, misses, executions = cache_counts(server, plan[label])
             results[label] = {**point.as_dict(), "cache_hits": hits, "cache_misses": misses,
                               "executions": executions}
