@@ -125,8 +125,12 @@ def plan_python_model(model: ModelEntry) -> ModelPlan:
     return ModelPlan(model.name, "python", context, {"model.py": model.file})
 
 
-def add_versions_and_cache(plan: ModelPlan, model: ModelEntry) -> ModelPlan:
+def add_versions_and_cache(spec: PipelineSpec, plan: ModelPlan, model: ModelEntry) -> ModelPlan:
     """The spec's versions (one folder each, same file name), version_policy and response_cache."""
+    if model.response_cache and "session_input" in plan.context["parameters"]:
+        # Triton's cache key is the inputs alone: a session's request would get another session's answer.
+        raise spec.source.error(model.path + ("response_cache",), "a model with sessions (session_input) answers "
+                                "the same inputs differently per session; Triton's cache would not, so turn one off")
     if model.versions:
         (name,) = plan.files
         plan.version_files = {number: {name: source} for number, source in sorted(model.versions.items())}
@@ -243,7 +247,7 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
             plans.append(plan_python_model(model))
         else:
             plans.append(plan_latte_model(spec, model, load_or_profile(spec, model, profiles_dir, log)))
-        add_versions_and_cache(plans[-1], model)
+        add_versions_and_cache(spec, plans[-1], model)
     interfaces = {p.name: _interface(p) for p in plans}
     ensembles = check_spec_ensembles(spec, interfaces)
     repo.mkdir(parents=True, exist_ok=True)

@@ -102,3 +102,11 @@ def test_validate_counts_folders_against_the_latest_policy(sequence_pipeline, tm
     with pytest.raises(RepositoryError, match="version_policy serves the latest 2 versions, but only 1 version "
                                               r"folder\(s\) exist \(1\)"):
         validate_repository(tmp_path / "repo")
+
+
+def test_response_cache_is_refused_on_a_model_with_sessions(sequence_pipeline, tmp_path):
+    spec = spec_with(sequence_pipeline, "sessions.yaml",
+                     "    response_cache: true\n    overrides: {parameters: {session_input: tokens}}\n")
+    with pytest.raises(SpecError, match=r"models\[1\].response_cache: a model with sessions \(session_input\) "
+                                        "answers the same inputs differently per session"):
+        generate(spec, tmp_path / "repo")
