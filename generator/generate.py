@@ -34,6 +34,8 @@ class ModelPlan:
     warmup_files: Dict[str, bytes] = field(default_factory=dict)
     derivation: Optional[Derivation] = None
     profile: Optional[Profile] = None
+    # version number -> files of that version folder; empty means `files` in folder 1.
+    version_files: Dict[int, Dict[str, Path]] = field(default_factory=dict)
 
 
 def sample_row(data_type: str, dims: List[int], rng: np.random.Generator) -> np.ndarray:
@@ -123,6 +125,20 @@ def plan_python_model(model: ModelEntry) -> ModelPlan:
     return ModelPlan(model.name, "python", context, {"model.py": model.file})
 
 
+def add_versions_and_cache(spec: PipelineSpec, plan: ModelPlan, model: ModelEntry) -> ModelPlan:
+    """The spec's versions (one folder each, same file name), version_policy and response_cache."""
+    if model.response_cache and "session_input" in plan.context["parameters"]:
+        # Triton's cache key is the inputs alone: a session's request would get another session's answer.
+        raise spec.source.error(model.path + ("response_cache",), "a model with sessions (session_input) answers "
+                                "the same inputs differently per session; Triton's cache would not, so turn one off")
+    if model.versions:
+        (name,) = plan.files
+        plan.version_files = {number: {name: source} for number, source in sorted(model.versions.items())}
+    plan.context["version_policy"] = model.version_policy
+    plan.context["response_cache"] = model.response_cache
+    return plan
+
+
 def _interface(plan: ModelPlan) -> Interface:
     ctx = plan.context
     return Interface(
@@ -180,10 +196,12 @@ def _write_model(repo: Path, plan: ModelPlan, templates: Optional[Path]) -> None
     model_dir = repo / plan.name
     if model_dir.exists():
         shutil.rmtree(model_dir)
-    (model_dir / "1").mkdir(parents=True)
+    model_dir.mkdir(parents=True)
     (model_dir / "config.pbtxt").write_text(text)
-    for name, source in plan.files.items():
-        shutil.copy2(source, model_dir / "1" / name)
+    for version, files in (plan.version_files or {1: plan.files}).items():
+        (model_dir / str(version)).mkdir()
+        for name, source in files.items():
+            shutil.copy2(source, model_dir / str(version) / name)
     if plan.warmup_files:
         (model_dir / "warmup").mkdir()
         for name, data in plan.warmup_files.items():
@@ -231,6 +249,7 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
             plans.append(plan_python_model(model))
         else:
             plans.append(plan_latte_model(spec, model, load_or_profile(spec, model, profiles_dir, log)))
+        add_versions_and_cache(spec, plans[-1], model)
     interfaces = {p.name: _interface(p) for p in plans}
     ensembles = check_spec_ensembles(spec, interfaces)
     repo.mkdir(parents=True, exist_ok=True)

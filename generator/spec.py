@@ -14,6 +14,11 @@
         arrival_rate: 200                   # optional, requests/s
         profile: profiles/encoder.json      # optional; profiled during generate when absent
         overrides: {max_batch_size: 8}      # optional; wins over the derived values
+        versions:                           # optional, instead of `file`: one file per version folder
+          - {version: 1, file: models/sequence.onnx}
+          - {version: 2, file: models/sequence_v2.onnx}
+        version_policy: {latest: 2}         # optional; Triton's: {latest: N}, {specific: [1, 2]} or all
+        response_cache: true                # optional; Triton answers repeated requests from its cache
     ensembles:
       - name: embed_text
         inputs:  [{name: TEXT, data_type: TYPE_STRING, dims: [1]}]
@@ -47,7 +52,10 @@ BACKENDS = ("latte", "python")
 PYTHON_DEFAULT_MAX_BATCH = 16
 MODEL_KEYS = {"name", "file", "backend", "runtime", "slo_ms", "arrival_rate", "priority_levels", "profile",
               "overrides", "inputs", "outputs", "max_batch_size", "instance_count", "intra_op_threads",
-              "backend_overhead_ms"}
+              "backend_overhead_ms", "versions", "version_policy", "response_cache"}
+VERSION_KEYS = {"version", "file"}
+# Triton's ModelVersionPolicy: `all`, `latest: N` or `specific: [versions]`.
+VERSION_POLICIES = ("all", "latest", "specific")
 OVERRIDE_KEYS = {"max_batch_size", "dynamic_batching", "instance_count", "instance_kind", "parameters"}
 ENSEMBLE_KEYS = {"name", "max_batch_size", "inputs", "outputs", "steps"}
 STEP_KEYS = {"model", "inputs", "outputs"}
@@ -84,6 +92,10 @@ class ModelEntry:
     instance_count: int = 1
     intra_op_threads: int = 1
     backend_overhead_ms: Optional[float] = None
+    # version number -> file; `file` is the newest one (profiled, and the one a single version serves).
+    versions: Dict[int, Path] = field(default_factory=dict)
+    version_policy: Optional[Dict[str, Any]] = None   # {"all": {}}, {"latest": N} or {"specific": [..]}
+    response_cache: bool = False
 
 
 @dataclass
@@ -197,17 +209,21 @@ class _Reader:
 def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
     doc = reader.doc
     raw = reader.mapping(path, MODEL_KEYS)
-    for key in ("name", "file"):
-        if key not in raw:
-            raise doc.error(path + (key,), f"missing; every model needs a {key}")
+    if "name" not in raw:
+        raise doc.error(path + ("name",), "missing; every model needs a name")
+    if ("file" in raw) == ("versions" in raw):
+        raise doc.error(path + ("file",), "every model needs either a file or a list of versions (not both)")
     name = reader.string(path + ("name",))
-    file = directory / reader.string(path + ("file",))
+    versions = _versions(reader, directory, path) if "versions" in raw else {}
+    file = versions[max(versions)] if versions else directory / reader.string(path + ("file",))
     if not file.exists():
         raise doc.error(path + ("file",), f"file {file} does not exist")
     backend = raw.get("backend") or ("python" if file.suffix == ".py" else "latte")
     if backend not in BACKENDS:
         raise doc.error(path + ("backend",), f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    entry = ModelEntry(name=name, backend=backend, file=file, path=path)
+    entry = ModelEntry(name=name, backend=backend, file=file, path=path, versions=versions,
+                       version_policy=_version_policy(reader, path, versions) if "version_policy" in raw else None,
+                       response_cache=_flag(reader, path + ("response_cache",)) if "response_cache" in raw else False)
     entry.inputs = reader.tensors(path + ("inputs",)) if "inputs" in raw else None
     entry.outputs = reader.tensors(path + ("outputs",)) if "outputs" in raw else None
     entry.max_batch_size = reader.optional(raw, path, "max_batch_size", reader.number, integer=True)
@@ -247,6 +263,66 @@ def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
     if "overrides" in raw:
         entry.overrides = dict(reader.mapping(path + ("overrides",), OVERRIDE_KEYS))
     return entry
+
+
+def _flag(reader: _Reader, path: KeyPath) -> bool:
+    value = reader.get(path)
+    if not isinstance(value, bool):
+        raise reader.doc.error(path, f"expected true or false, got {value!r}")
+    return value
+
+
+def _versions(reader: _Reader, directory: Path, path: KeyPath) -> Dict[int, Path]:
+    """`versions: [{version: N, file: F}, ...]`: every file exists, with one extension (one config serves all)."""
+    doc = reader.doc
+    versions: Dict[int, Path] = {}
+    entries = reader.sequence(path + ("versions",))
+    if not entries:
+        raise doc.error(path + ("versions",), "list at least one version")
+    for i, _ in enumerate(entries):
+        here = path + ("versions", i)
+        entry = reader.mapping(here, VERSION_KEYS)
+        for key in ("version", "file"):
+            if key not in entry:
+                raise doc.error(here + (key,), "missing; a version needs its number and its file")
+        number = int(reader.number(here + ("version",), integer=True, minimum=1))
+        if number in versions:
+            raise doc.error(here + ("version",), f"version {number} is listed twice")
+        file = directory / reader.string(here + ("file",))
+        if not file.exists():
+            raise doc.error(here + ("file",), f"file {file} does not exist")
+        if versions and file.suffix != next(iter(versions.values())).suffix:
+            raise doc.error(here + ("file",), f"{file.name} differs in extension from the other versions; one "
+                            "config serves every version, so they share one runtime and file name")
+        versions[number] = file
+    return versions
+
+
+def _version_policy(reader: _Reader, path: KeyPath, versions: Dict[int, Path]) -> Dict[str, Any]:
+    """`all`, `{latest: N}` or `{specific: [N, ...]}`, the last naming listed versions only."""
+    doc = reader.doc
+    here = path + ("version_policy",)
+    raw = reader.get(here)
+    if raw == "all":
+        return {"all": {}}
+    expected = "expected all, {latest: N} or {specific: [N, ...]}"
+    if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in VERSION_POLICIES:
+        raise doc.error(here, f"{expected}, got {raw!r}")
+    kind = next(iter(raw))
+    if kind == "all":
+        return {"all": {}}
+    if kind == "latest":
+        return {"latest": int(reader.number(here + ("latest",), integer=True, minimum=1))}
+    numbers = reader.sequence(here + ("specific",))
+    listed = sorted(versions) or [1]
+    for i, _ in enumerate(numbers):
+        number = reader.number(here + ("specific", i), integer=True, minimum=1)
+        if number not in listed:
+            raise doc.error(here + ("specific", i), f"version {number} is not among the model's versions "
+                            f"({', '.join(map(str, listed))})")
+    if not numbers:
+        raise doc.error(here + ("specific",), f"{expected}; the list is empty")
+    return {"specific": sorted(set(int(n) for n in numbers))}
 
 
 def _ensemble(reader: _Reader, path: KeyPath) -> EnsembleEntry:

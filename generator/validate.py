@@ -164,6 +164,20 @@ def ensemble_wiring(config):
                           inputs=_tensors(config.input), outputs=_tensors(config.output), steps=steps)
 
 
+def _policy_problems(model_dir: Path, found: "ConfigFile", present: list) -> list:
+    """Versions the version_policy asks for that have no folder: Triton would serve fewer, or none."""
+    policy = found.config.version_policy
+    kind = policy.WhichOneof("policy_choice")
+    listed = ", ".join(map(str, present))
+    if kind == "specific":
+        return [f"{found.where(('version_policy',))}: lists version {v}, but {model_dir}/{v}/ does "
+                f"not exist (version folders: {listed})" for v in policy.specific.versions if v not in present]
+    if kind == "latest" and policy.latest.num_versions > len(present):
+        return [f"{found.where(('version_policy',))}: serves the latest "
+                f"{policy.latest.num_versions} versions, but only {len(present)} version folder(s) exist ({listed})"]
+    return []
+
+
 def _version_problems(model_dir: Path, found: ConfigFile) -> list:
     config = found.config
     versions = [d for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit()]
@@ -171,7 +185,7 @@ def _version_problems(model_dir: Path, found: ConfigFile) -> list:
         return []
     if not versions:
         return [f"{model_dir}: no version folder (e.g. {model_dir}/1/) holding the model"]
-    problems = []
+    problems = _policy_problems(model_dir, found, sorted(int(v.name) for v in versions))
     params = {k: v.string_value for k, v in config.parameters.items()}
     for version in versions:
         if config.backend == "python" and not (version / "model.py").exists():

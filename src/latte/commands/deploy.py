@@ -19,7 +19,9 @@ Render what a Kubernetes cluster needs to serve REPO with Triton and latte's bac
   OUT/README.md        the commands to build, upload, apply, in order
 
 With --kserve, OUT/inferenceservice.yaml (KServe's Triton runtime) replaces the
-first four. Every manifest is validated against the Kubernetes (and KServe) schemas
+first four. With --canary-percent P, OUT/canary.yaml alone: a Deployment NAME-canary
+of the new image/models that the running NAME's Service also reaches, sized so that
+it holds about P % of the pods (with --kserve: canaryTrafficPercent P instead). Every manifest is validated against the Kubernetes (and KServe) schemas
 before the command returns.
 """
 
@@ -30,6 +32,8 @@ examples:
   latte deploy k8s repo -o k8s --image REG/latte-triton:0.1.0 --model-uri s3://models/latte \\
       --storage-secret s3-credentials --target-rps 2000 --replica-throughput 450 --headroom 0.2
   latte deploy k8s repo -o kserve --kserve --image REG/latte-triton:0.1.0 --model-uri gs://models/latte
+  latte deploy k8s repo -o canary --canary-percent 10 --image REG/latte-triton:0.2.0 \
+      --model-uri pvc://latte-models/v2
 
 sizing: replicas = ceil(target_rps x (1 + headroom) / replica_throughput), where the
 throughput is one replica's, measured at the concurrency where its p99 meets your
@@ -131,6 +135,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="render a KServe InferenceService on the kserve-tritonserver runtime instead")
     g.add_argument("--kubernetes-version", default="1.33.0", metavar="X.Y.Z",
                    help="Kubernetes release whose schemas validate the manifests (default: %(default)s)")
+
+    g = p.add_argument_group("rollout and cache")
+    g.add_argument("--canary-percent", type=_whole_number, metavar="P",
+                   help="render this repository/image as a canary getting P %% of the traffic of the running "
+                        "deployment of the same --name: KServe's canaryTrafficPercent with --kserve, otherwise "
+                        "a Deployment NAME-canary sized to P %% of the pods (docs/scale-out.md)")
+    g.add_argument("--response-cache-size", metavar="SIZE",
+                   help="bytes of Triton's response cache per pod, e.g. 256Mi; 0 for none (default: 256Mi when "
+                        "a model's config has response_cache { enable: true }, none otherwise)")
     p.set_defaults(handler=_k8s)
 
     p = targets.add_parser("validate", help="check manifests (e.g. after editing them) against the API schemas",
@@ -167,6 +180,7 @@ def _min_replicas(args) -> int:
 
 def _k8s(args) -> int:
     from latte.deploy import K8sOptions, render_k8s
+    from latte.triton.cache import parse_size
 
     min_replicas = _min_replicas(args)
     options = K8sOptions(
@@ -175,13 +189,17 @@ def _k8s(args) -> int:
         gpus=args.gpus, gpu_resource=args.gpu_resource, cpu=args.cpu, memory=args.memory, shm_size=args.shm_size,
         min_replicas=min_replicas, max_replicas=args.max_replicas, scale_metric=args.scale_metric,
         target_queue_us=args.target_queue_us, target_pending=args.target_pending, kserve=args.kserve,
-        kubernetes_version=args.kubernetes_version,
+        kubernetes_version=args.kubernetes_version, canary_percent=args.canary_percent,
+        response_cache_bytes=parse_size(args.response_cache_size) if args.response_cache_size is not None else None,
     )
     result = render_k8s(Path(args.repo), Path(args.out), options)
     opts = result.options
     print(f"{len(result.repository.models)} model(s) from {result.repository.path}")
     print(f"  per pod: {result.cpu} CPU, {opts.memory} memory, {result.gpus} GPU(s); "
           f"replicas {opts.min_replicas}..{opts.max_replicas}")
+    if result.canary_replicas:
+        print(f"  canary: {result.canary_replicas} pod(s) beside at least {opts.min_replicas} stable, "
+              f"{result.canary_share} % of the pods (asked {opts.canary_percent} %)")
     for path in result.files:
         print(f"  wrote {path}")
     print(f"validated {len(result.manifests)} manifest(s) against "

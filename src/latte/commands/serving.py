@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for readiness")
     p.add_argument("--keep-going", action="store_true",
                    help="serve the models that load when others fail, and list each failed one with its error")
+    p.add_argument("--response-cache-size", metavar="SIZE",
+                   help="bytes of Triton's response cache, e.g. 256Mi; 0 for none (default: 256Mi when a model's "
+                        "config has response_cache { enable: true }, none otherwise)")
     _add_triton_args(p)
     p.set_defaults(handler=_serve, passthrough=[])
 
@@ -85,10 +88,12 @@ def _install_backend(args) -> int:
 
 def _serve(args) -> int:
     from latte.triton import TritonServer
+    from latte.triton.cache import parse_size
 
+    cache = parse_size(args.response_cache_size) if args.response_cache_size is not None else None
     server = TritonServer(args.repo, install=_install(args), http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
-                          extra_args=args.passthrough, keep_going=args.keep_going)
+                          extra_args=args.passthrough, keep_going=args.keep_going, response_cache_bytes=cache)
     stop = {"now": False}
 
     def _on_signal(signum, _frame):
@@ -97,6 +102,8 @@ def _serve(args) -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
     print(f"starting tritonserver on {server.repository} (log: {server.log_path})", flush=True)
+    if server.response_cache_bytes:
+        print(f"response cache: {server.response_cache_bytes} bytes", flush=True)
     server.start(timeout=args.timeout)
     failed = server.failed_models() if args.keep_going else []
     for model, reason in failed:

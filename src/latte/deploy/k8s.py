@@ -18,6 +18,8 @@ from typing import Dict, List, Optional
 from latte.deploy.errors import DeployError
 from latte.deploy.options import DEFAULT_TRITON_IMAGE, K8sOptions
 from latte.deploy.repository import RepositoryFacts, read_repository
+from latte.deploy.sizing import canary_replicas
+from latte.triton.cache import cache_bytes, cache_flag
 
 TRITON_VERSION = "2.51"
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -30,6 +32,8 @@ DEFAULT_RUNTIME_PACKAGES = ("onnxruntime", "torch")
 
 MANIFESTS = ("deployment.yaml", "service.yaml", "hpa.yaml", "pdb.yaml")
 KSERVE_MANIFESTS = ("inferenceservice.yaml",)
+# Beside a running deployment of the same --name: its Service reaches these pods too.
+CANARY_MANIFESTS = ("canary.yaml",)
 METRICS = {
     "queue-time": ("latte_queue_time_us_per_request",
                    "Scales on the average time a request waits in Triton's queue (microseconds), per pod."),
@@ -47,6 +51,8 @@ class RenderedDeployment:
     gpus: int
     cpu: str
     options: K8sOptions
+    canary_replicas: Optional[int] = None   # with --canary-percent, without KServe
+    canary_share: Optional[float] = None    # % of the pods (and of the traffic) the canary gets at the minimum
 
 
 def _gpus(options: K8sOptions, facts: RepositoryFacts) -> int:
@@ -94,12 +100,20 @@ def manifest_context(options: K8sOptions, facts: RepositoryFacts) -> Dict:
     metric_name, description = METRICS[options.scale_metric]
     target = options.target_queue_us if options.scale_metric == "queue-time" else options.target_pending
     selector = {"app.kubernetes.io/name": "latte-triton", "app.kubernetes.io/instance": options.name}
+    # The Service selects by application, not by Deployment, so a canary Deployment's pods share its traffic.
+    application = {"app.kubernetes.io/name": "latte-triton", "app.kubernetes.io/part-of": options.name}
+    cache = cache_bytes(options.response_cache_bytes, bool(facts.cache_models))
     return {
         "name": options.name,
         "namespace": options.namespace,
-        "labels": {**selector, "app.kubernetes.io/component": "inference-server",
+        "labels": {**selector, **application, "app.kubernetes.io/component": "inference-server",
                    "app.kubernetes.io/managed-by": "latte"},
         "selector_labels": selector,
+        "service_selector": application,
+        "replicas": None,
+        "canary_percent": options.canary_percent,
+        "cache_flag": cache_flag(cache) if cache else None,
+        "cache_models": facts.cache_models,
         "image": options.image,
         "triton_image": options.triton_image,
         "triton_version": TRITON_VERSION,
@@ -123,6 +137,18 @@ def manifest_context(options: K8sOptions, facts: RepositoryFacts) -> Dict:
         "kserve": options.kserve,
         "kubernetes_version": options.kubernetes_version,
     }
+
+
+def canary_context(ctx: Dict) -> Dict:
+    """The stable context turned into a fixed-size Deployment NAME-canary, whose pods the stable
+    Service (selecting part-of: NAME) reaches, but not the stable HPA or PDB (instance: NAME)."""
+    name = f"{ctx['name']}-canary"
+    selector = {**ctx["selector_labels"], "app.kubernetes.io/instance": name}
+    stable = ctx["min_replicas"]
+    replicas = canary_replicas(stable, ctx["canary_percent"])
+    return {**ctx, "name": name, "stable_name": ctx["name"], "selector_labels": selector,
+            "labels": {**ctx["labels"], **selector}, "replicas": replicas, "stable_replicas": stable,
+            "canary_share": round(100 * replicas / (stable + replicas), 1)}
 
 
 def render_dockerfile(triton_image: str = DEFAULT_TRITON_IMAGE, runtime_packages: Optional[List[str]] = None,
@@ -156,14 +182,20 @@ def render_k8s(repo: Path, out_dir: Path, options: K8sOptions, validate: bool = 
     if out_dir.exists() and not out_dir.is_dir():
         raise DeployError(f"output {out_dir} exists and is not a folder")
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = KSERVE_MANIFESTS if options.kserve else MANIFESTS
+    split_by_replicas = options.canary_percent is not None and not options.kserve
+    names = KSERVE_MANIFESTS if options.kserve else CANARY_MANIFESTS if split_by_replicas else MANIFESTS
     # A manifest left from a render of the other kind would be applied along with these.
-    for stale in set(MANIFESTS + KSERVE_MANIFESTS) - set(names):
+    for stale in set(MANIFESTS + KSERVE_MANIFESTS + CANARY_MANIFESTS) - set(names):
         (out_dir / stale).unlink(missing_ok=True)
     written: List[Path] = []
-    manifests = [_write(out_dir / n, render(f"k8s/{n.replace('.yaml', '')}.yaml.j2", ctx), written) for n in names]
+    if split_by_replicas:
+        ctx = canary_context(ctx)
+        manifests = [_write(out_dir / "canary.yaml", render("k8s/deployment.yaml.j2", ctx), written)]
+    else:
+        manifests = [_write(out_dir / n, render(f"k8s/{n.replace('.yaml', '')}.yaml.j2", ctx), written)
+                     for n in names]
     adapter = out_dir / "prometheus-adapter" / "values.yaml"
-    if options.kserve:
+    if options.kserve or split_by_replicas:
         adapter.unlink(missing_ok=True)
     else:
         _write(adapter, render("k8s/prometheus-adapter-values.yaml.j2", ctx), written)
@@ -178,4 +210,5 @@ def render_k8s(repo: Path, out_dir: Path, options: K8sOptions, validate: bool = 
 
         validate_files(manifests, options.kubernetes_version)
     return RenderedDeployment(out_dir=out_dir, manifests=manifests, files=written, repository=facts,
-                              gpus=ctx["gpus"], cpu=ctx["cpu"], options=options)
+                              gpus=ctx["gpus"], cpu=ctx["cpu"], options=options,
+                              canary_replicas=ctx.get("replicas"), canary_share=ctx.get("canary_share"))

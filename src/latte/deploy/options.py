@@ -48,6 +48,8 @@ class K8sOptions:
     target_pending: int = 16                     # requests waiting, per pod
     kserve: bool = False
     kubernetes_version: str = "1.33.0"
+    canary_percent: Optional[int] = None         # render a canary of this share beside a running deployment
+    response_cache_bytes: Optional[int] = None   # None: the default when a model enables response_cache
 
     def checked(self) -> "K8sOptions":
         if not self.image:
@@ -100,6 +102,18 @@ class K8sOptions:
         for what, value in (("--target-queue-us", self.target_queue_us), ("--target-pending", self.target_pending)):
             if not isinstance(value, int) or value < 1:
                 raise DeployError(f"{what} must be a whole number >= 1, got {value!r}")
+        if self.canary_percent is not None:
+            low = 0 if self.kserve else 1
+            high = 100 if self.kserve else 99
+            if isinstance(self.canary_percent, bool) or not isinstance(self.canary_percent, int) \
+                    or not low <= self.canary_percent <= high:
+                raise DeployError(f"--canary-percent must be a whole number from {low} to {high}"
+                                  f"{'' if self.kserve else ' (a split by replicas needs pods on both sides)'}, "
+                                  f"got {self.canary_percent!r}")
+        if self.response_cache_bytes is not None and (isinstance(self.response_cache_bytes, bool) or
+                                                      not isinstance(self.response_cache_bytes, int) or
+                                                      self.response_cache_bytes < 0):
+            raise DeployError(f"--response-cache-size must be bytes >= 0, got {self.response_cache_bytes!r}")
         if not re.match(r"^1\.[0-9]+\.[0-9]+$", self.kubernetes_version):
             raise DeployError(f"--kubernetes-version {self.kubernetes_version!r}: expected 1.MINOR.PATCH, e.g. 1.33.0")
         return replace(self, model_uri=uri, max_replicas=max_replicas)

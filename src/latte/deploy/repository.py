@@ -34,6 +34,7 @@ class ModelFacts:
     cpu_threads: int              # instances x intra_op_threads of latte models (0 for others)
     max_queue_delay_us: int       # the dynamic batcher's longest wait, 0 without one
     runtime: str = ""             # latte runtime ("torchscript", "onnx", ..., "unknown"), "" for other backends
+    response_cache: bool = False  # the config enables Triton's response cache
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class RepositoryFacts:
     @property
     def max_queue_delay_us(self) -> int:
         return max((m.max_queue_delay_us for m in self.models), default=0)
+
+    @property
+    def cache_models(self) -> List[str]:
+        return [m.name for m in self.models if m.response_cache]
 
     @property
     def runtimes(self) -> List[str]:
@@ -100,7 +105,8 @@ def _model_facts(config) -> ModelFacts:
                               f"got {_parameter(config, 'intra_op_threads')!r}") from None
         threads = instances * max(intra, 1)
     return ModelFacts(name=config.name, backend=backend, gpu_instances=gpu_instances, gpus_needed=gpus_needed,
-                      cpu_threads=threads, max_queue_delay_us=int(delay), runtime=runtime)
+                      cpu_threads=threads, max_queue_delay_us=int(delay), runtime=runtime,
+                      response_cache=config.response_cache.enable)
 
 
 def read_repository(repo: Path) -> RepositoryFacts:

@@ -55,3 +55,11 @@ def replicas_for_rate(target_rps: float, profile: Mapping, headroom: float = 0.0
             )
     # The small tolerance keeps 300/100 at 3 instead of 4 after float rounding.
     return max(1, math.ceil(target * (1 + spare) / throughput - 1e-9))
+
+
+def canary_replicas(stable_replicas: int, percent: int) -> int:
+    """Canary pods beside `stable_replicas` so that about `percent` % of the pods, and so of a Service's
+    traffic (it spreads connections over ready pods evenly), reach the canary; at least one."""
+    if not 1 <= percent <= 99:
+        raise DeployError(f"--canary-percent must be 1..99 for a split by replicas, got {percent!r}")
+    return max(1, round(stable_replicas * percent / (100 - percent)))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from latte.triton.backend_dir import install_backend
+from latte.triton.cache import cache_bytes_for, cache_directory_flags, cache_flag
 from latte.triton.locate import TritonInstall, find_triton
 
 
@@ -63,6 +64,7 @@ class TritonServer:
         extra_args: Sequence[str] = (),
         log_verbose: int = 0,
         keep_going: bool = False,
+        response_cache_bytes: Optional[int] = None,
     ) -> None:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
@@ -77,6 +79,8 @@ class TritonServer:
         self.log_verbose = log_verbose
         # Serve the models that load when others fail (listed by failed_models()).
         self.keep_going = keep_going
+        # None: a cache of the default size when a model of the repository enables response_cache; 0: none.
+        self.response_cache_bytes = cache_bytes_for(self.repository, response_cache_bytes)
         self.process: Optional[subprocess.Popen] = None
 
     @property
@@ -106,6 +110,8 @@ class TritonServer:
             f"--exit-on-error={'false' if self.keep_going else 'true'}",
             f"--strict-readiness={'false' if self.keep_going else 'true'}",
             f"--log-verbose={self.log_verbose}",
+            *([*cache_directory_flags(self.install.server), cache_flag(self.response_cache_bytes)]
+              if self.response_cache_bytes else []),
             *self.extra_args,
         ]
 
