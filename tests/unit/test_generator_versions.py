@@ -85,10 +85,12 @@ def test_validate_names_a_missing_version_folder(sequence_pipeline, tmp_path, ca
     shutil.rmtree(encoder / "2")
     with pytest.raises(RepositoryError) as info:
         validate_repository(tmp_path / "repo")
-    assert info.value.problems == [f"{encoder}/config.pbtxt: version_policy lists version 2, but {encoder}/2/ "
+    config = encoder / "config.pbtxt"
+    line = next(n for n, text in enumerate(config.read_text().splitlines(), 1) if text.startswith("version_policy"))
+    assert info.value.problems == [f"{config}:{line}: version_policy: lists version 2, but {encoder}/2/ "
                                    "does not exist (version folders: 1)"]
     assert main(["validate", str(tmp_path / "repo")]) == 1
-    assert "version_policy lists version 2" in capsys.readouterr().err
+    assert f"{config}:{line}: version_policy: lists version 2" in capsys.readouterr().err
 
 
 def test_validate_counts_folders_against_the_latest_policy(sequence_pipeline, tmp_path):
@@ -96,10 +98,11 @@ def test_validate_counts_folders_against_the_latest_policy(sequence_pipeline, tm
     generate(spec, tmp_path / "repo")
     encoder = tmp_path / "repo" / "encoder"
     (encoder / "2" / "model.onnx").unlink()     # an empty version folder: Triton would fail to load it
-    with pytest.raises(RepositoryError, match=r"encoder/2: parameters\[\"model_file\"\] names 'model.onnx'"):
+    with pytest.raises(RepositoryError, match=r"encoder/config.pbtxt:\d+: parameters\['model_file'\]: names 'model.onnx', "
+                                                   r"which is not in .*encoder/2/"):
         validate_repository(tmp_path / "repo")
     shutil.rmtree(encoder / "2")
-    with pytest.raises(RepositoryError, match="version_policy serves the latest 2 versions, but only 1 version "
+    with pytest.raises(RepositoryError, match=r"encoder/config.pbtxt:\d+: version_policy: serves the latest 2 versions, but only 1 version "
                                               r"folder\(s\) exist \(1\)"):
         validate_repository(tmp_path / "repo")
 
