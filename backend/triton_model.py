@@ -69,6 +69,11 @@ class LatteModel:
         allocate = self.arena.empty
         self.sessions = (SessionStore(spec.session_ttl_s, spec.max_sessions, spec.max_sequence_length, allocate)
                          if spec.session_input else None)
+        if spec.session_input and spec.instance_count > 1:
+            pb.Logger.log_warn(
+                f"latte: {spec.name}: sessions live in the instance that opened them and Triton hands each request "
+                f"to any of the {spec.instance_count} instances, so a session's next request can be refused as "
+                "unknown; serve a model with session_input on one instance")
         self.metrics = BackendMetrics()
         self.reader = RequestReader(spec)
         self.engine = BatchEngine(

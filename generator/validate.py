@@ -107,6 +107,24 @@ def batcher_stall(config):
             "(docs/backend.md, Priorities)")
 
 
+def sessions_split(config):
+    """The warning for a latte model that keeps sessions on more than one instance, else None:
+    each instance holds its own sessions and Triton hands a request to any instance."""
+    if config.backend != "latte" or "session_input" not in config.parameters:
+        return None
+    count = instance_count(config)
+    if count < 2:
+        return None
+    return (f"{config.name}: sessions (session_input) live in one model instance, but {count} instances share "
+            "the requests: a session's next request can reach an instance that does not hold it and be refused "
+            "as an unknown session; serve a model with sessions on one instance (docs/backend.md, Sessions)")
+
+
+def config_warnings(config) -> list:
+    """What `latte validate` warns about in one ModelConfig (the config loads, but serves badly)."""
+    return [w for w in (batcher_stall(config), sessions_split(config)) if w]
+
+
 class RepositoryError(ValueError):
     """A model repository with problems; `problems` holds one located line each."""
 

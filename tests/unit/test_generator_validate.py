@@ -214,3 +214,16 @@ def test_cli_validate_prints_each_problem_with_its_line(repo, capsys):
     err = capsys.readouterr().err
     assert f"{repo}: 1 problem(s)" in err
     assert f"  {repo / 'pre' / 'config.pbtxt'}:2: backend: a python-backend model needs" in err
+
+
+def test_a_model_with_sessions_on_two_instances_validates_with_a_warning(repo, capsys):
+    config = repo / "encoder" / "config.pbtxt"
+    edit(config, 'parameters {\n  key: "model_file"',
+         'parameters {\n  key: "session_input"\n  value: { string_value: "tokens" }\n}\nparameters {\n  key: "model_file"')
+    assert main(["validate", str(repo)]) == 0
+    assert "warning" not in capsys.readouterr().err  # one instance (no instance_group) holds every session
+    config.write_text(config.read_text() + "instance_group [ { count: 2, kind: KIND_CPU } ]\n")
+    assert main(["validate", str(repo)]) == 0
+    err = capsys.readouterr().err
+    assert ("warning: encoder: sessions (session_input) live in one model instance, but 2 instances share the "
+            "requests") in err

@@ -178,7 +178,7 @@ def _generate(args) -> int:
 
 
 def _validate(args) -> int:
-    from latte.generator.validate import RepositoryError, batcher_stall, validate_repository
+    from latte.generator.validate import RepositoryError, config_warnings, validate_repository
 
     try:
         configs = validate_repository(Path(args.repo))
@@ -188,9 +188,8 @@ def _validate(args) -> int:
             print(f"  {line}", file=sys.stderr)
         return 1
     for config in configs.values():
-        stall = batcher_stall(config)
-        if stall:
-            print(f"warning: {stall}", file=sys.stderr)
+        for warning in config_warnings(config):
+            print(f"warning: {warning}", file=sys.stderr)
     ensembles = sum(1 for c in configs.values() if c.platform == "ensemble")
     print(f"{args.repo}: {len(configs)} model(s), {ensembles} ensemble(s): valid")
     return 0
