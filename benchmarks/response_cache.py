@@ -74,6 +74,7 @@ def main() -> int:
     parser.add_argument("--max-trials", type=int, default=6)
     parser.add_argument("--stability-percentage", type=float, default=25.0,
                         help="perf_analyzer's bound on trial-to-trial variation (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, each on a fresh server (default: %(default)s)")
     parser.add_argument("--cache-size", default="256Mi", help="Triton's cache (default: %(default)s)")
     parser.add_argument("--out", default=".latte/response_cache")
     args = parser.parse_args()
@@ -85,30 +86,43 @@ def main() -> int:
     data = write_input_data(out / "input_data.json",
                             zipf_requests(plan["example"], args.distinct, args.requests, args.zipf))
     load = os.getloadavg()[0]
-    results = {}
-    with TritonServer(out / "repository", log_path=out / "tritonserver.log",
-                      response_cache_bytes=parse_size(args.cache_size)) as server:
-        for label in ("nocache", "cache"):
-            (point,) = run_perf_analyzer(plan[label], server.grpc_url, concurrency=[args.concurrency],
-                                         input_data=data, measurement_ms=args.measurement_ms,
-                                         max_trials=args.max_trials,
-                                         stability_percentage=args.stability_percentage)
-            hits, misses, executions = cache_counts(server, plan[label])
-            results[label] = {**point.as_dict(), "cache_hits": hits, "cache_misses": misses,
-                              "executions": executions}
-            print(f"{label:8s} {point.throughput:9.1f} infer/s  P99 {point.p99_ms:7.2f} ms  "
-                  f"hits {hits}  misses {misses}  model executions {executions}", flush=True)
-    cache, nocache = results["cache"], results["nocache"]
-    lookups = cache["cache_hits"] + cache["cache_misses"]
-    summary = {
-        "throughput_ratio": cache["throughput"] / nocache["throughput"] if nocache["throughput"] else None,
-        "p99_ratio": cache["p99_ms"] / nocache["p99_ms"] if nocache["p99_ms"] else None,
-        "hit_rate": cache["cache_hits"] / lookups if lookups else None,
-    }
-    print(f"with / without cache: throughput x{summary['throughput_ratio']:.2f}, P99 x{summary['p99_ratio']:.2f}; "
-          f"hit rate {summary['hit_rate']:.1%} ({args.distinct} distinct of {args.requests}, Zipf {args.zipf})")
+    rounds = []
+    for round_ in range(args.rounds):
+        # A fresh server per round, so every round starts from an empty cache; the two
+        # contenders alternate in order from round to round.
+        results = {}
+        order = ("nocache", "cache") if round_ % 2 == 0 else ("cache", "nocache")
+        with TritonServer(out / "repository", log_path=out / "tritonserver.log",
+                          response_cache_bytes=parse_size(args.cache_size)) as server:
+            for label in order:
+                (point,) = run_perf_analyzer(plan[label], server.grpc_url, concurrency=[args.concurrency],
+                                             input_data=data, measurement_ms=args.measurement_ms,
+                                             max_trials=args.max_trials,
+                                             stability_percentage=args.stability_percentage)
+                hits, misses, executions = cache_counts(server, plan[label])
+                results[label] = {**point.as_dict(), "cache_hits": hits, "cache_misses": misses,
+                                  "executions": executions}
+                print(f"round {round_ + 1} {label:8s} {point.throughput:9.1f} infer/s  P99 {point.p99_ms:7.2f} ms  "
+                      f"hits {hits}  misses {misses}  model executions {executions}", flush=True)
+        cache, nocache = results["cache"], results["nocache"]
+        lookups = cache["cache_hits"] + cache["cache_misses"]
+        rounds.append({
+            "results": results,
+            "throughput_ratio": cache["throughput"] / nocache["throughput"] if nocache["throughput"] else None,
+            "p99_ratio": cache["p99_ms"] / nocache["p99_ms"] if nocache["p99_ms"] else None,
+            "hit_rate": cache["cache_hits"] / lookups if lookups else None,
+        })
+
+    def median(key):
+        values = sorted(r[key] for r in rounds if r[key] is not None)
+        return values[len(values) // 2] if values else None
+
+    summary = {key: median(key) for key in ("throughput_ratio", "p99_ratio", "hit_rate")}
+    print(f"with / without cache, median of {args.rounds} round(s): throughput x{summary['throughput_ratio']:.2f}, "
+          f"P99 x{summary['p99_ratio']:.2f}; hit rate {summary['hit_rate']:.1%} ({args.distinct} distinct of "
+          f"{args.requests}, Zipf {args.zipf}; load {load:.2f} at the start)")
     result = {"model": args.model, "settings": vars(args), "cache_flag": cache_flag(parse_size(args.cache_size)),
-              "load_at_start": load, "machine": machine_description(), "results": results, **summary}
+              "load_at_start": load, "machine": machine_description(), "rounds": rounds, **summary}
     path = out / f"{args.model}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
