@@ -14,7 +14,7 @@
 
 #include "caching_allocator_model.hpp"
 #include "latte/memory/buddy_arena.hpp"
-#include "latte/memory/error.hpp"
+#include "latte/error.hpp"
 #include "latte/memory/host_resource.hpp"
 #include "serving_trace.hpp"
 
@@ -97,13 +97,13 @@ ReplayResult replay_arena(const std::vector<TraceOp>& ops, std::uint64_t capacit
         try {
           ptr_of[id] = arena.allocate(bytes);
           return true;
-        } catch (const memory::out_of_memory&) {
+        } catch (const latte::out_of_memory&) {
           return false;
         }
       },
       [&](std::uint32_t id) { arena.deallocate(ptr_of[id], 0); },
       [&] {
-        const memory::ArenaUsage u = *arena.usage();
+        const memory::ArenaUsage u = arena.usage();
         return std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>{u.reserved, u.free, u.largest_free};
       });
 }
