@@ -227,7 +227,7 @@ def format_ratios(ratios: dict) -> List[str]:
             "arena largest free block vs P99 request, last:  "
             + ("not exported" if ratios.get("largest_free_last") is None or ratios.get("p99_request_last") is None
                else f"{ratios['largest_free_last'] / 2**10:,.0f} KiB vs {ratios['p99_request_last'] / 2**10:,.1f} KiB"),
-            "1 - largest free / free, first -> last window: "
+            "1 - largest free / free, first -> last window:  "
             + ("not exported" if ratios["fragmentation_last"] is None else
                f"{ratios['fragmentation_first']:.1%} -> {ratios['fragmentation_last']:.1%} (descriptive)"),
             f"arena reserved growth:                          {pct(ratios['arena_reserved_growth'])}"]
