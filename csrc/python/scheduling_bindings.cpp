@@ -1,6 +1,7 @@
 // latte._native's scheduling part: the AffinityScheduler, whose lanes call back into Python,
 // and the scheduler's limits and names (priority levels, reject reasons) that Python reads.
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,13 @@ sched::Nanos to_nanos(double seconds, const char* name) {
   return static_cast<sched::Nanos>(nanos);
 }
 
+// Python ints to the scheduler's unsigned counts: a negative one cannot be represented, so it
+// is refused here; the count's own limits are the scheduler's to check.
+std::uint64_t to_count(std::int64_t value, const char* name) {
+  LATTE_EXPECTS(value >= 0, std::string(name) + " must not be negative, got " + std::to_string(value));
+  return static_cast<std::uint64_t>(value);
+}
+
 std::string reason_text(const sched::Outcome& o) {
   std::string text = sched::reason_name(o.reason);
   if (!o.detail.empty()) text += ": " + o.detail;
@@ -41,20 +49,20 @@ class PyAffinityScheduler {
  public:
   PyAffinityScheduler(nb::callable execute, nb::callable on_complete,
                       std::optional<nb::callable> prefetch,
-                      std::vector<std::vector<int>> lane_cpus, std::size_t max_batch_size,
-                      std::uint64_t max_batch_bytes, std::size_t queue_capacity,
+                      std::vector<std::vector<int>> lane_cpus, std::int64_t max_batch_size,
+                      std::int64_t max_batch_bytes, std::int64_t queue_capacity,
                       double max_window_s, double target_utilization,
-                      std::size_t placement_slack, std::size_t steal_min_queued)
+                      std::int64_t placement_slack, std::int64_t steal_min_queued)
       : execute_(std::move(execute)), complete_(std::move(on_complete)),
         prefetch_(prefetch ? nb::object(*prefetch) : nb::none()) {
     sched::SchedulerConfig config;
-    config.max_batch_size = max_batch_size;
-    config.max_batch_bytes = max_batch_bytes;
-    config.queue_capacity = queue_capacity;
+    config.max_batch_size = to_count(max_batch_size, "max_batch_size");
+    config.max_batch_bytes = to_count(max_batch_bytes, "max_batch_bytes");
+    config.queue_capacity = to_count(queue_capacity, "queue_capacity");
     config.max_window = to_nanos(max_window_s, "max_window_s");
     config.target_utilization = target_utilization;
-    config.placement_slack = placement_slack;
-    config.steal_min_queued = steal_min_queued;
+    config.placement_slack = to_count(placement_slack, "placement_slack");
+    config.steal_min_queued = to_count(steal_min_queued, "steal_min_queued");
     sched::PrefetchFn prefetch_fn;
     if (!prefetch_.is_none()) prefetch_fn = [this](const sched::Batch& b) { call(prefetch_, b); };
     nb::gil_scoped_release release;  // lanes start without needing the GIL, but do not block them
@@ -204,8 +212,8 @@ void bind_scheduling(nb::module_& m) {
   nb::class_<PyAffinityScheduler>(m, "AffinityScheduler", nb::is_weak_referenceable(),
                                   "Native locality-aware scheduler; use latte.scheduling.")
       .def(nb::init<nb::callable, nb::callable, std::optional<nb::callable>, std::vector<std::vector<int>>,
-                    std::size_t, std::uint64_t, std::size_t, double, double, std::size_t,
-                    std::size_t>(),
+                    std::int64_t, std::int64_t, std::int64_t, double, double, std::int64_t,
+                    std::int64_t>(),
            nb::arg("execute"), nb::arg("on_complete"), nb::arg("prefetch").none(),
            nb::arg("lane_cpus"), nb::arg("max_batch_size"), nb::arg("max_batch_bytes"),
            nb::arg("queue_capacity"), nb::arg("max_window_s"), nb::arg("target_utilization"),

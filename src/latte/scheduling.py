@@ -98,7 +98,13 @@ class AffinityScheduler(_NativeAffinityScheduler):
             )
         if prefetch is not None and not callable(prefetch):
             raise TypeError(f"prefetch must be callable or None, got {prefetch!r}")
-        # The numbers' limits are checked once, by the native scheduler (ValueError naming them).
+        # Only the types are checked here (a bool would pass for an int); the numbers' limits
+        # are checked once, by the native scheduler (ValueError naming them).
+        for name, value in (("max_batch_size", max_batch_size), ("max_batch_bytes", max_batch_bytes),
+                            ("queue_capacity", queue_capacity), ("placement_slack", placement_slack),
+                            ("steal_min_queued", steal_min_queued)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
         super().__init__(
             execute,
             on_complete,

@@ -69,7 +69,8 @@ def test_a_refusal_reports_the_enum_name(scheduler):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"max_batch_size": 0}, "max_batch_size must be at least 1"),
+        ({"max_batch_size": 0}, "max_batch_size must be at least 1, got 0"),
+        ({"max_batch_bytes": -1}, "max_batch_bytes must not be negative, got -1"),
         ({"queue_capacity": 0}, "queue_capacity must be at least 1"),
         ({"max_window_s": 10.5}, r"max_window must be in \[0, 10\] seconds, got 10.5"),
         ({"max_window_s": float("nan")}, "max_window_s must not be NaN"),
@@ -79,6 +80,12 @@ def test_a_refusal_reports_the_enum_name(scheduler):
 def test_the_native_core_alone_checks_the_numbers_and_names_them(kwargs, message):
     with pytest.raises(ValueError, match=message):
         AffinityScheduler(lambda *a: None, lambda *a: None, **kwargs)
+
+
+@pytest.mark.parametrize("value", [True, 2.0, "8"])
+def test_counts_must_be_ints(value):
+    with pytest.raises(TypeError, match=f"max_batch_size must be an int, got {value!r}"):
+        AffinityScheduler(lambda *a: None, lambda *a: None, max_batch_size=value)
 
 
 def test_seed_latency_is_bound_and_checked_by_the_core(scheduler):

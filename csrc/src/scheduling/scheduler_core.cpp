@@ -24,9 +24,9 @@ bool SchedulerCore::MoreUrgent::operator()(const QueuedRequest& x,
 SchedulerCore::SchedulerCore(SchedulerConfig config)
     : config_(config), lanes_(config.lanes), metrics_(config.max_batch_size) {
   LATTE_EXPECTS(config.lanes >= 1, "lanes must be at least 1");
-  LATTE_EXPECTS(config.max_batch_size >= 1, "max_batch_size must be at least 1");
-  LATTE_EXPECTS(config.max_batch_bytes >= 1, "max_batch_bytes must be at least 1");
-  LATTE_EXPECTS(config.queue_capacity >= 1, "queue_capacity must be at least 1");
+  LATTE_EXPECTS(config.max_batch_size >= 1, "max_batch_size must be at least 1, got " + std::to_string(config.max_batch_size));
+  LATTE_EXPECTS(config.max_batch_bytes >= 1, "max_batch_bytes must be at least 1, got " + std::to_string(config.max_batch_bytes));
+  LATTE_EXPECTS(config.queue_capacity >= 1, "queue_capacity must be at least 1, got " + std::to_string(config.queue_capacity));
   LATTE_EXPECTS(config.max_window >= 0 && config.max_window <= kMaxWindowLimit,
                 "max_window must be in [0, " + std::to_string(kMaxWindowLimit / 1'000'000'000) +
                     "] seconds, got " + std::to_string(config.max_window * 1e-9) + " s");
