@@ -85,14 +85,15 @@ clean:
 	rm -rf build $(VENV) .latte
 
 # --- scheduling (AffinityScheduler) ---
-# C++ tests of the scheduler, built apart from the wheel: Debug with invariants re-checked.
+# C++ tests of the scheduler, built apart from the wheel: Debug with invariants re-checked
+# (the LATTE_DEBUG_CHECKS option, the same switch `make sanitize` uses).
 SCHED_TEST_BUILD := build/sched-tests
 SCHED_TSAN_BUILD := build/sched-tsan
 .PHONY: test-scheduling-cpp tsan
 
 test-scheduling-cpp:
 	cmake -S . -B $(SCHED_TEST_BUILD) -DLATTE_BUILD_PYTHON=OFF -DLATTE_BUILD_TESTS=ON \
-	  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS=-DLATTE_DEBUG_CHECKS > /dev/null
+	  -DCMAKE_BUILD_TYPE=Debug -DLATTE_DEBUG_CHECKS=ON > /dev/null
 	cmake --build $(SCHED_TEST_BUILD) -j 2 --target test_scheduler_core stress_affinity_scheduler
 	$(SCHED_TEST_BUILD)/csrc/tests/test_scheduler_core
 	$(SCHED_TEST_BUILD)/csrc/tests/stress_affinity_scheduler

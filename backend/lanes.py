@@ -20,6 +20,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from latte.backend.engine import BatchEngine, Result, Work
 from latte.backend.errors import DeadlineExceeded, ModelError, Overloaded, RequestError
+from latte.scheduling import RejectReason
 
 
 class _Call:
@@ -33,13 +34,20 @@ class _Call:
         self.finished: "queue.SimpleQueue[Tuple[int, Result]]" = queue.SimpleQueue()
 
 
+# The scheduler's reasons by what they mean to a client. The names are the native core's
+# (RejectReason's members), so a reason renamed in C++ fails this import, not a request.
+_TIMED_OUT = frozenset(r.name for r in (RejectReason.deadline_passed, RejectReason.deadline_expired))
+_NOT_ADMITTED = frozenset(r.name for r in (RejectReason.queue_full, RejectReason.displaced, RejectReason.shutdown))
+_TOO_LARGE = RejectReason.too_large.name
+
+
 def _error_for(reason: str) -> Exception:
     name = reason.split(":", 1)[0]
-    if name in ("deadline_passed", "deadline_expired"):
+    if name in _TIMED_OUT:
         return DeadlineExceeded(f"timed out in the scheduler ({reason})")
-    if name in ("queue_full", "displaced", "shutdown"):
+    if name in _NOT_ADMITTED:
         return Overloaded(f"overloaded: the request was not admitted ({reason})")
-    if name == "too_large":
+    if name == _TOO_LARGE:
         return RequestError(f"request too large for a batch ({reason})")
     return ModelError(f"batch failed ({reason})")
 

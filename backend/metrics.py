@@ -98,6 +98,9 @@ _DESCRIPTIONS = {
     "latte_execute_requests_total": "Requests handed to execute",
     "latte_arena_bytes": "Arena memory by state (capacity, reserved, live, allocated, peak_live)",
     "latte_arena_fragmentation": "Arena fragmentation (internal, external)",
+    "latte_arena_fit_bytes": "Largest request the arena can still serve (largest_free_block) vs the P99 request seen (p99_request)",
+    "latte_arena_fragmented": "1 while the P99 request fits in the free bytes but in no free block: the fragmentation alarm",
+    "latte_arena_failures": "Arena allocation failures (all; fragmentation: with live + request <= 80% of capacity)",
     "latte_sessions": "Sessions by state (live, started, ended, expired)",
     "latte_scheduler": "Scheduler figures (affinity_hit_rate, steals, batches, ...)",
 }
@@ -242,6 +245,15 @@ class BackendMetrics:
         for kind in ("internal", "external"):
             if f"{kind}_fragmentation" in stats:
                 self.aggregate.set("latte_arena_fragmentation", {"kind": kind}, stats[f"{kind}_fragmentation"])
+        # What can alarm: 1 - largest/free above reads ~0.5 for any buddy arena with a block live.
+        for figure in ("largest_free_block", "p99_request"):
+            if figure in stats:
+                self.aggregate.set("latte_arena_fit_bytes", {"figure": figure}, stats[figure])
+        if "fragmented" in stats:
+            self.aggregate.set("latte_arena_fragmented", {}, float(stats["fragmented"]))
+        for kind, key in (("all", "failures"), ("fragmentation", "fragmentation_failures")):
+            if key in stats:
+                self.aggregate.set("latte_arena_failures", {"kind": kind}, stats[key])
 
     def sessions(self, live: int, started: int, ended: int, expired: int) -> None:
         for state, value in (("live", live), ("started", started), ("ended", ended), ("expired", expired)):

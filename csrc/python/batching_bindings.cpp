@@ -6,14 +6,11 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/vector.h>
 
-// The array API table is imported once, by bindings.cpp.
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#define PY_ARRAY_UNIQUE_SYMBOL latte_native_ARRAY_API
-#define NO_IMPORT_ARRAY
-#include <numpy/arrayobject.h>
+#include "numpy_api.hpp"
 
+#include "bindings.hpp"
 #include "latte/batching/gather.hpp"
-#include "latte/memory/error.hpp"
+#include "latte/error.hpp"
 
 namespace nb = nanobind;
 namespace batching = latte::batching;

@@ -54,7 +54,9 @@ class BuddyArena(_NativeArena):
     ``empty(shape, dtype)`` -- an uninitialised C-contiguous numpy array over an arena block,
     returned to the arena when the last reference to it or a view of it dies;
     ``stats()`` -- capacity, reserved, live (requested) and allocated (rounded) bytes, peaks,
-    internal/external fragmentation, counts of allocations, frees and failures;
+    internal/external fragmentation, counts of allocations, frees and failures, and the
+    figures that can alarm: the largest free block against the P99 request seen, ``fragmented``
+    and ``fragmentation_failures`` (see docs/memory.md);
     ``check_invariants()`` -- raises ValueError naming a broken invariant (do not run it
     concurrently with allocations from other threads);
     ``release_cached()`` -- returns cached empty slabs to the buddy lists.

@@ -21,10 +21,11 @@ import warnings
 import weakref
 from typing import Callable, Optional, Sequence, Union
 
-from latte._native import PRIORITY_LEVELS, REJECT_REASONS
+# The scheduler's limits and names are the native core's: read here, never written again.
+from latte._native import PRIORITY_LEVELS, REJECT_REASONS, RejectReason
 from latte._native import AffinityScheduler as _NativeAffinityScheduler
 
-__all__ = ["AffinityScheduler", "PRIORITY_LEVELS", "REJECT_REASONS"]
+__all__ = ["AffinityScheduler", "PRIORITY_LEVELS", "REJECT_REASONS", "RejectReason"]
 
 # Lanes must be stopped before the interpreter goes away: they would call into a dead one.
 _open_schedulers: "weakref.WeakSet[AffinityScheduler]" = weakref.WeakSet()
@@ -97,17 +98,13 @@ class AffinityScheduler(_NativeAffinityScheduler):
             )
         if prefetch is not None and not callable(prefetch):
             raise TypeError(f"prefetch must be callable or None, got {prefetch!r}")
-        for name, value in (
-            ("max_batch_size", max_batch_size),
-            ("max_batch_bytes", max_batch_bytes),
-            ("queue_capacity", queue_capacity),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not 0.0 <= float(max_window_s) <= 10.0:
-            raise ValueError(f"max_window_s must be in [0, 10] seconds, got {max_window_s!r}")
-        if not 0.0 < float(target_utilization) <= 1.0:
-            raise ValueError(f"target_utilization must be in (0, 1], got {target_utilization!r}")
+        # Only the types are checked here (a bool would pass for an int); the numbers' limits
+        # are checked once, by the native scheduler (ValueError naming them).
+        for name, value in (("max_batch_size", max_batch_size), ("max_batch_bytes", max_batch_bytes),
+                            ("queue_capacity", queue_capacity), ("placement_slack", placement_slack),
+                            ("steal_min_queued", steal_min_queued)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
         super().__init__(
             execute,
             on_complete,

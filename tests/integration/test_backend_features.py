@@ -62,6 +62,7 @@ def test_latte_metrics_appear_next_to_tritons(server, clients, patient_model):
     text = _scrape_until(server.metrics_url, lambda t: _success_count(t) > before and "latte_scheduler" in t)
     assert "nv_inference_request_success" in text
     for series in ("latte_requests_total", "latte_batch_size_bucket", "latte_request_duration_us_count",
-                   "latte_sessions", "latte_arena_bytes", "latte_arena_fragmentation", "latte_scheduler"):
+                   "latte_sessions", "latte_arena_bytes", "latte_arena_fragmentation", "latte_arena_fragmented",
+                   "latte_arena_fit_bytes", "latte_arena_failures", "latte_scheduler"):
         assert series in text, f"{series} missing from {server.metrics_url}"
     assert _success_count(text) == before + 1

@@ -2,8 +2,8 @@
 
 Bounds (looser than the 1M-request targets of docs/benchmarks.md, see SHORT_TARGETS): RSS of
 tritonserver and of the model's stub +5 % at most, P50 drift +100 %, P99 drift (median of the first
-third of the windows against the last third) +300 %, arena fragmentation up by at most 10 points
-from the first window when exported (its level sits near 50 % in a buddy arena with one live block).
+third of the windows against the last third) +300 %, and, when exported, the arena's fragmentation
+alarm never raised and no fragmentation failure (docs/memory.md).
 The P99 bound only catches a blow-up: on the shared 2-core CI machine a window's P99 over 1000
 requests moves by 2-4x with the neighbours' load, P50 by up to 1.5x, while memory stays put.
 """

@@ -13,9 +13,10 @@
 #include <vector>
 
 #include "caching_allocator_model.hpp"
+#include "latte/error.hpp"
 #include "latte/memory/buddy_arena.hpp"
-#include "latte/memory/error.hpp"
 #include "latte/memory/host_resource.hpp"
+#include "latte/memory/statistics_adaptor.hpp"
 #include "serving_trace.hpp"
 
 using namespace latte;
@@ -59,7 +60,8 @@ ReplayResult replay(const std::vector<TraceOp>& ops, std::uint64_t capacity, All
       } else {
         failed[op.id] = 1;
         ++r.failures;
-        if (live + op.bytes <= capacity * 8 / 10) ++r.failures_below_80;
+        // The arena's fragmentation_failures, counted the same way for every allocator replayed.
+        if (double(live + op.bytes) <= latte::memory::kFragmentationFailureShare * double(capacity)) ++r.failures_below_80;
       }
     } else if (!failed[op.id]) {
       release(op.id);
@@ -97,13 +99,13 @@ ReplayResult replay_arena(const std::vector<TraceOp>& ops, std::uint64_t capacit
         try {
           ptr_of[id] = arena.allocate(bytes);
           return true;
-        } catch (const memory::out_of_memory&) {
+        } catch (const latte::out_of_memory&) {
           return false;
         }
       },
       [&](std::uint32_t id) { arena.deallocate(ptr_of[id], 0); },
       [&] {
-        const memory::ArenaUsage u = *arena.usage();
+        const memory::ArenaUsage u = arena.usage();
         return std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>{u.reserved, u.free, u.largest_free};
       });
 }

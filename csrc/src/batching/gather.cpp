@@ -5,7 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "latte/memory/error.hpp"
+#include "latte/error.hpp"
 
 namespace latte::batching {
 namespace {

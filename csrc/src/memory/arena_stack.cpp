@@ -1,6 +1,6 @@
 #include "latte/memory/arena_stack.hpp"
 
-#include "latte/memory/error.hpp"
+#include "latte/error.hpp"
 #include "latte/memory/host_resource.hpp"
 #ifdef LATTE_WITH_CUDA
 #include "latte/memory/cuda_device_resource.hpp"
@@ -35,7 +35,8 @@ ArenaStack::ArenaStack(const ArenaStackOptions& options) : options_(options) {
     limit_ = std::make_unique<LimitingAdaptor>(*top, options.limit);
     top = limit_.get();
   }
-  statistics_ = std::make_unique<StatisticsAdaptor>(*top);
+  const std::size_t room = options.limit != 0 && options.limit < arena_->capacity() ? options.limit : arena_->capacity();
+  statistics_ = std::make_unique<StatisticsAdaptor>(*top, room);
 }
 
 ArenaStack::~ArenaStack() {

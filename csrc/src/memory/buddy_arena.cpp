@@ -5,10 +5,14 @@
 #include <cstdlib>
 #include <string>
 
-#include "latte/memory/error.hpp"
+#include "latte/error.hpp"
+#include "latte/memory/detail/size_classes.hpp"
 
 namespace latte::memory {
 namespace {
+
+using detail::SizeClassTable;
+using detail::SlabCache;
 
 unsigned checked_unit_shift(std::size_t min_block) {
   LATTE_EXPECTS(min_block >= SizeClassTable::kAlignment && (min_block & (min_block - 1)) == 0,
@@ -100,7 +104,7 @@ void* BuddyArena::do_allocate(std::size_t bytes) {
     }
   }
   if (ptr == nullptr) {
-    const ArenaUsage u = *usage();
+    const ArenaUsage u = usage();
     throw out_of_memory("BuddyArena: cannot allocate " + std::to_string(bytes) +
                         " bytes: capacity " + std::to_string(u.capacity) + ", free " +
                         std::to_string(u.free) + ", largest free block " +
@@ -147,7 +151,7 @@ std::size_t BuddyArena::allocated_size(const void* ptr) const noexcept {
   return static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_;
 }
 
-std::optional<ArenaUsage> BuddyArena::usage() const {
+ArenaUsage BuddyArena::usage() const {
   ArenaUsage u;
   u.capacity = capacity_;
   std::lock_guard<std::mutex> lock(buddy_mutex_);

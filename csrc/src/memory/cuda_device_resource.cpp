@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "latte/memory/error.hpp"
+#include "latte/error.hpp"
 
 namespace latte::memory {
 namespace {

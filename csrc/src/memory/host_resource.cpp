@@ -8,7 +8,7 @@
 #include <cstring>
 #include <string>
 
-#include "latte/memory/error.hpp"
+#include "latte/error.hpp"
 
 namespace latte::memory {
 namespace {

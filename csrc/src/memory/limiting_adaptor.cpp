@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "latte/memory/error.hpp"
+#include "latte/error.hpp"
 
 namespace latte::memory {
 

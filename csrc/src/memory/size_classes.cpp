@@ -1,10 +1,10 @@
-#include "latte/memory/size_classes.hpp"
+#include "latte/memory/detail/size_classes.hpp"
 
 #include <string>
 
-#include "latte/memory/error.hpp"
+#include "latte/error.hpp"
 
-namespace latte::memory {
+namespace latte::memory::detail {
 namespace {
 
 // 64..512 in steps of 64, then four classes per doubling up to 4096.
@@ -184,4 +184,4 @@ void SlabCache::check_invariants() const {
   if (allocated != allocated_bytes()) throw logic_error("slab invariant broken: allocated byte counter");
 }
 
-}  // namespace latte::memory
+}  // namespace latte::memory::detail

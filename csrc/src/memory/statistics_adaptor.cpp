@@ -5,11 +5,16 @@
 namespace latte::memory {
 
 void* StatisticsAdaptor::do_allocate(std::size_t bytes) {
+  request_sizes_.record(bytes);
   void* ptr = nullptr;
   try {
     ptr = upstream_.allocate(bytes);
   } catch (const std::bad_alloc&) {
     failures_.fetch_add(1, std::memory_order_relaxed);
+    const double after = static_cast<double>(live_.load(std::memory_order_relaxed)) + static_cast<double>(bytes);
+    if (after <= kFragmentationFailureShare * static_cast<double>(capacity_)) {
+      fragmentation_failures_.fetch_add(1, std::memory_order_relaxed);
+    }
     throw;
   }
   allocations_.fetch_add(1, std::memory_order_relaxed);
@@ -26,28 +31,16 @@ void StatisticsAdaptor::do_deallocate(void* ptr, std::size_t bytes) noexcept {
   live_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
-Statistics StatisticsAdaptor::statistics() const {
-  Statistics s;
-  s.live = live_.load(std::memory_order_relaxed);
-  s.peak_live = peak_live_.load(std::memory_order_relaxed);
-  s.allocations = allocations_.load(std::memory_order_relaxed);
-  s.frees = frees_.load(std::memory_order_relaxed);
-  s.failures = failures_.load(std::memory_order_relaxed);
-  if (auto u = upstream_.usage()) {
-    s.capacity = u->capacity;
-    s.reserved = u->reserved;
-    s.allocated = u->allocated;
-    s.free = u->free;
-    s.largest_free = u->largest_free;
-    s.peak_reserved = u->peak_reserved;
-    s.peak_allocated = u->peak_allocated;
-  } else {
-    s.allocated = s.live;
-    s.peak_allocated = s.peak_live;
-  }
-  s.internal_fragmentation = s.allocated == 0 ? 0.0 : 1.0 - double(s.live) / double(s.allocated);
-  s.external_fragmentation = s.free == 0 ? 0.0 : 1.0 - double(s.largest_free) / double(s.free);
-  return s;
+AllocationCounters StatisticsAdaptor::counters() const noexcept {
+  AllocationCounters c;
+  c.live = live_.load(std::memory_order_relaxed);
+  c.peak_live = peak_live_.load(std::memory_order_relaxed);
+  c.allocations = allocations_.load(std::memory_order_relaxed);
+  c.frees = frees_.load(std::memory_order_relaxed);
+  c.failures = failures_.load(std::memory_order_relaxed);
+  c.fragmentation_failures = fragmentation_failures_.load(std::memory_order_relaxed);
+  c.p99_request = request_sizes_.percentile(0.99);
+  return c;
 }
 
 }  // namespace latte::memory

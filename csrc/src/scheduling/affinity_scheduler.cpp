@@ -3,13 +3,13 @@
 #include <cstdio>
 #include <exception>
 
-#include "latte/scheduling/errors.hpp"
+#include "latte/error.hpp"
 
 namespace latte::scheduling {
 namespace {
 
 SchedulerConfig with_lanes(SchedulerConfig config, std::size_t lanes) {
-  LATTE_SCHED_EXPECTS(lanes >= 1, "lane_cpus must name at least one lane");
+  LATTE_EXPECTS(lanes >= 1, "lane_cpus must name at least one lane");
   config.lanes = lanes;
   return config;
 }
@@ -24,8 +24,8 @@ AffinityScheduler::AffinityScheduler(SchedulerConfig config,
       prefetch_(std::move(prefetch)),
       core_(with_lanes(config, lane_cpus.size())),
       pinning_(lane_cpus.size()) {
-  LATTE_SCHED_EXPECTS(static_cast<bool>(execute_), "execute callback is required");
-  LATTE_SCHED_EXPECTS(static_cast<bool>(complete_), "completion callback is required");
+  LATTE_EXPECTS(static_cast<bool>(execute_), "execute callback is required");
+  LATTE_EXPECTS(static_cast<bool>(complete_), "completion callback is required");
   threads_.reserve(lane_cpus.size());
   for (std::size_t lane = 0; lane < lane_cpus.size(); ++lane) {
     threads_.emplace_back(&AffinityScheduler::run_lane, this, lane, lane_cpus[lane]);
@@ -52,10 +52,15 @@ std::optional<RejectReason> AffinityScheduler::submit(const Request& request) {
   return refusal;
 }
 
+void AffinityScheduler::seed_latency(const std::string& key, std::size_t batch_size, Nanos latency) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  core_.seed_latency(key, batch_size, latency);
+}
+
 void AffinityScheduler::shutdown(bool drain) {
   const auto self = std::this_thread::get_id();
   for (const std::thread& t : threads_) {
-    LATTE_SCHED_EXPECTS(t.get_id() != self,
+    LATTE_EXPECTS(t.get_id() != self,
                         "shutdown() called from a lane thread (inside execute or a callback)");
   }
   std::vector<Outcome> rejected;

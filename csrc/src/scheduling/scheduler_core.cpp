@@ -4,7 +4,14 @@
 #include <cmath>
 #include <tuple>
 
-#include "latte/scheduling/errors.hpp"
+#include "latte/error.hpp"
+
+// Invariants re-checked after every mutation in builds with LATTE_DEBUG_CHECKS only.
+#ifdef LATTE_DEBUG_CHECKS
+#define LATTE_SCHED_INVARIANT(expr) check_invariants_(expr)
+#else
+#define LATTE_SCHED_INVARIANT(expr) ((void)0)
+#endif
 
 namespace latte::scheduling {
 
@@ -16,22 +23,24 @@ bool SchedulerCore::MoreUrgent::operator()(const QueuedRequest& x,
 
 SchedulerCore::SchedulerCore(SchedulerConfig config)
     : config_(config), lanes_(config.lanes), metrics_(config.max_batch_size) {
-  LATTE_SCHED_EXPECTS(config.lanes >= 1, "lanes must be at least 1");
-  LATTE_SCHED_EXPECTS(config.max_batch_size >= 1, "max_batch_size must be at least 1");
-  LATTE_SCHED_EXPECTS(config.max_batch_bytes >= 1, "max_batch_bytes must be at least 1");
-  LATTE_SCHED_EXPECTS(config.queue_capacity >= 1, "queue_capacity must be at least 1");
-  LATTE_SCHED_EXPECTS(config.max_window >= 0, "max_window must be >= 0 nanoseconds");
-  LATTE_SCHED_EXPECTS(config.target_utilization > 0.0 && config.target_utilization <= 1.0,
-                      "target_utilization must be in (0, 1]");
+  LATTE_EXPECTS(config.lanes >= 1, "lanes must be at least 1");
+  LATTE_EXPECTS(config.max_batch_size >= 1, "max_batch_size must be at least 1, got " + std::to_string(config.max_batch_size));
+  LATTE_EXPECTS(config.max_batch_bytes >= 1, "max_batch_bytes must be at least 1, got " + std::to_string(config.max_batch_bytes));
+  LATTE_EXPECTS(config.queue_capacity >= 1, "queue_capacity must be at least 1, got " + std::to_string(config.queue_capacity));
+  LATTE_EXPECTS(config.max_window >= 0 && config.max_window <= kMaxWindowLimit,
+                "max_window must be in [0, " + std::to_string(kMaxWindowLimit / 1'000'000'000) +
+                    "] seconds, got " + std::to_string(config.max_window * 1e-9) + " s");
+  LATTE_EXPECTS(config.target_utilization > 0.0 && config.target_utilization <= 1.0,
+                "target_utilization must be in (0, 1], got " + std::to_string(config.target_utilization));
 }
 
 std::optional<RejectReason> SchedulerCore::submit(const Request& request, Nanos now) {
-  LATTE_SCHED_EXPECTS(!request.affinity_key.empty(), "affinity_key must be a non-empty string");
-  LATTE_SCHED_EXPECTS(request.priority >= 0 && request.priority < kPriorityLevels,
-                      "priority must be in [0, " + std::to_string(kPriorityLevels - 1) +
+  LATTE_EXPECTS(!request.affinity_key.empty(), "affinity_key must be a non-empty string");
+  LATTE_EXPECTS(request.priority >= 0 && request.priority < kPriorityLevels,
+                "priority must be in [0, " + std::to_string(kPriorityLevels - 1) +
                           "], got " + std::to_string(request.priority));
-  LATTE_SCHED_EXPECTS(open_ids_.count(request.id) == 0,
-                      "request id " + std::to_string(request.id) +
+  LATTE_EXPECTS(open_ids_.count(request.id) == 0,
+                "request id " + std::to_string(request.id) +
                           " is already queued or running; ids must be unique among open requests");
   std::optional<RejectReason> refusal;
   if (request.size > config_.max_batch_bytes) {
@@ -335,11 +344,11 @@ void SchedulerCore::touch(Lane& lane, const std::string& key) {
 }
 
 Decision SchedulerCore::next_batch(std::size_t lane_index, Nanos now) {
-  LATTE_SCHED_EXPECTS(lane_index < lanes_.size(),
-                      "lane " + std::to_string(lane_index) + " does not exist (have " +
+  LATTE_EXPECTS(lane_index < lanes_.size(),
+                "lane " + std::to_string(lane_index) + " does not exist (have " +
                           std::to_string(lanes_.size()) + ")");
-  LATTE_SCHED_EXPECTS(!lanes_[lane_index].busy,
-                      "lane " + std::to_string(lane_index) +
+  LATTE_EXPECTS(!lanes_[lane_index].busy,
+                "lane " + std::to_string(lane_index) +
                           " is still running a batch; call complete() first");
   expire(now);
   Lane& lane = lanes_[lane_index];
@@ -359,7 +368,7 @@ Decision SchedulerCore::next_batch(std::size_t lane_index, Nanos now) {
 }
 
 std::optional<Batch> SchedulerCore::peek_next(std::size_t lane_index) const {
-  LATTE_SCHED_EXPECTS(lane_index < lanes_.size(), "lane does not exist");
+  LATTE_EXPECTS(lane_index < lanes_.size(), "lane does not exist");
   const Lane& lane = lanes_[lane_index];
   if (lane.groups.empty()) return std::nullopt;
   MoreUrgent more_urgent;
@@ -380,10 +389,10 @@ std::optional<Batch> SchedulerCore::peek_next(std::size_t lane_index) const {
 }
 
 void SchedulerCore::complete(const Batch& batch, const std::vector<Outcome>& outcomes, Nanos now) {
-  LATTE_SCHED_EXPECTS(batch.lane < lanes_.size() && lanes_[batch.lane].busy,
-                      "complete() for a lane that is not running a batch");
-  LATTE_SCHED_EXPECTS(outcomes.size() == batch.requests.size(),
-                      "complete() needs one outcome per request of the batch");
+  LATTE_EXPECTS(batch.lane < lanes_.size() && lanes_[batch.lane].busy,
+                "complete() for a lane that is not running a batch");
+  LATTE_EXPECTS(outcomes.size() == batch.requests.size(),
+                "complete() needs one outcome per request of the batch");
   lanes_[batch.lane].busy = false;
   bool all_ok = true;
   for (std::size_t i = 0; i < outcomes.size(); ++i) {
@@ -401,21 +410,21 @@ void SchedulerCore::complete(const Batch& batch, const std::vector<Outcome>& out
 }
 
 void SchedulerCore::seed_latency(const std::string& key, std::size_t batch_size, Nanos latency) {
-  LATTE_SCHED_EXPECTS(!key.empty(), "affinity_key must be a non-empty string");
-  LATTE_SCHED_EXPECTS(batch_size >= 1 && batch_size <= config_.max_batch_size,
-                      "batch_size must be in [1, max_batch_size]");
-  LATTE_SCHED_EXPECTS(latency >= 0, "latency must be >= 0 nanoseconds");
+  LATTE_EXPECTS(!key.empty(), "affinity_key must be a non-empty string");
+  LATTE_EXPECTS(batch_size >= 1 && batch_size <= config_.max_batch_size,
+                "batch_size must be in [1, max_batch_size]");
+  LATTE_EXPECTS(latency >= 0, "latency must be >= 0 nanoseconds");
   keys_[key].latency.record(batch_size, latency);
 }
 
 std::size_t SchedulerCore::queued_on(std::size_t lane) const {
-  LATTE_SCHED_EXPECTS(lane < lanes_.size(), "lane does not exist");
+  LATTE_EXPECTS(lane < lanes_.size(), "lane does not exist");
   return lanes_[lane].queued;
 }
 
 std::size_t SchedulerCore::lane_of(const std::string& key) const {
   auto it = group_lane_.find(key);
-  LATTE_SCHED_EXPECTS(it != group_lane_.end(), "no queued group for key '" + key + "'");
+  LATTE_EXPECTS(it != group_lane_.end(), "no queued group for key '" + key + "'");
   return it->second;
 }
 

@@ -8,7 +8,7 @@
 
 #include "../memory/check.hpp"
 #include "latte/batching/gather.hpp"
-#include "latte/memory/error.hpp"
+#include "latte/error.hpp"
 
 using namespace latte::batching;
 
@@ -185,7 +185,7 @@ TEST_CASE("a part larger than the batch is a precondition failure, not an overru
   bool refused = false;
   try {
     pack(parts, 1, reinterpret_cast<std::byte*>(out.data()), shape, 2, 8, reinterpret_cast<const std::byte*>(&pad));
-  } catch (const latte::memory::logic_error& e) {
+  } catch (const latte::logic_error& e) {
     refused = std::strstr(e.what(), "larger than out") != nullptr;
   }
   CHECK(refused);

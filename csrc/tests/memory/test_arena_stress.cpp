@@ -10,10 +10,12 @@
 
 #include "check.hpp"
 #include "latte/memory/buddy_arena.hpp"
-#include "latte/memory/error.hpp"
+#include "latte/error.hpp"
 #include "latte/memory/host_resource.hpp"
 
 using namespace latte::memory;
+using latte::logic_error;
+using latte::out_of_memory;
 
 namespace {
 
@@ -78,7 +80,7 @@ TEST_CASE("threads hammering one arena never share a block") {
   for (auto& thread : threads) thread.join();
   CHECK(corrupted.load() == 0);
   arena.check_invariants();
-  CHECK(arena.usage()->allocated == 0);
+  CHECK(arena.usage().allocated == 0);
   std::printf("out-of-memory refusals: %d\n", failures.load());
 }
 

@@ -8,13 +8,18 @@
 #include <vector>
 
 #include "check.hpp"
+#include "latte/error.hpp"
+#include "latte/memory/arena_statistics.hpp"
 #include "latte/memory/buddy_arena.hpp"
-#include "latte/memory/error.hpp"
+#include "latte/memory/detail/size_classes.hpp"
+#include "latte/memory/detail/size_histogram.hpp"
 #include "latte/memory/host_resource.hpp"
 #include "latte/memory/limiting_adaptor.hpp"
 #include "latte/memory/statistics_adaptor.hpp"
 
 using namespace latte::memory;
+using latte::logic_error;
+using latte::out_of_memory;
 
 namespace {
 constexpr std::size_t KiB = 1024;
@@ -38,7 +43,7 @@ TEST_CASE("large blocks are min_block aligned and coalesce back into one block")
   arena.check_invariants();
   for (void* p : blocks) arena.deallocate(p, 0);
   arena.check_invariants();
-  const ArenaUsage u = *arena.usage();
+  const ArenaUsage u = arena.usage();
   CHECK(u.reserved == 0);
   CHECK(u.largest_free == 4 * MiB);
 }
@@ -52,16 +57,16 @@ TEST_CASE("without trimming a block is rounded to a power of two") {
   CHECK(arena.allocated_size(q) == 256);
   arena.deallocate(p, 5000);
   arena.deallocate(q, 100);
-  CHECK(arena.usage()->largest_free == 1 * MiB);
+  CHECK(arena.usage().largest_free == 1 * MiB);
 }
 
 TEST_CASE("small requests land in size classes with bounded rounding") {
   HostResource host;
   BuddyArena arena(host, 1 * MiB);
-  for (std::size_t bytes = 1; bytes <= SizeClassTable::kSmallLimit; bytes += 37) {
+  for (std::size_t bytes = 1; bytes <= detail::SizeClassTable::kSmallLimit; bytes += 37) {
     void* p = arena.allocate(bytes);
     const std::size_t slot = arena.allocated_size(p);
-    CHECK(addr(p) % SizeClassTable::kAlignment == 0);
+    CHECK(addr(p) % detail::SizeClassTable::kAlignment == 0);
     CHECK(slot >= bytes);
     CHECK(bytes <= 512 ? slot - bytes < 64 : double(slot) / double(bytes) <= 1.25);
     arena.deallocate(p, bytes);
@@ -75,13 +80,13 @@ TEST_CASE("a capacity that is not a power of two is fully usable") {
   void* a = arena.allocate(2 * MiB);
   void* b = arena.allocate(1 * MiB);
   void* c = arena.allocate(512 * KiB);
-  CHECK(arena.usage()->free == 0);
+  CHECK(arena.usage().free == 0);
   CHECK_THROWS_AS(arena.allocate(4096), out_of_memory);
   arena.deallocate(b, 0);
   arena.deallocate(a, 0);
   arena.deallocate(c, 0);
   arena.check_invariants();
-  CHECK(arena.usage()->free == 3 * MiB + 512 * KiB);
+  CHECK(arena.usage().free == 3 * MiB + 512 * KiB);
 }
 
 TEST_CASE("out of memory throws with the sizes in the message") {
@@ -115,24 +120,70 @@ TEST_CASE("bad arguments are rejected with logic_error") {
 TEST_CASE("statistics adaptor reports live, rounded, peak and fragmentation") {
   HostResource host;
   BuddyArena arena(host, 1 * MiB);
-  StatisticsAdaptor stats(arena);
+  StatisticsAdaptor stats(arena, arena.capacity());
   void* a = stats.allocate(100 * KiB + 1);
   void* b = stats.allocate(1000);
-  Statistics s = stats.statistics();
+  Statistics s = arena_statistics(arena.usage(), stats.counters());
   CHECK(s.capacity == 1 * MiB);
   CHECK(s.live == 100 * KiB + 1 + 1000);
   CHECK(s.allocated == 100 * KiB + 256 + 1024);
-  CHECK(s.reserved == 100 * KiB + 256 + SizeClassTable::kSlabBytes);
+  CHECK(s.reserved == 100 * KiB + 256 + detail::SizeClassTable::kSlabBytes);
   CHECK(s.internal_fragmentation > 0.0 && s.internal_fragmentation < 0.01);
   CHECK(s.external_fragmentation > 0.0);  // the free space is split around the two blocks
   CHECK_THROWS_AS(stats.allocate(2 * MiB), out_of_memory);
   stats.deallocate(a, 100 * KiB + 1);
   stats.deallocate(b, 1000);
-  s = stats.statistics();
+  s = arena_statistics(arena.usage(), stats.counters());
   CHECK(s.live == 0);
   CHECK(s.peak_live == 100 * KiB + 1 + 1000);
   CHECK(s.peak_reserved >= s.peak_allocated);
   CHECK(s.allocations == 2 && s.frees == 2 && s.failures == 1);
+  CHECK(s.fragmentation_failures == 0);  // 2 MiB could never fit: that is not fragmentation
+}
+
+TEST_CASE("the request-size percentile is never below the true size and at most 1/8 above") {
+  detail::SizeHistogram histogram;
+  CHECK(histogram.percentile(0.99) == 0);
+  for (std::size_t bytes : {1u, 15u, 16u, 17u, 1000u, 4096u, 100000u, 1u << 30}) {
+    const std::size_t edge = detail::SizeHistogram::upper_edge(detail::SizeHistogram::bucket_of(bytes));
+    CHECK(edge >= bytes);
+    CHECK(edge <= bytes + bytes / 8);
+  }
+  for (int i = 0; i < 99; ++i) histogram.record(4096);
+  histogram.record(1 * MiB);
+  CHECK(histogram.percentile(0.99) >= 4096 && histogram.percentile(0.99) < 4096 + 512);
+  histogram.record(1 * MiB);
+  CHECK(histogram.percentile(0.99) >= 1 * MiB);
+}
+
+TEST_CASE("a healthy arena does not alarm, though 1 - largest/free reads about one half") {
+  HostResource host;
+  BuddyArena arena(host, 1 * MiB, ArenaOptions{256, false, true});
+  StatisticsAdaptor stats(arena, arena.capacity());
+  void* p = stats.allocate(64 * KiB);
+  const Statistics s = arena_statistics(arena.usage(), stats.counters());
+  CHECK(s.external_fragmentation > 0.45);  // why that figure cannot alarm
+  CHECK(s.p99_request >= 64 * KiB && s.largest_free >= s.p99_request);
+  CHECK(!s.fragmented);
+  CHECK(s.fragmentation_failures == 0);
+  stats.deallocate(p, 64 * KiB);
+}
+
+TEST_CASE("a fragmented arena alarms: the P99 request no longer fits though the bytes are free") {
+  HostResource host;
+  BuddyArena arena(host, 1 * MiB, ArenaOptions{256, false, true});
+  StatisticsAdaptor stats(arena, arena.capacity());
+  std::vector<void*> blocks;
+  for (int i = 0; i < 16; ++i) blocks.push_back(stats.allocate(64 * KiB));
+  for (int i = 0; i < 16; i += 2) stats.deallocate(blocks[i], 64 * KiB);  // every other one
+  CHECK_THROWS_AS(stats.allocate(128 * KiB), out_of_memory);  // 512 KiB free, in 64 KiB pieces
+  const Statistics s = arena_statistics(arena.usage(), stats.counters());
+  CHECK(s.free == 512 * KiB && s.largest_free == 64 * KiB);
+  CHECK(s.p99_request >= 128 * KiB);
+  CHECK(s.fragmented);
+  CHECK(s.failures == 1 && s.fragmentation_failures == 1);  // live + request = 62.5 % of capacity
+  for (int i = 1; i < 16; i += 2) stats.deallocate(blocks[i], 64 * KiB);
+  CHECK(!arena_statistics(arena.usage(), stats.counters()).fragmented);
 }
 
 TEST_CASE("limiting adaptor forces out of memory below the arena's capacity") {
@@ -190,10 +241,10 @@ TEST_CASE("random sequences keep invariants and never overlap live blocks") {
   }
   for (auto& [p, size] : live) arena.deallocate(reinterpret_cast<void*>(p), size);
   arena.check_invariants();
-  CHECK(arena.usage()->allocated == 0);
+  CHECK(arena.usage().allocated == 0);
   arena.release_cached();
-  CHECK(arena.usage()->reserved == 0);
-  CHECK(arena.usage()->largest_free == 2 * MiB);
+  CHECK(arena.usage().reserved == 0);
+  CHECK(arena.usage().largest_free == 2 * MiB);
   CHECK(failures < 4000);
 }
 

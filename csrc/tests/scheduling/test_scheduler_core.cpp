@@ -6,7 +6,7 @@
 #include <set>
 
 #include "check.hpp"
-#include "latte/scheduling/errors.hpp"
+#include "latte/error.hpp"
 #include "latte/scheduling/scheduler_core.hpp"
 
 using namespace latte::scheduling;
@@ -136,22 +136,24 @@ TEST_CASE("a full queue makes room for higher priority by displacing the least u
   CHECK_EQ(core.queued(), 3u);
 }
 
-TEST_CASE("malformed requests raise InvalidArgument naming the problem") {
+TEST_CASE("malformed requests raise logic_error naming the problem") {
   SchedulerCore core(no_window(1));
-  CHECK_THROWS(core.submit(make(1, ""), 0), InvalidArgument);
-  CHECK_THROWS(core.submit(make(1, "k", kPriorityLevels), 0), InvalidArgument);
-  CHECK_THROWS(core.submit(make(1, "k", -1), 0), InvalidArgument);
+  CHECK_THROWS(core.submit(make(1, ""), 0), latte::logic_error);
+  CHECK_THROWS(core.submit(make(1, "k", kPriorityLevels), 0), latte::logic_error);
+  CHECK_THROWS(core.submit(make(1, "k", -1), 0), latte::logic_error);
   CHECK(!core.submit(make(7, "k"), 0));
-  CHECK_THROWS(core.submit(make(7, "k"), 0), InvalidArgument);  // id still open
-  CHECK_THROWS(core.next_batch(3, 0), InvalidArgument);
+  CHECK_THROWS(core.submit(make(7, "k"), 0), latte::logic_error);  // id still open
+  CHECK_THROWS(core.next_batch(3, 0), latte::logic_error);
+  bool named = false;
   try {
-    core.submit(make(2, "k", 9), 0);
-  } catch (const InvalidArgument& e) {
-    CHECK(std::string(e.what()).find("priority must be in [0, 7], got 9") != std::string::npos);
+    core.submit(make(2, "k", kPriorityLevels + 1), 0);
+  } catch (const latte::logic_error& e) {
+    named = std::string(e.what()).find("priority must be in [0, 15], got 17") != std::string::npos;
   }
+  CHECK(named);
   SchedulerConfig bad;
   bad.max_batch_size = 0;
-  CHECK_THROWS(SchedulerCore{bad}, InvalidArgument);
+  CHECK_THROWS(SchedulerCore{bad}, latte::logic_error);
 }
 
 TEST_CASE("an id can be reused once its request was answered") {

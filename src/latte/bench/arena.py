@@ -1,7 +1,9 @@
 """Memory-arena and session figures from Latte's Prometheus series, whatever of them a server exports.
 
 The backend exports latte_arena_bytes{state=capacity|reserved|live|allocated|peak_live},
-latte_arena_fragmentation{kind=internal|external} and latte_sessions{state=live|started|...},
+latte_arena_fragmentation{kind=internal|external}, the fragmentation alarm's
+latte_arena_fit_bytes{figure=largest_free_block|p99_request}, latte_arena_fragmented and
+latte_arena_failures{kind=all|fragmentation}, and latte_sessions{state=live|started|...},
 each labelled with its model.
 """
 
@@ -43,4 +45,9 @@ def arena_figures(metrics: Dict[str, float], model: Optional[str] = None) -> Dic
         fragmentation = max(0.0, 1.0 - live / reserved)
     return {"arena_reserved_bytes": reserved, "arena_live_bytes": live, "fragmentation": fragmentation,
             "internal_fragmentation": _max(metrics, "latte_arena_fragmentation", model, kind="internal"),
-            "live_sessions": _sum(metrics, "latte_sessions", model, state="live")}
+            "live_sessions": _sum(metrics, "latte_sessions", model, state="live"),
+            # The figures that can alarm (docs/memory.md).
+            "arena_fragmented": _max(metrics, "latte_arena_fragmented", model),
+            "arena_fragmentation_failures": _sum(metrics, "latte_arena_failures", model, kind="fragmentation"),
+            "arena_largest_free_bytes": _max(metrics, "latte_arena_fit_bytes", model, figure="largest_free_block"),
+            "arena_p99_request_bytes": _max(metrics, "latte_arena_fit_bytes", model, figure="p99_request")}

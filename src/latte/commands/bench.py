@@ -174,7 +174,8 @@ def _bench(args) -> int:
 def _soak(args, target, models, console, out: Path) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from latte.bench.soak import LONG_TARGETS, SoakSettings, check_ratios, format_ratios, parse_soak_amount, run_soak
+    from latte.bench.soak import (LONG_TARGETS, SoakSettings, check_ratios, describe_targets, format_ratios,
+                                  parse_soak_amount, run_soak)
 
     if len(models) != 1:
         raise ValueError(f"a soak loads one model; choose one with --model (repository has {', '.join(models)})")
@@ -189,8 +190,8 @@ def _soak(args, target, models, console, out: Path) -> int:
     for line in format_ratios(result["ratios"]):
         console.print(line)
     failures = check_ratios(result["ratios"], LONG_TARGETS)
-    console.print(f"{result['requests']} requests, {result['failed']} errors; targets (after 1M requests): RSS "
-                  f"growth <= 2 %, P99 drift <= 5 %, fragmentation <= 10 %: "
+    console.print(f"{result['requests']} requests, {result['failed']} errors; targets (after 1M requests): "
+                  f"{describe_targets(LONG_TARGETS)}: "
                   + ("[green]met" if not failures else "[red]" + "; ".join(failures)))
     console.print(f"windows: {path}")
     return 0 if not failures and result["failed"] == 0 else 1

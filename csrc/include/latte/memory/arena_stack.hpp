@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "latte/memory/arena_statistics.hpp"
 #include "latte/memory/buddy_arena.hpp"
 #include "latte/memory/limiting_adaptor.hpp"
 #include "latte/memory/memory_resource.hpp"
@@ -30,7 +31,7 @@ class ArenaStack {
   ~ArenaStack();
 
   MemoryResource& resource() noexcept { return *statistics_; }
-  const StatisticsAdaptor& statistics() const noexcept { return *statistics_; }
+  Statistics statistics() const noexcept { return arena_statistics(arena_->usage(), statistics_->counters()); }
   BuddyArena& arena() noexcept { return *arena_; }
   const ArenaStackOptions& options() const noexcept { return options_; }
   bool pinned() const noexcept { return pinned_; }

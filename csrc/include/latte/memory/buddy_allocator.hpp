@@ -5,28 +5,13 @@
 // the lowest-addressed fitting block is taken: this packs long-lived blocks low and leaves
 // large runs free at the top, where LIFO free lists scatter them (measured in
 // docs/benchmarks.md). Not thread-safe: BuddyArena serialises access.
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "latte/memory/detail/index_bitmap.hpp"
+
 namespace latte::memory {
-
-// Set of indices in [0, n) with O(log64 n) insert, erase and find-lowest.
-class IndexBitmap {
- public:
-  void reset(std::uint32_t n);
-  void insert(std::uint32_t i) noexcept;
-  void erase(std::uint32_t i) noexcept;
-  bool contains(std::uint32_t i) const noexcept { return (levels_[0][i >> 6] >> (i & 63)) & 1u; }
-  bool empty() const noexcept { return levels_.back()[0] == 0; }
-  std::uint32_t lowest() const noexcept;  // precondition: !empty()
-  std::uint32_t count() const noexcept;
-  bool summaries_consistent() const noexcept;
-
- private:
-  std::vector<std::vector<std::uint64_t>> levels_;  // [0]: one bit per index; last: one word
-};
 
 class BuddyAllocator {
  public:
@@ -65,7 +50,7 @@ class BuddyAllocator {
   unsigned max_order_ = 0;
   std::uint64_t nonempty_orders_ = 0;  // bit k set <=> free list k non-empty; finds a fit in O(1)
   // free_[k] holds head >> k of every free block of order k.
-  std::vector<IndexBitmap> free_;
+  std::vector<detail::IndexBitmap> free_;
   // Per unit, meaningful only at block heads: the tag says free/allocated and the order.
   std::vector<std::uint8_t> tag_;
   // At allocated heads: the allocation's length in units.

@@ -9,9 +9,22 @@
 
 #include "latte/memory/buddy_allocator.hpp"
 #include "latte/memory/memory_resource.hpp"
-#include "latte/memory/size_classes.hpp"
 
 namespace latte::memory {
+namespace detail {
+class SlabCache;
+}  // namespace detail
+
+// Occupancy of an arena.
+struct ArenaUsage {
+  std::size_t capacity = 0;       // bytes managed
+  std::size_t reserved = 0;       // bytes taken out of the buddy lists (blocks and slabs)
+  std::size_t allocated = 0;      // bytes of live allocations after rounding
+  std::size_t free = 0;           // capacity - reserved
+  std::size_t largest_free = 0;   // largest single free block
+  std::size_t peak_reserved = 0;
+  std::size_t peak_allocated = 0;
+};
 
 struct ArenaOptions {
   std::size_t min_block = 256;  // power of two; every buddy block is aligned to it
@@ -28,7 +41,7 @@ class BuddyArena final : public MemoryResource {
   BuddyArena(const BuddyArena&) = delete;
   BuddyArena& operator=(const BuddyArena&) = delete;
 
-  std::optional<ArenaUsage> usage() const override;
+  ArenaUsage usage() const;
   // Throws logic_error naming the first broken invariant (also run after every operation
   // in builds with LATTE_DEBUG_CHECKS).
   void check_invariants() const;
@@ -60,7 +73,7 @@ class BuddyArena final : public MemoryResource {
   std::atomic<std::size_t> large_allocated_{0};  // rounded bytes of live buddy allocations (not slabs)
   std::size_t peak_reserved_ = 0;                // guarded by buddy_mutex_
   std::atomic<std::size_t> peak_allocated_{0};
-  std::unique_ptr<SlabCache> slabs_;
+  std::unique_ptr<detail::SlabCache> slabs_;
 #ifdef LATTE_DEBUG_CHECKS
   // Debug builds serialise whole operations so the full check sees a quiescent arena.
   mutable std::mutex debug_mutex_;

@@ -15,7 +15,6 @@ class LimitingAdaptor final : public MemoryResource {
 
   std::size_t limit() const noexcept { return limit_; }
   std::size_t used() const noexcept { return used_.load(std::memory_order_relaxed); }
-  std::optional<ArenaUsage> usage() const override { return upstream_.usage(); }
 
  private:
   void* do_allocate(std::size_t bytes) override;

@@ -1,21 +1,11 @@
 #pragma once
 // One small allocate/deallocate interface; concrete resources and adaptors implement it and
 // adaptors wrap an upstream resource, so backing memory, arenas and bookkeeping compose.
+// Like RMM's device_memory_resource it knows nothing of arenas: what only an arena can
+// say (its occupancy) is asked of the BuddyArena itself.
 #include <cstddef>
-#include <optional>
 
 namespace latte::memory {
-
-// Occupancy of an arena, as far as a resource can tell. Adaptors forward their upstream's.
-struct ArenaUsage {
-  std::size_t capacity = 0;       // bytes managed
-  std::size_t reserved = 0;       // bytes taken out of the buddy lists (blocks and slabs)
-  std::size_t allocated = 0;      // bytes of live allocations after rounding
-  std::size_t free = 0;           // capacity - reserved
-  std::size_t largest_free = 0;   // largest single free block
-  std::size_t peak_reserved = 0;
-  std::size_t peak_allocated = 0;
-};
 
 class MemoryResource {
  public:
@@ -26,8 +16,6 @@ class MemoryResource {
 
   // `bytes` must be the size passed to allocate. Never throws: freeing cannot be allowed to fail.
   void deallocate(void* ptr, std::size_t bytes) noexcept { do_deallocate(ptr, bytes); }
-
-  virtual std::optional<ArenaUsage> usage() const { return std::nullopt; }
 
  private:
   virtual void* do_allocate(std::size_t bytes) = 0;

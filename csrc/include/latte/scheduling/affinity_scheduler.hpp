@@ -39,6 +39,9 @@ class AffinityScheduler {
   // Waits for the lanes to stop. Idempotent.
   void shutdown(bool drain);
 
+  // Primes a key's latency model from a profile (e.g. warm-up runs) before live batches exist.
+  void seed_latency(const std::string& key, std::size_t batch_size, Nanos latency);
+
   Nanos now() const noexcept { return clock_.now(); }
   MetricsSnapshot metrics() const;
   std::vector<PinningResult> pinning() const;  // after start-up, one per lane

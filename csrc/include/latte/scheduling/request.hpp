@@ -48,6 +48,13 @@ enum class RejectReason {
   kExecuteFailed,    // ran: the model call raised
 };
 
+// Every reason, in declaration order: the one list the Python module exports.
+inline constexpr RejectReason kRejectReasons[] = {
+    RejectReason::kQueueFull,       RejectReason::kDeadlinePassed, RejectReason::kTooLarge,
+    RejectReason::kDeadlineExpired, RejectReason::kDisplaced,      RejectReason::kShutdown,
+    RejectReason::kExecuteFailed};
+
+// The reason's name as callers see it (on_complete's reason string, metric labels).
 const char* reason_name(RejectReason reason) noexcept;
 
 struct Outcome {

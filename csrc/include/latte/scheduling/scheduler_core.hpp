@@ -19,6 +19,9 @@
 
 namespace latte::scheduling {
 
+// The longest max_window a scheduler accepts: holding a batch back longer is a misconfiguration.
+inline constexpr Nanos kMaxWindowLimit = 10'000'000'000;
+
 struct SchedulerConfig {
   std::size_t lanes = 1;
   std::size_t max_batch_size = 8;
@@ -48,7 +51,7 @@ class SchedulerCore {
   explicit SchedulerCore(SchedulerConfig config);
 
   // Admits the request or says why not; an admitted request is answered later exactly once,
-  // through a Batch or take_rejections(). Throws InvalidArgument for a malformed request.
+  // through a Batch or take_rejections(). Throws latte::logic_error for a malformed request.
   std::optional<RejectReason> submit(const Request& request, Nanos now);
 
   // What `lane` should do now: run a batch, wait for more requests until wake_at, or idle.

@@ -1,11 +1,11 @@
 #pragma once
-// The small exception hierarchy of the memory layer (mapped to Python by the bindings:
-// out_of_memory -> MemoryError, logic_error -> ValueError).
+// The one exception hierarchy of the native core (memory, scheduling, batching). The Python
+// module maps it once: logic_error -> ValueError, bad_alloc (and out_of_memory) -> MemoryError.
 #include <new>
 #include <stdexcept>
 #include <string>
 
-namespace latte::memory {
+namespace latte {
 
 // A broken precondition: the caller passed something the interface does not accept.
 class logic_error : public std::logic_error {
@@ -29,17 +29,17 @@ class out_of_memory : public bad_alloc {
   using bad_alloc::bad_alloc;
 };
 
-}  // namespace latte::memory
+}  // namespace latte
 
 #define LATTE_STRINGIFY_DETAIL(x) #x
 #define LATTE_STRINGIFY(x) LATTE_STRINGIFY_DETAIL(x)
 
 // Precondition check that names the failing line, so a bad call is found without a debugger.
-#define LATTE_EXPECTS(condition, message)                                              \
-  do {                                                                                 \
-    if (!(condition)) {                                                                \
-      throw ::latte::memory::logic_error(std::string("latte: " __FILE__ ":"            \
-                                                     LATTE_STRINGIFY(__LINE__) ": ") + \
-                                         (message));                                   \
-    }                                                                                  \
+#define LATTE_EXPECTS(condition, message)                                                 \
+  do {                                                                                    \
+    if (!(condition)) {                                                                   \
+      throw ::latte::logic_error(std::string("latte: " __FILE__ ":" LATTE_STRINGIFY(__LINE__) \
+                                             ": ") +                                      \
+                                 (message));                                              \
+    }                                                                                     \
   } while (0)

@@ -1,5 +1,5 @@
 #pragma once
-// Size-class front end: small requests are served from slabs (one buddy block each) cut into
+// Implementation detail of BuddyArena. Size-class front end: small requests are served from slabs (one buddy block each) cut into
 // equal slots, four classes per doubling, so rounding wastes ~10% instead of the ~44%
 // of rounding to a power of two. Slab bookkeeping lives outside the managed memory.
 #include <atomic>
@@ -10,7 +10,7 @@
 #include <mutex>
 #include <vector>
 
-namespace latte::memory {
+namespace latte::memory::detail {
 
 struct SizeClassTable {
   static constexpr std::size_t kAlignment = 64;       // cache line; every slot starts on one
@@ -63,4 +63,4 @@ class SlabCache {
   std::atomic<std::size_t> allocated_{0};
 };
 
-}  // namespace latte::memory
+}  // namespace latte::memory::detail
