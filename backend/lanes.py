@@ -33,12 +33,20 @@ class _Call:
         self.finished: "queue.SimpleQueue[Tuple[int, Result]]" = queue.SimpleQueue()
 
 
-def _error_for(reason: str) -> Exception:
+def refusal(model: str, capacity: int, reason: str, w: Work, now: float) -> Exception:
+    """The one-line error a request the scheduler did not run is answered with."""
     name = reason.split(":", 1)[0]
     if name in ("deadline_passed", "deadline_expired"):
-        return DeadlineExceeded(f"timed out in the scheduler ({reason})")
-    if name in ("queue_full", "displaced", "shutdown"):
-        return Overloaded(f"overloaded: the request was not admitted ({reason})")
+        return DeadlineExceeded(f"timed out: timeout_ms={w.options.timeout_ms:g} ran out before a lane could run "
+                                f"the request (it waited {(now - w.arrival) * 1000:.1f} ms)")
+    if name == "displaced":
+        return Overloaded(f"model {model!r} is overloaded: the request was shed from its full queue "
+                          f"(max_queue_size={capacity}) for one of a higher priority_level; retry later")
+    if name == "queue_full":
+        return Overloaded(f"model {model!r} is overloaded: its queue is full (max_queue_size={capacity}) of requests "
+                          f"of priority_level {w.options.priority} or higher; retry later")
+    if name == "shutdown":
+        return Overloaded(f"model {model!r} is shutting down: the request was not run; retry later")
     if name == "too_large":
         return RequestError(f"request too large for a batch ({reason})")
     return ModelError(f"batch failed ({reason})")
@@ -55,6 +63,7 @@ class LaneDispatcher:
         self._ids = itertools.count(1)
         self._started = time.monotonic()
         self._busy_s: Dict[int, float] = {}
+        self.queue_capacity = queue_capacity
         batch = max(1, engine.spec.max_batch_size)
         self.scheduler = AffinityScheduler(
             self._execute, self._complete, lanes=list(lane_cpus) if lane_cpus else lanes,
@@ -96,10 +105,17 @@ class LaneDispatcher:
             with self._lock:
                 self._pending[request_id] = (w, call)
             timeout = None if w.options.timeout_ms is None else max(0.0, w.deadline - now)
-            # A refusal is also reported through _complete, the request's one answer.
-            self.scheduler.submit(request_id, repr(keys[w.position]),
-                                  priority=w.options.priority,  # options.py admits the native levels only
-                                  timeout_s=timeout, size=w.request.rows)
+            # A refusal (or a queued request this one displaces) is reported through
+            # _complete, the request's one answer.
+            try:
+                self.scheduler.submit(request_id, repr(keys[w.position]),
+                                      priority=w.options.priority,  # options.py admits the native levels only
+                                      timeout_s=timeout, size=w.request.rows)
+            except BaseException:
+                # Never queued, so never completed: the caller answers it (and the rest of the call).
+                with self._lock:
+                    self._pending.pop(request_id, None)
+                raise
 
     def _execute(self, key: str, request_ids: List[int], lane: int) -> None:
         started = time.monotonic()
@@ -119,7 +135,10 @@ class LaneDispatcher:
             w, call = self._pending.pop(request_id)
             outcome = call.results.pop(w.position, None)
         if outcome is None:
-            outcome = _error_for(error) if error is not None else ModelError("the batch finished without a result")
+            if error is not None:
+                outcome = refusal(self.engine.spec.name, self.queue_capacity, error, w, self.engine.clock())
+            else:
+                outcome = ModelError("the batch finished without a result")
         if call.on_results is not None:
             call.on_results([(w.position, outcome)])
         else:
