@@ -67,6 +67,7 @@ class ModelSpec:
     respond: str = "auto"                            # when early batches are answered (responses.EarlyAnswers)
     pipeline: bool = False                           # execute returns at once; lanes answer (see docs/backend.md)
     batch_window_us: int = 2000                      # longest a pipelined batch may wait to grow
+    max_queue_size: int = 4096                       # requests the scheduler queues; past it the lowest priority is shed
     batch_planning: str = "cost"                     # "cost": cheapest plan across buckets; "bucket": one bucket per batch
 
     @cached_property  # read on every batch; the spec never changes
@@ -286,6 +287,9 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         # about 50 us per request (measured in-process on the example sequence model); a
         # pipelined model needs the lanes whatever their number.
         scheduler = "affinity" if lanes > 1 or flags["pipeline"] else "inline"
+    if "max_queue_size" in params and scheduler == "inline":
+        raise ConfigError(f"model {name!r}: parameters[\"max_queue_size\"] bounds the queue of the scheduler lanes, and this "
+                          f"model runs inline, without one; set pipeline: true (or lanes > 1), or drop max_queue_size")
     respond = params.get("respond", "auto").strip().lower()
     if respond not in ("auto", "per_batch", "per_call"):
         raise ConfigError(f"model {name!r}: parameters[\"respond\"] must be auto, per_batch or per_call, got {respond!r}")
@@ -300,6 +304,7 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         check_cancellation=flags["check_cancellation"], scheduler=scheduler, respond=respond,
         batch_planning=batch_planning, pipeline=flags["pipeline"],
         batch_window_us=_int_param(params, "batch_window_us", 2000, minimum=0),
+        max_queue_size=_int_param(params, "max_queue_size", 4096),
     )
 
 

@@ -37,17 +37,23 @@ class _Call:
 # The scheduler's reasons by what they mean to a client. The names are the native core's
 # (RejectReason's members), so a reason renamed in C++ fails this import, not a request.
 _TIMED_OUT = frozenset(r.name for r in (RejectReason.deadline_passed, RejectReason.deadline_expired))
-_NOT_ADMITTED = frozenset(r.name for r in (RejectReason.queue_full, RejectReason.displaced, RejectReason.shutdown))
-_TOO_LARGE = RejectReason.too_large.name
 
 
-def _error_for(reason: str) -> Exception:
+def refusal(model: str, capacity: int, reason: str, w: Work, now: float) -> Exception:
+    """The one-line error a request the scheduler did not run is answered with."""
     name = reason.split(":", 1)[0]
     if name in _TIMED_OUT:
-        return DeadlineExceeded(f"timed out in the scheduler ({reason})")
-    if name in _NOT_ADMITTED:
-        return Overloaded(f"overloaded: the request was not admitted ({reason})")
-    if name == _TOO_LARGE:
+        return DeadlineExceeded(f"timed out: timeout_ms={w.options.timeout_ms:g} ran out before a lane could run "
+                                f"the request (it waited {(now - w.arrival) * 1000:.1f} ms)")
+    if name == RejectReason.displaced.name:
+        return Overloaded(f"model {model!r} is overloaded: the request was shed from its full queue "
+                          f"(max_queue_size={capacity}) for one of a higher priority_level; retry later")
+    if name == RejectReason.queue_full.name:
+        return Overloaded(f"model {model!r} is overloaded: its queue is full (max_queue_size={capacity}) of requests "
+                          f"of priority_level {w.options.priority} or higher; retry later")
+    if name == RejectReason.shutdown.name:
+        return Overloaded(f"model {model!r} is shutting down: the request was not run; retry later")
+    if name == RejectReason.too_large.name:
         return RequestError(f"request too large for a batch ({reason})")
     return ModelError(f"batch failed ({reason})")
 
@@ -63,6 +69,7 @@ class LaneDispatcher:
         self._ids = itertools.count(1)
         self._started = time.monotonic()
         self._busy_s: Dict[int, float] = {}
+        self.queue_capacity = queue_capacity
         batch = max(1, engine.spec.max_batch_size)
         self.scheduler = AffinityScheduler(
             self._execute, self._complete, lanes=list(lane_cpus) if lane_cpus else lanes,
@@ -104,10 +111,17 @@ class LaneDispatcher:
             with self._lock:
                 self._pending[request_id] = (w, call)
             timeout = None if w.options.timeout_ms is None else max(0.0, w.deadline - now)
-            # A refusal is also reported through _complete, the request's one answer.
-            self.scheduler.submit(request_id, repr(keys[w.position]),
-                                  priority=w.options.priority,  # options.py admits the native levels only
-                                  timeout_s=timeout, size=w.request.rows)
+            # A refusal (or a queued request this one displaces) is reported through
+            # _complete, the request's one answer.
+            try:
+                self.scheduler.submit(request_id, repr(keys[w.position]),
+                                      priority=w.options.priority,  # options.py admits the native levels only
+                                      timeout_s=timeout, size=w.request.rows)
+            except BaseException:
+                # Never queued, so never completed: the caller answers it (and the rest of the call).
+                with self._lock:
+                    self._pending.pop(request_id, None)
+                raise
 
     def _execute(self, key: str, request_ids: List[int], lane: int) -> None:
         started = time.monotonic()
@@ -127,7 +141,10 @@ class LaneDispatcher:
             w, call = self._pending.pop(request_id)
             outcome = call.results.pop(w.position, None)
         if outcome is None:
-            outcome = _error_for(error) if error is not None else ModelError("the batch finished without a result")
+            if error is not None:
+                outcome = refusal(self.engine.spec.name, self.queue_capacity, error, w, self.engine.clock())
+            else:
+                outcome = ModelError("the batch finished without a result")
         if call.on_results is not None:
             call.on_results([(w.position, outcome)])
         else:

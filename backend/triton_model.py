@@ -84,6 +84,7 @@ class LatteModel:
         if spec.scheduler == "affinity":
             window = spec.batch_window_us / 1e6 if spec.pipeline else 0.0
             self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, spec.lanes, lane_cpus(spec),
+                                                                      queue_capacity=spec.max_queue_size,
                                                                       max_window_s=window)
         self.responses = ResponseBuilder(pb, [t.name for t in spec.outputs])
         self.early = EarlyAnswers(spec.respond)

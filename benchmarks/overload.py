@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/overload.py                          # sequence_onnx, 30 s step
     .venv/bin/python benchmarks/overload.py --model cnn_onnx --step-s 60
+    .venv/bin/python benchmarks/overload.py --compare-queues           # Triton's queue vs latte's
 
 Builds the example repository, renders a variant config of the model (two priority levels; the
 low level sheds with a 100 ms queue timeout and a 64-request queue, the high level never sheds;
@@ -9,6 +10,12 @@ two instances, since one instance behind priority levels stalls ~500 ms in Trito
 docs/backend.md "Priorities"),
 starts tritonserver on it and reports per-priority P99, shed rate, that every request got exactly
 one answer, and whether memory returned to its pre-step baseline. Writes .latte/overload/<model>.json.
+
+--compare-queues runs another variant: a closed-loop flood of --concurrency default-priority
+requests while a probe sends one request at a time, alternating blocks of high and default
+priority, first against Triton's priority queue (the config above) and then against latte's own
+(`pipeline: true` and `max_queue_size`, no Triton priority levels); it prints each queue's
+high-priority P99 against its default P99 and writes .latte/overload/<model>-queues.json.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ import sys
 from pathlib import Path
 
 from latte.bench.lengths import LengthDistribution
-from latte.bench.overload import OverloadSettings, run_overload, write_overload_repository
+from latte.bench.overload import (LATTE_QUEUE, TRITON_QUEUE, OverloadSettings, QueueFloodSettings, run_overload,
+                                  run_queue_flood, write_overload_repository, write_queue_flood_repository)
 from latte.bench.runner import machine_description
 from latte.bench.target import start_or_attach
 from latte.examples import build_examples
@@ -35,11 +43,17 @@ def main() -> int:
     parser.add_argument("--high-slo-ms", type=float, default=500.0)
     parser.add_argument("--lengths", default="fixed:length=128")
     parser.add_argument("--out", default=".latte/overload")
+    parser.add_argument("--compare-queues", action="store_true",
+                        help="flood Triton's priority queue and latte's own instead of the overload step")
+    parser.add_argument("--concurrency", type=int, default=512, help="--compare-queues: the flood's requests in flight")
+    parser.add_argument("--probe-s", type=float, default=20.0, help="--compare-queues: probe time per queue")
     args = parser.parse_args()
     out = Path(args.out)
     examples = out / "examples"
     if not (examples / "examples.json").exists():
         build_examples(examples)
+    if args.compare_queues:
+        return compare_queues(args, examples, out)
     repo = write_overload_repository(examples, args.model, out / "repository")
     settings = OverloadSettings(args.model, baseline_s=args.baseline_s, step_s=args.step_s,
                                 recovery_s=args.recovery_s, overload=args.overload, high_slo_ms=args.high_slo_ms,
@@ -67,6 +81,33 @@ def main() -> int:
           f"{result['abandoned_sessions']}; details: {path}")
     ok = (whole["every_request_answered_once"] and step["high"]["slo_held"] and result["server_alive_after"]
           and memory["server_rss_after_vs_baseline"] <= 0.10)
+    return 0 if ok else 1
+
+
+def compare_queues(args, examples: Path, out: Path) -> int:
+    settings = QueueFloodSettings(args.model, concurrency=args.concurrency, duration_s=args.probe_s,
+                                  lengths=LengthDistribution.parse(args.lengths))
+    names = write_queue_flood_repository(examples, args.model, out / "queues-repository", settings.max_queue_size)
+    results = {}
+    with start_or_attach(out / "queues-repository", log_path=out / "tritonserver-queues.log") as target:
+        for variant in (TRITON_QUEUE, LATTE_QUEUE):
+            results[variant] = run_queue_flood(target, names[variant], variant, settings,
+                                               lambda message: print(message, flush=True))
+    results["machine"] = machine_description()
+    path = out / f"{args.model}-queues.json"
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"\nflood of {args.concurrency} default-priority requests, probe {args.probe_s:g} s per queue "
+          f"on {results['machine']}")
+    ok = True
+    for variant in (TRITON_QUEUE, LATTE_QUEUE):
+        r = results[variant]
+        high, default = r["probe"]["high"], r["probe"]["default"]
+        print(f"  {variant}: high P99 {high['p99_ms']} ms (P50 {high['p50_ms']}, {high['over_100_ms']} over 100 ms "
+              f"of {high['answered']}), default P99 {default['p99_ms']} ms (P50 {default['p50_ms']}); "
+              f"high/default P99 {r['high_vs_default_p99']}; probe failures high {high['failed']}, "
+              f"default {default['failed']}; flood answered once: {r['every_flood_request_answered_once']}")
+        ok = ok and r["every_flood_request_answered_once"] and high["failed"] == 0
+    print(f"details: {path}")
     return 0 if ok else 1
 
 

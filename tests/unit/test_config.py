@@ -73,3 +73,20 @@ def test_an_integer_input_declares_its_valid_range(tmp_path):
                      parameters={"valid_range:x": {"string_value": "0..1"}})
     with pytest.raises(ConfigError, match="needs an integer input"):
         parse_model_config(floats, _model_dir(tmp_path / "f"), "1")
+
+
+def test_max_queue_size_bounds_the_pipelined_queue(tmp_path):
+    params = {"pipeline": {"string_value": "true"}, "max_queue_size": {"string_value": "16"}}
+    spec = parse_model_config(_config(parameters=params), _model_dir(tmp_path), "1")
+    assert spec.scheduler == "affinity" and spec.max_queue_size == 16
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"pipeline": "true", "max_queue_size": "0"}, r"parameters\['max_queue_size'\] must be >= 1, got 0"),
+    ({"pipeline": "true", "max_queue_size": "lots"}, r"parameters\['max_queue_size'\] must be an integer, got 'lots'"),
+    ({"max_queue_size": "16"}, "bounds the queue of the scheduler lanes, and this model runs inline"),
+])
+def test_a_max_queue_size_that_cannot_apply_is_refused(tmp_path, params, message):
+    config = _config(parameters={key: {"string_value": value} for key, value in params.items()})
+    with pytest.raises(ConfigError, match=message):
+        parse_model_config(config, _model_dir(tmp_path), "1")

@@ -2,13 +2,16 @@
 
 import itertools
 import threading
+import time
+from dataclasses import replace
 
 import numpy as np
 
+from latte.backend.engine import BatchEngine
 from latte.backend.errors import DeadlineExceeded, Overloaded, error_class
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import outcome_label
-from latte.backend.options import RequestOptions
+from latte.backend.options import DEFAULT_OPTIONS, RequestOptions, read_options
 from latte.backend.requests import ParsedRequest
 from latte.backend.runtimes import Runtime
 from latte.examples import EXAMPLES, reference_runner
@@ -142,15 +145,139 @@ def test_submitted_calls_share_batches_and_each_request_gets_its_own_answer(exam
 
 
 class GatedMlp(Runtime):
-    """The mlp example's signature; each call waits until the gate opens."""
+    """The mlp example's signature; each call waits until the gate opens. Records, in order,
+    the first feature of every row it runs: the tests mark each request with it."""
 
     def __init__(self, gate: threading.Event) -> None:
         super().__init__(["features"], ["logits"])
         self.gate = gate
+        self.started = threading.Event()
+        self.ran: list = []
 
     def run(self, feed):
+        self.started.set()
         assert self.gate.wait(30.0)
+        self.ran.extend(int(row[0]) for row in feed["features"])
         return {"logits": np.zeros((feed["features"].shape[0], 8), np.float32)}
+
+
+class PipelinedAnswers:
+    """What pipelined calls (one request each) were answered with, in the order the answers
+    came; a second answer to any request fails the test."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict = {}
+        self.order: list = []
+        self._lock = threading.Condition()
+
+    def to(self, call: int):
+        def on_results(outcomes):
+            with self._lock:
+                for position, outcome in outcomes:
+                    assert (call, position) not in self.outcomes, f"call {call} answered twice"
+                    self.outcomes[(call, position)] = outcome
+                    self.order.append(call)
+                self._lock.notify_all()
+        return on_results
+
+    def of(self, call: int):
+        with self._lock:
+            return self.outcomes.get((call, 0))
+
+    def wait_for(self, count: int) -> None:
+        with self._lock:
+            assert self._lock.wait_for(lambda: len(self.outcomes) >= count, 30.0), self.outcomes
+
+
+def pipelined_mlp(example_engine, queue_capacity: int = 4096):
+    """The mlp example's engine on one lane, one request per batch, behind a closed gate."""
+    spec, _ = example_engine("mlp_onnx")
+    gate = threading.Event()
+    engine = BatchEngine(replace(spec, max_batch_size=1), GatedMlp(gate))
+    engine.dispatcher = LaneDispatcher(engine, lanes=1, queue_capacity=queue_capacity)
+    return engine, gate
+
+
+def send(engine, answers: PipelinedAnswers, call: int, options: RequestOptions = DEFAULT_OPTIONS) -> None:
+    """One request, marked with its call number, as one pipelined execute call."""
+    features = np.full((1, 16), call, np.float32)
+    engine.submit([ParsedRequest(inputs={"features": features}, rows=1)], [options], answers.to(call))
+
+
+def test_a_higher_priority_level_overtakes_the_requests_queued_before_it(example_engine):
+    engine, gate = pipelined_mlp(example_engine)
+    answers = PipelinedAnswers()
+    try:
+        send(engine, answers, 0)
+        assert engine.runtime.started.wait(10.0)  # the lane holds call 0; the rest queue
+        for call in (1, 2, 3, 4):
+            send(engine, answers, call)
+        send(engine, answers, 5, RequestOptions(priority=3))
+        gate.set()
+        answers.wait_for(6)
+    finally:
+        gate.set()
+        engine.dispatcher.close()
+    assert engine.runtime.ran == [0, 5, 1, 2, 3, 4]
+    assert answers.order == [0, 5, 1, 2, 3, 4]
+    assert all(not isinstance(outcome, Exception) for outcome in answers.outcomes.values())
+
+
+def test_a_full_queue_sheds_the_lowest_priority_first_with_one_unavailable_line(example_engine):
+    engine, gate = pipelined_mlp(example_engine, queue_capacity=2)
+    answers = PipelinedAnswers()
+    high = RequestOptions(priority=1)
+    try:
+        send(engine, answers, 0)
+        assert engine.runtime.started.wait(10.0)
+        send(engine, answers, 1)
+        send(engine, answers, 2)         # the queue of two is full
+        send(engine, answers, 3, high)   # sheds the newest default-priority request, at once
+        shed = answers.of(2)
+        send(engine, answers, 4)         # default priority cannot shed its own class
+        refused = answers.of(4)
+        send(engine, answers, 5, high)   # sheds the last default-priority request
+        send(engine, answers, 6, high)   # nothing of a lower priority is left to shed
+        refused_high = answers.of(6)
+        assert engine.runtime.ran == []  # all of the above was answered while the lane was held
+        gate.set()
+        answers.wait_for(7)
+    finally:
+        gate.set()
+        engine.dispatcher.close()
+    assert str(shed) == ("model 'mlp_onnx' is overloaded: the request was shed from its full queue "
+                         "(max_queue_size=2) for one of a higher priority_level; retry later")
+    assert str(refused) == ("model 'mlp_onnx' is overloaded: its queue is full (max_queue_size=2) of requests "
+                            "of priority_level 0 or higher; retry later")
+    assert "of priority_level 1 or higher" in str(refused_high)
+    failed = {call for (call, _), outcome in answers.outcomes.items() if isinstance(outcome, Exception)}
+    assert failed == {1, 2, 4, 6}
+    assert answers.of(1) is not None and "shed from its full queue" in str(answers.of(1))
+    assert {(error_class(answers.of(c)).code, outcome_label(answers.of(c))) for c in failed} == {("UNAVAILABLE", "overloaded")}
+    assert engine.runtime.ran == [0, 3, 5]
+
+
+def test_requests_whose_deadline_passes_in_the_queue_time_out_without_running(example_engine):
+    engine, gate = pipelined_mlp(example_engine)
+    answers = PipelinedAnswers()
+    try:
+        send(engine, answers, 0)
+        assert engine.runtime.started.wait(10.0)
+        send(engine, answers, 1, read_options({"timeout_ms": 30}))
+        send(engine, answers, 2, read_options({}, triton_timeout_us=30_000))  # Triton's own request timeout
+        send(engine, answers, 3)
+        time.sleep(0.1)
+        gate.set()
+        answers.wait_for(4)
+    finally:
+        gate.set()
+        engine.dispatcher.close()
+    for call in (1, 2):
+        late = answers.of(call)
+        assert isinstance(late, DeadlineExceeded), late
+        assert str(late).startswith("timed out: timeout_ms=30 ran out before a lane could run the request (it waited ")
+        assert error_class(late).code == "UNAVAILABLE"
+    assert engine.runtime.ran == [0, 3]
 
 
 def test_a_request_the_full_queue_cannot_take_is_answered_overloaded_and_unavailable(example_engine):
@@ -174,6 +301,6 @@ def test_a_request_the_full_queue_cannot_take_is_answered_overloaded_and_unavail
     served = [r for r in results if not isinstance(r, Exception)]
     # One request runs or waits in the queue of one, one more may wait behind a running one.
     assert len(refused) >= 2 and len(refused) + len(served) == 4
-    assert all("not admitted (queue_full)" in str(r) for r in refused)
+    assert all("is overloaded: its queue is full (max_queue_size=1)" in str(r) for r in refused)
     assert {(error_class(r).code, outcome_label(r)) for r in refused} == {("UNAVAILABLE", "overloaded")}
     assert all(r["logits"].shape == (1, 8) for r in served)

@@ -123,6 +123,21 @@ def test_admission_rejects_at_once_with_the_reason():
     }
 
 
+def test_a_displaced_request_is_answered_before_submit_returns_while_the_lanes_are_busy():
+    """Its client hears at once, not when the busy lane next looks at the queue."""
+    outcomes, model = Outcomes(), GatedModel(hold_first=True)
+    with AffinityScheduler(model, outcomes, queue_capacity=2) as s:
+        s.submit(0, "gate")
+        assert model.started.wait(5)   # the only lane is held on its first batch
+        s.submit(1, "k")
+        s.submit(2, "k")
+        assert s.submit(3, "k", priority=1) is None
+        assert outcomes.by_id() == {2: "displaced"}  # the newest of the lowest priority
+        model.release.set()
+    outcomes.wait_for(4)
+    assert outcomes.by_id() == {0: None, 1: None, 2: "displaced", 3: None}
+
+
 def test_a_request_whose_deadline_passes_in_the_queue_is_rejected_not_run():
     outcomes, model = Outcomes(), GatedModel(hold_first=True)
     with AffinityScheduler(model, outcomes) as s:

@@ -48,8 +48,14 @@ def test_the_reason_strings_are_the_enum_member_names():
 
 def test_every_reason_the_core_reports_is_one_the_backend_maps():
     assert set(REJECT_REASONS) == set(CLIENT_ERROR_OF_REASON)
+    from latte.backend.engine import Work
+    from latte.backend.options import RequestOptions
+    from latte.backend.requests import ParsedRequest
+
+    waiting = Work(0, ParsedRequest(inputs={}, rows=1), RequestOptions(timeout_ms=5.0), arrival=0.0)
     for reason, error in CLIENT_ERROR_OF_REASON.items():
-        assert type(lanes._error_for(f"{reason}: detail")) is getattr(lanes, error), reason
+        refused = lanes.refusal("m", 4, f"{reason}: detail", waiting, now=0.01)
+        assert type(refused) is getattr(lanes, error), reason
 
 
 def test_the_backend_admits_exactly_the_priorities_the_scheduler_accepts(scheduler):

@@ -39,16 +39,18 @@ AffinityScheduler::~AffinityScheduler() { shutdown(false); }
 
 std::optional<RejectReason> AffinityScheduler::submit(const Request& request) {
   std::optional<RejectReason> refusal;
+  std::vector<Outcome> answered;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     refusal = stopping_ ? std::optional<RejectReason>(RejectReason::kShutdown)
                         : core_.submit(request, clock_.now());
+    // A request this one displaced is answered now: the lanes may all be busy for a while
+    // before one looks at the queue again, and its client should hear at once.
+    answered = core_.take_rejections();
   }
-  if (refusal) {
-    report({Outcome{request.id, false, *refusal, {}}});
-  } else {
-    changed_.notify_all();
-  }
+  if (refusal) answered.push_back(Outcome{request.id, false, *refusal, {}});
+  if (!answered.empty()) report(answered);
+  if (!refusal) changed_.notify_all();
   return refusal;
 }
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 from latte.bench.arena import arena_figures
 from latte.bench.inputs import fetch_model_inputs
 from latte.bench.lengths import LengthDistribution
-from latte.bench.loadgen import AsyncSender, Outcomes, grpc_inputs, percentile, poisson_schedule, run_open_loop
+from latte.bench.loadgen import (AsyncSender, Outcomes, error_kind, grpc_inputs, percentile, poisson_schedule,
+                                run_open_loop)
 from latte.bench.metrics import MetricsSampler
 from latte.bench.target import Target
 from latte.generator.validate import STALL_FREE_INSTANCES
@@ -83,20 +86,25 @@ def overload_variant_context(context: dict, queue_timeout_us: int, max_queue_siz
     return variant
 
 
-def write_overload_repository(example_repo: Path, model: str, out: Path, queue_timeout_us: int = 100_000,
-                              max_queue_size: int = 64, session_ttl_s: float = 3.0) -> Path:
-    """A repository holding only `model` from an example repository, rendered with the overload variant."""
+def _example_model(example_repo: Path, model: str):
+    """(the example's model context, its model file) for `model` of an example repository."""
     from latte.examples import EXAMPLES, FORMATS, model_context
-    from latte.generator.render import write_model
 
     manifest = json.loads((Path(example_repo) / "examples.json").read_text())
     if model not in manifest:
         raise ValueError(f"{model!r} is not an example model of {example_repo}; expected one of {sorted(manifest)}")
     info = manifest[model]
-    example = EXAMPLES[info["example"]]
     model_file = Path(example_repo) / model / "1" / FORMATS[info["runtime"]]
-    context = overload_variant_context(model_context(example, info["runtime"], model_file.name),
-                                       queue_timeout_us, max_queue_size, session_ttl_s)
+    return model_context(EXAMPLES[info["example"]], info["runtime"], model_file.name), model_file
+
+
+def write_overload_repository(example_repo: Path, model: str, out: Path, queue_timeout_us: int = 100_000,
+                              max_queue_size: int = 64, session_ttl_s: float = 3.0) -> Path:
+    """A repository holding only `model` from an example repository, rendered with the overload variant."""
+    from latte.generator.render import write_model
+
+    context, model_file = _example_model(example_repo, model)
+    context = overload_variant_context(context, queue_timeout_us, max_queue_size, session_ttl_s)
     if out.exists():
         shutil.rmtree(out)
     model_dir = write_model(out, context, {model_file.name: model_file})
@@ -282,3 +290,128 @@ def _server_ready(http_url: str) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+# -- whose queue: Triton's priority queue against latte's own (pipeline: true) ---------------
+
+TRITON_QUEUE, LATTE_QUEUE = "triton_queue", "latte_queue"
+
+
+@dataclass
+class QueueFloodSettings:
+    """A closed-loop flood of default-priority requests and a probe that sends one request at a
+    time, alternating blocks of high and default priority, against each queue in turn."""
+    model: str                       # the example model both variants serve
+    concurrency: int = 512           # default-priority requests the flood keeps in flight
+    duration_s: float = 20.0         # probe time per variant
+    block: int = 20                  # probe requests per block of one priority
+    max_queue_size: int = 64         # both queues' bound (Triton's default_queue_policy, latte's parameter)
+    queue_timeout_us: int = 100_000  # Triton's default-priority queue timeout (the overload variant's)
+    lengths: LengthDistribution = field(default_factory=lambda: LengthDistribution.parse("fixed:length=64"))
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.concurrency < 1 or self.block < 1 or self.max_queue_size < 1:
+            raise ValueError("the flood's concurrency, the probe's block and the queue size must each be >= 1")
+        if self.duration_s <= 0:
+            raise ValueError(f"the probe needs a duration > 0 s, got {self.duration_s}")
+
+
+def latte_queue_context(context: dict, max_queue_size: int) -> dict:
+    """The model with latte holding the queue: execute hands requests to the scheduler lanes and
+    returns (pipeline: true), bounded by max_queue_size; no Triton priority levels, so one
+    instance does not stall (docs/backend.md, Priorities)."""
+    variant = dict(context)
+    variant["parameters"] = {**context.get("parameters", {}), "pipeline": "true",
+                             "max_queue_size": str(max_queue_size)}
+    variant["dynamic_batching"] = {"max_queue_delay_microseconds": 0}
+    return variant
+
+
+def write_queue_flood_repository(example_repo: Path, model: str, out: Path, max_queue_size: int = 64,
+                                 queue_timeout_us: int = 100_000) -> Dict[str, str]:
+    """`model` twice: behind Triton's priority queue (the overload variant, two instances) and
+    behind latte's (latte_queue_context). Returns {variant: served model name}."""
+    from latte.generator.render import write_model
+
+    context, model_file = _example_model(example_repo, model)
+    names = {TRITON_QUEUE: f"{model}_{TRITON_QUEUE}", LATTE_QUEUE: f"{model}_{LATTE_QUEUE}"}
+    if out.exists():
+        shutil.rmtree(out)
+    triton = {**overload_variant_context(context, queue_timeout_us, max_queue_size), "name": names[TRITON_QUEUE]}
+    config = write_model(out, triton, {model_file.name: model_file}) / "config.pbtxt"
+    config.write_text(with_high_priority_policy(config.read_text(), f"{names[TRITON_QUEUE]}/config.pbtxt"))
+    write_model(out, {**latte_queue_context(context, max_queue_size), "name": names[LATTE_QUEUE]},
+                {model_file.name: model_file})
+    return names
+
+
+def _probe_report(latencies: List[float], failures: Counter) -> dict:
+    return {"answered": len(latencies), "failed": sum(failures.values()), "errors": dict(failures),
+            "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2),
+            "max_ms": round(max(latencies), 2) if latencies else float("nan"),
+            "over_100_ms": sum(1 for ms in latencies if ms > 100.0)}
+
+
+def run_queue_flood(target: Target, served_model: str, variant: str, settings: QueueFloodSettings,
+                    progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Flood `served_model` with default-priority requests while the probe measures high and
+    default priority. High priority is Triton's `priority` for Triton's queue and latte's
+    `priority_level` for latte's."""
+    import tritonclient.grpc as grpcclient
+
+    settings.validate()
+    say = progress or (lambda message: None)
+    rng = np.random.default_rng(settings.seed)
+    model_inputs = fetch_model_inputs(target.http_url, served_model)
+    lengths = settings.lengths.sample(rng, 128, model_inputs.max_length) if model_inputs.variable else [1] * 128
+    feeds = [model_inputs.request(rng, int(n), rows=1) for n in lengths]
+    # As a client would send it to each: Triton's `priority` (plus latte's level, which orders the
+    # requests of one execute call) for Triton's queue; latte's `priority_level` for latte's.
+    high = {"parameters": {"priority_level": 1}}
+    if variant == TRITON_QUEUE:
+        high["priority"] = HIGH
+
+    flood = AsyncSender(target.grpc_url, served_model, settings.concurrency)
+    flood_outcomes = Outcomes()
+    stop = threading.Event()
+
+    def keep_flooding() -> None:
+        sent = 0
+        while not stop.is_set():
+            flood.send(feeds[sent % len(feeds)], flood_outcomes)  # blocks while all slots are in flight
+            sent += 1
+
+    flooder = threading.Thread(target=keep_flooding, name="flood", daemon=True)
+    flooder.start()
+    say(f"{variant}: flood of {settings.concurrency} default-priority requests, probing for {settings.duration_s:g} s")
+    probe = grpcclient.InferenceServerClient(target.grpc_url)
+    latencies = {"high": [], "default": []}
+    failures = {"high": Counter(), "default": Counter()}
+    started = time.perf_counter()
+    sent = 0
+    try:
+        while time.perf_counter() - started < settings.duration_s:
+            cls = "high" if (sent // settings.block) % 2 == 0 else "default"
+            begun = time.perf_counter()
+            try:
+                probe.infer(served_model, grpc_inputs(feeds[sent % len(feeds)]), client_timeout=60,
+                            **(high if cls == "high" else {}))
+                latencies[cls].append((time.perf_counter() - begun) * 1000)
+            except Exception as exc:  # counted under its cause; the probe goes on
+                failures[cls][error_kind(exc)] += 1
+            sent += 1
+    finally:
+        stop.set()
+        probe.close()
+    flooder.join(60)
+    drained = flood.drain(120)
+    flood.close()
+    flood_report = _class_report(flood_outcomes)
+    report = {"variant": variant, "model": served_model, "probe": {cls: _probe_report(latencies[cls], failures[cls])
+                                                                   for cls in ("high", "default")},
+              "flood": flood_report,
+              "every_flood_request_answered_once": drained and flood_report["answered"] == flood_report["sent"]}
+    h, d = report["probe"]["high"]["p99_ms"], report["probe"]["default"]["p99_ms"]
+    report["high_vs_default_p99"] = round(h / d, 3) if d and d == d and h == h else None
+    return report

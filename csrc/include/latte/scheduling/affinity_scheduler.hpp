@@ -33,7 +33,8 @@ class AffinityScheduler {
   AffinityScheduler& operator=(const AffinityScheduler&) = delete;
 
   // Deadline is absolute on now()'s clock. A rejection is returned and also reported through
-  // the completion callback, which stays the one answer per request.
+  // the completion callback, which stays the one answer per request; a queued request that
+  // this one displaced is reported from here too, before submit returns.
   std::optional<RejectReason> submit(const Request& request);
   // drain: run what is queued first; otherwise queued requests are rejected with kShutdown.
   // Waits for the lanes to stop. Idempotent.
