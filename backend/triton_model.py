@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -26,6 +27,7 @@ from latte.memory import BuddyArena
 
 _UNANSWERED = object()  # a request of the running execute call with no outcome yet
 _SENT = object()        # one already answered through its response sender
+_LAST = float("inf")    # the outbox key that sorts after every priority
 
 
 def _top_priority(outcomes, options) -> int:
@@ -89,7 +91,10 @@ class LatteModel:
         self.responses = ResponseBuilder(pb, [t.name for t in spec.outputs])
         self.early = EarlyAnswers(spec.respond)
         self._batches: List = []  # (rows, model seconds) of the running execute call's batches
-        self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        # Pipelined answers wait here for the sender thread, highest priority_level first
+        # (then in the order they finished): (-priority, sequence number, [(sender, outcome)]).
+        self._outbox: "queue.PriorityQueue" = queue.PriorityQueue()
+        self._sequence = itertools.count()
         self._sender = None
         if spec.pipeline:
             self._sender = threading.Thread(target=self._send_responses, name=f"latte-responses-{spec.name}", daemon=True)
@@ -210,7 +215,9 @@ class LatteModel:
             self._account(fresh, options, started)
             # Each send is a round trip to the server: a thread of its own makes them, so the
             # lane goes on to its next batch.
-            self._outbox.put([(senders[position], outcome) for position, outcome in fresh])
+            if fresh:
+                self._outbox.put((-_top_priority(fresh, options), next(self._sequence),
+                                  [(senders[position], outcome) for position, outcome in fresh]))
 
         try:
             self.engine.submit(parsed, options, answer)
@@ -222,7 +229,7 @@ class LatteModel:
 
     def _send_responses(self) -> None:
         while True:
-            batch = self._outbox.get()
+            _, _, batch = self._outbox.get()
             if batch is None:
                 return
             for sender, outcome in batch:
@@ -277,6 +284,6 @@ class LatteModel:
         if self.dispatcher is not None:
             self.dispatcher.close()
         if self._sender is not None:
-            self._outbox.put(None)
+            self._outbox.put((_LAST, next(self._sequence), None))  # after every answer still waiting
             self._sender.join(timeout=5.0)
         self.runtime.close()

@@ -106,3 +106,45 @@ def test_early_answers_go_through_the_sender_and_leave_none_in_the_returned_list
         assert len(returned) == 1 and responses[[short, long].index(sent[0])] is None
     finally:
         model.finalize()
+
+
+def test_pipelined_answers_leave_highest_priority_first(example_repo):
+    """execute returns at once; answers wait for the one sender thread, higher priority_level first."""
+    import threading
+    import time
+
+    model = load(example_repo, "mlp_onnx", pipeline="true")
+    sent, started, gate = [], threading.Event(), threading.Event()
+
+    class Sender:
+        def __init__(self, name, hold=False):
+            self.name, self.hold = name, hold
+
+        def send(self, response=None, flags=0):
+            if self.hold:
+                started.set()
+                gate.wait(10)
+            sent.append((self.name, response.has_error()))
+
+    def request(name, priority=0, hold=False):
+        parameters = json.dumps({"priority_level": priority}) if priority else "{}"
+        r = InferenceRequest(EXAMPLES["mlp"].sample(1, np.random.default_rng(len(name))), parameters=parameters)
+        r._sender = Sender(name, hold)
+        return r
+
+    try:
+        assert model.execute([request("first", hold=True)]) is None
+        assert started.wait(10)  # the sender thread is busy with the first answer
+        model.execute([request("low-1"), request("low-2")])
+        model.execute([request("high", priority=3)])
+        deadline = time.monotonic() + 10
+        while sum(len(batch) for _, _, batch in list(model._outbox.queue)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)  # all three answers wait behind the held send
+        gate.set()
+        while len(sent) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [name for name, _ in sent] == ["first", "high", "low-1", "low-2"]
+        assert not any(failed for _, failed in sent)
+    finally:
+        gate.set()
+        model.finalize()
