@@ -46,7 +46,7 @@ from latte.backend.requests import ParsedRequest
 from latte.backend.runtimes import load_runtime
 from latte.backend.warmup import measure_cost_model, warmup_requests
 from latte.examples import EXAMPLES, export, model_context
-from latte.generator.render import write_model
+from latte.generator.model_folder import write_model
 from latte.generator.validate import parse_config_file
 from latte.memory import BuddyArena
 

@@ -5,7 +5,7 @@ import re
 
 from latte.bench.report import render_bench_report
 from latte.bench.runner import summarize
-from latte.bench.metrics import Sample
+from latte.bench.prometheus_scrape import Sample
 
 
 def _point(kind, level, throughput, p99, batches):

@@ -20,7 +20,7 @@ from latte.bench.arena import arena_figures
 from latte.bench.inputs import fetch_model_inputs
 from latte.bench.lengths import LengthDistribution
 from latte.bench.loadgen import AsyncSender, Outcomes, grpc_inputs, percentile, poisson_schedule, run_open_loop
-from latte.bench.metrics import MetricsSampler
+from latte.bench.prometheus_scrape import MetricsSampler
 from latte.bench.target import Target
 
 HIGH, LOW = 1, 2
@@ -82,7 +82,7 @@ def write_overload_repository(example_repo: Path, model: str, out: Path, queue_t
                               max_queue_size: int = 64, session_ttl_s: float = 3.0) -> Path:
     """A repository holding only `model` from an example repository, rendered with the overload variant."""
     from latte.examples import EXAMPLES, FORMATS, model_context
-    from latte.generator.render import write_model
+    from latte.generator.model_folder import write_model
 
     manifest = json.loads((Path(example_repo) / "examples.json").read_text())
     if model not in manifest:

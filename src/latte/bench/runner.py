@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Sequence
 
 from latte.bench.inputs import fetch_model_inputs, write_perf_input_data
 from latte.bench.lengths import LengthDistribution
-from latte.bench.metrics import MetricsSampler, Sample
+from latte.bench.prometheus_scrape import MetricsSampler, Sample
 from latte.bench.target import Target
 from latte.bench.triton_stats import fetch_stats
 from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer

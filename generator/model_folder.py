@@ -1,4 +1,4 @@
-"""Writing model folders of a Triton repository."""
+"""Writing model folders: the config.pbtxt of a model, and the files of its version folder."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 import pytest
 
 from latte.examples import EXAMPLES, model_context
-from latte.generator.render import render_model_config
+from latte.generator.model_folder import render_model_config
 from latte.generator.templates import TemplateError
 from latte.generator.validate import InvalidConfig, model_config_class, parse_config
 
