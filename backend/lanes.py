@@ -59,7 +59,7 @@ class LaneDispatcher:
         self._ids = itertools.count(1)
         self._started = time.monotonic()
         self._busy_s: Dict[int, float] = {}
-        batch = max(1, engine.spec.max_batch_size)
+        batch = max(1, engine.spec.signature.max_batch_size)
         self.scheduler = AffinityScheduler(
             self._execute, self._complete, lanes=list(lane_cpus) if lane_cpus else lanes,
             max_batch_size=batch, max_batch_bytes=1 << 40, queue_capacity=queue_capacity,

@@ -18,13 +18,36 @@ def render_model_config(context: Mapping, templates: Optional[Path] = None) -> s
     return text
 
 
+def _fresh_model_dir(repo: Path, name: str, version: int) -> Path:
+    # A file left from an earlier write (another model file, old warm-up data) would be served too.
+    model_dir = Path(repo) / name
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    (model_dir / str(version)).mkdir(parents=True)
+    return model_dir
+
+
 def write_model(repo: Path, context: Mapping, files: Mapping[str, Path], version: int = 1,
-                templates: Optional[Path] = None) -> Path:
-    """Write REPO/<name>/config.pbtxt and copy `files` into REPO/<name>/<version>/."""
-    model_dir = Path(repo) / context["name"]
-    version_dir = model_dir / str(version)
-    version_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.pbtxt").write_text(render_model_config(context, templates))
+                templates: Optional[Path] = None, warmup_files: Optional[Mapping[str, bytes]] = None) -> Path:
+    """Write REPO/<name>/config.pbtxt, copy `files` into REPO/<name>/<version>/ and
+    `warmup_files` (the raw data model_warmup entries name) into REPO/<name>/warmup/."""
+    text = render_model_config(context, templates)
+    model_dir = _fresh_model_dir(repo, context["name"], version)
+    (model_dir / "config.pbtxt").write_text(text)
     for name, source in files.items():
-        shutil.copy2(source, version_dir / name)
+        shutil.copy2(source, model_dir / str(version) / name)
+    if warmup_files:
+        (model_dir / "warmup").mkdir()
+        for name, data in warmup_files.items():
+            (model_dir / "warmup" / name).write_bytes(data)
+    return model_dir
+
+
+def write_ensemble(repo: Path, context: Mapping, templates: Optional[Path] = None) -> Path:
+    """Write REPO/<name>/config.pbtxt of an ensemble; its version folder stays empty, as Triton
+    wants one even for an ensemble."""
+    text = render("ensemble.pbtxt.j2", dict(context), templates)
+    parse_config(text, f"{context['name']}/config.pbtxt")
+    model_dir = _fresh_model_dir(repo, context["name"], 1)
+    (model_dir / "config.pbtxt").write_text(text)
     return model_dir
