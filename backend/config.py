@@ -146,6 +146,30 @@ def _int_param(params: Mapping[str, str], key: str, default: Optional[int], mini
     return value
 
 
+def _bool_param(name: str, params: Mapping[str, str], key: str, default: bool) -> bool:
+    value = params.get(key, "true" if default else "false").strip().lower()
+    if value not in ("true", "false", "1", "0"):
+        raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be true or false, got {value!r}")
+    return value in ("true", "1")
+
+
+def _float_param(name: str, params: Mapping[str, str], key: str, default: float, what: str = "a number") -> float:
+    raw = params.get(key, "")
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be {what}, got {raw!r}") from None
+
+
+def _choice_param(name: str, params: Mapping[str, str], key: str, choices: Tuple[str, ...]) -> str:
+    """The parameter's value, lower-cased, one of `choices`; the first choice is the default."""
+    value = params.get(key, choices[0]).strip().lower() or choices[0]
+    if value not in choices:
+        raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be {', '.join(choices[:-1])} or "
+                          f"{choices[-1]}, got {value!r}")
+    return value
+
+
 def _tensor(entry: Mapping, where: str) -> TensorSpec:
     name = entry.get("name")
     if not name:
@@ -236,30 +260,6 @@ def usable_core_ids() -> set:
 
 def usable_cores() -> int:
     return len(usable_core_ids())
-
-
-def _bool_param(name: str, params: Mapping[str, str], key: str, default: bool) -> bool:
-    value = params.get(key, "true" if default else "false").strip().lower()
-    if value not in ("true", "false", "1", "0"):
-        raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be true or false, got {value!r}")
-    return value in ("true", "1")
-
-
-def _float_param(name: str, params: Mapping[str, str], key: str, default: float, what: str = "a number") -> float:
-    raw = params.get(key, "")
-    try:
-        return float(raw) if raw else default
-    except ValueError:
-        raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be {what}, got {raw!r}") from None
-
-
-def _choice_param(name: str, params: Mapping[str, str], key: str, choices: Tuple[str, ...]) -> str:
-    """The parameter's value, lower-cased, one of `choices`; the first choice is the default."""
-    value = params.get(key, choices[0]).strip().lower() or choices[0]
-    if value not in choices:
-        raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be {', '.join(choices[:-1])} or "
-                          f"{choices[-1]}, got {value!r}")
-    return value
 
 
 def parse_signature(config: Mapping, params: Mapping[str, str], model_dir: Path, version: str) -> ModelSignature:
