@@ -304,8 +304,8 @@ def _threads(name: str, params: Mapping[str, str], count: int) -> Dict:
             f"{budget.threads} threads exceed the {budget.cores} core(s) this server may use; "
             f"multi-threaded instances must fit the cores (set intra_op_threads to 1 to run more instances than cores)"
         )
-    return {"instance_count": count, "intra_op_threads": intra, "inter_op_threads": _int_param(params, "inter_op_threads", 1),
-            "lanes": lanes, "thread_budget": budget}
+    return {"instance_count": count, "intra_op_threads": intra, "lanes": lanes, "thread_budget": budget,
+            "inter_op_threads": _int_param(params, "inter_op_threads", 1)}
 
 
 def thread_budget_warning(spec: ModelSpec) -> Optional[str]:

@@ -67,8 +67,9 @@ def _float_bits(dtype: np.dtype) -> int:
 
 def _rule(spec: ModelSpec, t: TensorSpec) -> InputRule:
     low, high = t.valid_range or (0, 0)
-    return InputRule(type=t.dtype.num, float_bits=_float_bits(t.dtype), dims=list(t.dims), batched=spec.signature.batched,
-                     max_rows=max(spec.signature.max_batch_size, 1), max_length=spec.serving.max_sequence_length or 0,
+    return InputRule(type=t.dtype.num, float_bits=_float_bits(t.dtype), dims=list(t.dims),
+                     batched=spec.signature.batched, max_rows=max(spec.signature.max_batch_size, 1),
+                     max_length=spec.serving.max_sequence_length or 0,
                      reject_nonfinite=spec.serving.reject_nan, int_bits=t.dtype.itemsize * 8 if t.valid_range else 0,
                      int_signed=t.dtype.kind == "i", low=low, high=high)
 
@@ -110,11 +111,13 @@ class RequestReader:
         for tensor in request.inputs():
             name = tensor.name()
             if name not in by_name:
-                raise RequestError(f"unexpected input {name!r}; model {self.spec.signature.name!r} takes {sorted(by_name)}")
+                raise RequestError(f"unexpected input {name!r}; model {self.spec.signature.name!r} "
+                                   f"takes {sorted(by_name)}")
             arrays[name] = tensor.as_numpy()
         if len(arrays) < len(self._required):
             missing = [name for name in self._required if name not in arrays]
-            raise RequestError(f"missing input(s) {missing}; model {self.spec.signature.name!r} takes {sorted(by_name)}")
+            raise RequestError(f"missing input(s) {missing}; model {self.spec.signature.name!r} "
+                               f"takes {sorted(by_name)}")
         timeout = getattr(request, "timeout", None)
         return ParsedRequest(inputs=arrays, rows=0, parameters=_parameters(request),
                              timeout_us=int(timeout()) if timeout is not None else 0)

@@ -58,8 +58,8 @@ class LatteModel:
         # Batch buffers and session state live here, so memory stays flat however shapes vary.
         self.arena = BuddyArena(serving.arena_bytes, "cpu")
         allocate = self.arena.empty
-        self.sessions = (SessionStore(serving.session_ttl_s, serving.max_sessions, serving.max_sequence_length, allocate)
-                         if serving.session_input else None)
+        self.sessions = (SessionStore(serving.session_ttl_s, serving.max_sessions, serving.max_sequence_length,
+                                      allocate) if serving.session_input else None)
         self.metrics = BackendMetrics()
         self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
         self.reader = RequestReader(spec)

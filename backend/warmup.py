@@ -52,7 +52,8 @@ def timing_clock(spec: ModelSpec) -> Callable[[], float]:
     other processes took meanwhile (models load while Triton starts other stubs: wall-clock
     timings then came out up to 4x too high, and the inflated fixed cost merged short
     requests into long padded batches). With more threads, CPU time would miss their work."""
-    return time.thread_time if spec.serving.intra_op_threads == 1 and spec.serving.device == "cpu" else time.perf_counter
+    serving = spec.serving
+    return time.thread_time if serving.intra_op_threads == 1 and serving.device == "cpu" else time.perf_counter
 
 
 def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Optional[Callable[[], float]] = None

@@ -65,14 +65,15 @@ def build_engine(repo: Path, model_file: Path, name: str, parameters: dict):
     model_dir = write_model(repo, context, {"model.onnx": model_file})
     config = MessageToDict(parse_config_file(model_dir / "config.pbtxt"), preserving_proto_field_name=True)
     spec = parse_model_config(config, model_dir, "1")
-    runtime = load_runtime(spec.signature.runtime, spec.signature.model_path, [t.name for t in spec.signature.inputs],
-                           [t.name for t in spec.signature.outputs], spec.serving.intra_op_threads, spec.serving.inter_op_threads)
-    arena = BuddyArena(spec.serving.arena_bytes, "cpu")
-    engine = BatchEngine(spec, runtime, buckets=BucketPlan(spec.serving.bucket_edges) if spec.serving.bucket_edges else None,
+    signature, serving = spec.signature, spec.serving
+    runtime = load_runtime(signature.runtime, signature.model_path, [t.name for t in signature.inputs],
+                           [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)
+    arena = BuddyArena(serving.arena_bytes, "cpu")
+    engine = BatchEngine(spec, runtime, buckets=BucketPlan(serving.bucket_edges) if serving.bucket_edges else None,
                          allocate=arena.empty)
     engine.arena = arena  # keeps the arena alive as long as the engine
     # What LatteModel does at load.
-    if spec.serving.warmup:
+    if serving.warmup:
         engine.infer(warmup_requests(spec))
         if engine.cost_model is not None:
             engine.cost_model = measure_cost_model(engine)

@@ -24,9 +24,10 @@ def engine_for(repo, model, bucketed=False, **parameters):
     for key, value in parameters.items():
         config.setdefault("parameters", {})[key] = {"string_value": value}
     spec = parse_model_config(config, repo / model, "1")
-    runtime = load_runtime(spec.signature.runtime, spec.signature.model_path, [t.name for t in spec.signature.inputs],
-                           [t.name for t in spec.signature.outputs], spec.serving.intra_op_threads, spec.serving.inter_op_threads)
-    buckets = BucketPlan(spec.serving.bucket_edges) if bucketed and spec.serving.bucket_edges else None
+    signature, serving = spec.signature, spec.serving
+    runtime = load_runtime(signature.runtime, signature.model_path, [t.name for t in signature.inputs],
+                           [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)
+    buckets = BucketPlan(serving.bucket_edges) if bucketed and serving.bucket_edges else None
     return spec, BatchEngine(spec, runtime, buckets=buckets)
 
 
