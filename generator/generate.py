@@ -9,6 +9,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from latte.backend.config import ThreadBudget
 from latte.backend.dtypes import TRITON_TO_NUMPY
 from latte.backend.samples import sample_values
 from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, TensorInfo, check_ensemble
@@ -66,9 +67,10 @@ def plan_latte_model(spec: PipelineSpec, model: ModelEntry, profile: Profile) ->
     kind = over.get("instance_kind", d.instance_kind)
     parameters = {**d.parameters, **{k: str(v) for k, v in (over.get("parameters") or {}).items()}}
     intra = int(parameters.get("intra_op_threads", "1"))
-    if kind == "KIND_CPU" and count * intra > spec.cores:
+    if kind == "KIND_CPU" and ThreadBudget(count * intra, spec.cores, intra).refused:
         raise doc.error(model.path + ("overrides",), f"{count} instance(s) x intra_op_threads {intra} exceed the "
-                        f"{spec.cores} core(s) in resources.cores; lower one of them")
+                        f"{spec.cores} core(s) in resources.cores; multi-threaded instances must fit the cores, "
+                        f"so lower one of them")
     batched = max_batch > 0
     inputs = model.inputs or _tensors_from_profile(profile.inputs, batched)
     outputs = model.outputs or _tensors_from_profile(profile.outputs, False)
