@@ -128,10 +128,14 @@ class ServingOptions:
     check_cancellation: bool = False                 # ask Triton per request whether the client gave up
 
 
+# What each parameter defaults to: the parsers read their defaults here.
+DEFAULTS = ServingOptions()
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     signature: ModelSignature
-    serving: ServingOptions = ServingOptions()
+    serving: ServingOptions = DEFAULTS
 
 
 def parameters_of(config: Mapping) -> Dict[str, str]:
@@ -300,8 +304,8 @@ def parse_signature(config: Mapping, params: Mapping[str, str], model_dir: Path,
 
 
 def _threads(name: str, params: Mapping[str, str], count: int) -> Dict:
-    intra = _int_param(params, "intra_op_threads", 1)
-    lanes = _int_param(params, "lanes", 1)
+    intra = _int_param(params, "intra_op_threads", DEFAULTS.intra_op_threads)
+    lanes = _int_param(params, "lanes", DEFAULTS.lanes)
     budget = ThreadBudget(threads=count * lanes * intra, cores=usable_cores(), intra_op_threads=intra)
     if budget.refused:
         raise ConfigError(
@@ -310,7 +314,7 @@ def _threads(name: str, params: Mapping[str, str], count: int) -> Dict:
             f"multi-threaded instances must fit the cores (set intra_op_threads to 1 to run more instances than cores)"
         )
     return {"instance_count": count, "intra_op_threads": intra, "lanes": lanes, "thread_budget": budget,
-            "inter_op_threads": _int_param(params, "inter_op_threads", 1)}
+            "inter_op_threads": _int_param(params, "inter_op_threads", DEFAULTS.inter_op_threads)}
 
 
 def thread_budget_warning(spec: ModelSpec) -> Optional[str]:
@@ -328,23 +332,23 @@ PRECISIONS = ("fp32", "int8", "fp16")
 
 def _precision(name: str, params: Mapping[str, str], runtime: str, device: str) -> Dict:
     """parameters precision (fp32 | int8 | fp16) and accuracy_tolerance; see backend/precision.py."""
-    value = params.get("precision", "fp32").strip().lower() or "fp32"
+    value = params.get("precision", "").strip().lower() or DEFAULTS.precision
     if value not in PRECISIONS:
         raise ConfigError(f"model {name!r}: parameters[\"precision\"] is {value!r}; expected one of {PRECISIONS}")
     if value == "int8" and runtime != "onnx":
         raise ConfigError(f"model {name!r}: precision int8 is available for ONNX models (this one is {runtime})")
     if value == "fp16" and (runtime not in ("torchscript", "torch_export") or not device.startswith("cuda")):
         raise ConfigError(f"model {name!r}: precision fp16 needs a torch model on a GPU instance (KIND_GPU)")
-    if value == "fp32":
+    if value == DEFAULTS.precision:
         return {"precision": value}
-    tolerance = _float_param(name, params, "accuracy_tolerance", 0.02)
+    tolerance = _float_param(name, params, "accuracy_tolerance", DEFAULTS.accuracy_tolerance)
     if tolerance <= 0:
         raise ConfigError(f"model {name!r}: parameters[\"accuracy_tolerance\"] must be > 0")
     return {"precision": value, "accuracy_tolerance": tolerance}
 
 
 def _batching(name: str, params: Mapping[str, str], signature: ModelSignature) -> Dict:
-    max_len = _int_param(params, "max_sequence_length", None)
+    max_len = _int_param(params, "max_sequence_length", DEFAULTS.max_sequence_length)
     edges_text = params.get("bucket_edges", "").strip()
     if edges_text.lower() == "none" or not signature.ragged_inputs:
         bucket_edges = None
@@ -360,9 +364,9 @@ def _batching(name: str, params: Mapping[str, str], signature: ModelSignature) -
         batch_planning = parse_planning(params.get("batch_planning"))
     except ValueError as exc:
         raise ConfigError(f"model {name!r}: parameters[\"batch_planning\"]: {exc}") from None
-    return {"pad_value": _float_param(name, params, "pad_value", 0.0), "max_sequence_length": max_len,
+    return {"pad_value": _float_param(name, params, "pad_value", DEFAULTS.pad_value), "max_sequence_length": max_len,
             "bucket_edges": bucket_edges, "batch_planning": batch_planning,
-            "reject_nan": _bool_param(name, params, "reject_nan", False)}
+            "reject_nan": _bool_param(name, params, "reject_nan", DEFAULTS.reject_nan)}
 
 
 def _sessions(name: str, params: Mapping[str, str], signature: ModelSignature) -> Dict:
@@ -371,16 +375,16 @@ def _sessions(name: str, params: Mapping[str, str], signature: ModelSignature) -
     if session_input is not None and session_input not in ragged:
         raise ConfigError(f"model {name!r}: parameters[\"session_input\"] is {session_input!r}; "
                           f"it must name a ragged input ({ragged})")
-    ttl = _float_param(name, params, "session_ttl_s", 300.0, what="a number of seconds")
+    ttl = _float_param(name, params, "session_ttl_s", DEFAULTS.session_ttl_s, what="a number of seconds")
     if ttl <= 0:
         raise ConfigError(f"model {name!r}: parameters[\"session_ttl_s\"] must be > 0")
     return {"session_input": session_input, "session_ttl_s": ttl,
-            "max_sessions": _int_param(params, "max_sessions", 10000),
-            "arena_bytes": _int_param(params, "arena_bytes", 64 << 20, minimum=1 << 16)}
+            "max_sessions": _int_param(params, "max_sessions", DEFAULTS.max_sessions),
+            "arena_bytes": _int_param(params, "arena_bytes", DEFAULTS.arena_bytes, minimum=1 << 16)}
 
 
 def _scheduling(name: str, params: Mapping[str, str], lanes: int) -> Dict:
-    pipeline = _bool_param(name, params, "pipeline", False)
+    pipeline = _bool_param(name, params, "pipeline", DEFAULTS.pipeline)
     scheduler = _choice_param(name, params, "scheduler", ("auto", "affinity", "inline"))
     if pipeline and scheduler == "inline":
         raise ConfigError(f"model {name!r}: parameters[\"pipeline\"] runs batches on scheduler lanes; "
@@ -390,11 +394,12 @@ def _scheduling(name: str, params: Mapping[str, str], lanes: int) -> Dict:
         # about 50 us per request (measured in-process on the example sequence model); a
         # pipelined model needs the lanes whatever their number.
         scheduler = "affinity" if lanes > 1 or pipeline else "inline"
-    return {"scheduler": scheduler, "pipeline": pipeline, "pin_lanes": _bool_param(name, params, "pin_lanes", False),
-            "batch_window_us": _int_param(params, "batch_window_us", 2000, minimum=0),
+    return {"scheduler": scheduler, "pipeline": pipeline,
+            "pin_lanes": _bool_param(name, params, "pin_lanes", DEFAULTS.pin_lanes),
+            "batch_window_us": _int_param(params, "batch_window_us", DEFAULTS.batch_window_us, minimum=0),
             "respond": _choice_param(name, params, "respond", ("auto", "per_batch", "per_call")),
-            "check_cancellation": _bool_param(name, params, "check_cancellation", False),
-            "warmup": _bool_param(name, params, "warmup", True)}
+            "check_cancellation": _bool_param(name, params, "check_cancellation", DEFAULTS.check_cancellation),
+            "warmup": _bool_param(name, params, "warmup", DEFAULTS.warmup)}
 
 
 def parse_model_config(config: Mapping, model_dir: Path, version: str, device: str = "cpu") -> ModelSpec:
