@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional
 
-from latte.backend.config import RUNTIME_BY_EXTENSION, ConfigError, parameters_of
+from latte.backend.config import RUNTIME_BY_EXTENSION, ConfigError, find_model_file, parameters_of
 from latte.backend.dtypes import to_triton
 
 # ONNX TensorProto element types -> Triton types.
@@ -39,14 +39,6 @@ def stub_version_dir(cmdline_path: str = "/proc/self/cmdline") -> Optional[Path]
     if len(argv) < 2 or not argv[1].endswith(b"model.py"):
         return None
     return Path(argv[1].decode()).parent
-
-
-def find_model_file(version_dir: Path, params: Mapping[str, str]) -> Optional[Path]:
-    if params.get("model_file"):
-        path = Path(params["model_file"])
-        return path if path.is_absolute() else version_dir / path
-    candidates = sorted(p for p in version_dir.iterdir() if p.suffix in RUNTIME_BY_EXTENSION) if version_dir.is_dir() else []
-    return candidates[0] if len(candidates) == 1 else None
 
 
 def describe_onnx(path: Path) -> Dict:

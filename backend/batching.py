@@ -38,7 +38,7 @@ def ragged_length(spec: ModelSpec, request: ParsedRequest) -> Optional[int]:
     if request.length != UNMEASURED:
         return request.length
     longest = None
-    for t in spec.inputs:
+    for t in spec.signature.inputs:
         if not t.ragged or t.name not in request.inputs:
             continue
         inner = request.inputs[t.name].shape[1:]
@@ -52,14 +52,14 @@ def ragged_length(spec: ModelSpec, request: ParsedRequest) -> Optional[int]:
 def uniform_shapes(spec: ModelSpec) -> bool:
     """Whether every checked request has the same shape key: every input always sent, and
     only ragged inputs with variable dimensions (whose rank the reader fixes)."""
-    return all(not t.optional and (t.ragged or -1 not in t.dims) for t in spec.inputs)
+    return all(not t.optional and (t.ragged or -1 not in t.dims) for t in spec.signature.inputs)
 
 
 def shape_key(spec: ModelSpec, request: ParsedRequest) -> Hashable:
     """Requests with equal keys can be padded into one batch: equal non-ragged inner shapes
     and ragged inputs of equal rank."""
     key = []
-    for t in spec.inputs:
+    for t in spec.signature.inputs:
         array = request.inputs.get(t.name)
         if array is None:
             key.append((t.name, None))
@@ -110,7 +110,7 @@ def plan_batches(spec: ModelSpec, requests: Sequence[Item], buckets: Optional[Bu
     requests of one shape key may share a batch across buckets, as the cost model's
     cheapest plan says; padding still goes to a bucket edge.
     """
-    if not spec.batched:
+    if not spec.signature.batched:
         return [[item] for item in requests]
     planned = cost is not None and buckets is not None
     # Each request's length is found once: this runs for every execute call.
@@ -127,10 +127,10 @@ def plan_batches(spec: ModelSpec, requests: Sequence[Item], buckets: Optional[Bu
         items = [item for item, _ in members]
         lengths = [length for _, length in members]
         if not planned or None in lengths:
-            batches.extend(chunk_by_rows(items, [req.rows for _, req in items], spec.max_batch_size))
+            batches.extend(chunk_by_rows(items, [req.rows for _, req in items], spec.signature.max_batch_size))
             continue
         for indices in plan_by_cost(lengths, [req.rows for _, req in items], buckets.edge_for, cost,
-                                    spec.max_batch_size):
+                                    spec.signature.max_batch_size):
             batches.append([items[i] for i in indices])
     return batches
 
@@ -139,9 +139,9 @@ def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], bucket
              allocate: Allocate = np.empty) -> Batch:
     members = [(pos, req.rows) for pos, req in group]
     total = sum(rows for _, rows in members)
-    ragged = spec.ragged_inputs
+    ragged = spec.signature.ragged_inputs
     lengths = [ragged_length(spec, req) for _, req in group] if ragged else [None] * len(group)
-    if not spec.batched:
+    if not spec.signature.batched:
         return Batch(inputs=dict(group[0][1].inputs), members=members, lengths=lengths, rows=total)
     padded = None
     if ragged:
@@ -153,7 +153,7 @@ def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], bucket
             if buckets is not None and len(group) > 1:
                 padded = buckets.edge_for(padded)
     inputs: Dict[str, np.ndarray] = {}
-    for t in spec.inputs:
+    for t in spec.signature.inputs:
         parts = [req.inputs[t.name] for _, req in group if t.name in req.inputs]
         if not parts:
             continue
@@ -162,12 +162,12 @@ def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], bucket
             inner = tuple(padded if dim == -1 else size for size, dim in zip(parts[0].shape[1:], t.dims))
             out = allocate((rows, *inner), t.dtype)
             # One native copy of every part, the padding written around them.
-            pack_arrays(parts, out, pad_bytes(spec.pad_value, t.dtype))
+            pack_arrays(parts, out, pad_bytes(spec.serving.pad_value, t.dtype))
         elif len(parts) == 1:
             out = parts[0]
         else:
             out = allocate((rows, *parts[0].shape[1:]), t.dtype)
-            pack_arrays(parts, out, pad_bytes(spec.pad_value, t.dtype))  # nothing to pad: a copy, ~4x np.concatenate's speed
+            pack_arrays(parts, out, pad_bytes(spec.serving.pad_value, t.dtype))  # nothing to pad: a copy, ~4x np.concatenate's speed
         inputs[t.name] = out
     return Batch(inputs=inputs, members=members, lengths=lengths, padded_length=padded, rows=total)
 
@@ -190,7 +190,7 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray]) -> List
     An output dimension declared -1 whose size equals the padded length is cut back to
     each request's own length, so per-token outputs come back un-padded.
     """
-    if not spec.batched:
+    if not spec.signature.batched:
         return [outputs]
     total = batch.rows
     for name, array in outputs.items():
@@ -198,7 +198,7 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray]) -> List
             raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {total} rows for this batch")
     results = []
     at = 0
-    if not spec.trimmed_outputs or batch.padded_length is None:
+    if not spec.signature.trimmed_outputs or batch.padded_length is None:
         # Nothing to trim: each request's share is a view of its rows.
         if total == len(batch.members):
             # One row each: numpy hands out the row views itself.
@@ -211,7 +211,7 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray]) -> List
             results.append({name: array[at:at + rows] for name, array in outputs.items()})
             at += rows
         return results
-    declared = {t.name: t.dims for t in spec.outputs}
+    declared = {t.name: t.dims for t in spec.signature.outputs}
     for (_, rows), length in zip(batch.members, batch.lengths):
         per_request = {}
         for name, array in outputs.items():

@@ -1,20 +1,22 @@
 """The model config a latte model runs with, parsed and checked once at load.
 
-Triton hands `initialize` the model config as JSON; this turns it into a `ModelSpec`
-and raises `ConfigError` (never `assert`) with the offending key when it is wrong.
+Triton hands `initialize` the model config as JSON; this turns it into a `ModelSpec`, the
+model's `ModelSignature` (tensors, max_batch_size, file and runtime) and the `ServingOptions`
+its parameters choose, one small parser per section, and raises `ConfigError` (never
+`assert`) with the offending key when it is wrong.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from latte.backend.buckets import BucketPlan
 from latte.backend.dtypes import to_numpy
 from latte.backend.errors import ConfigError
 from latte.backend.planning import parse_planning
@@ -39,36 +41,14 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSignature:
+    """What the model is: its tensors, batching dimension and file, as Triton's config declares them."""
     name: str
     inputs: Tuple[TensorSpec, ...]
     outputs: Tuple[TensorSpec, ...]
     max_batch_size: int
     runtime: str
     model_path: Path
-    intra_op_threads: int
-    inter_op_threads: int
-    instance_count: int
-    pad_value: float = 0.0
-    max_sequence_length: Optional[int] = None
-    device: str = "cpu"
-    parameters: Mapping[str, str] = field(default_factory=dict)
-    bucket_edges: Optional[Tuple[int, ...]] = None   # for ragged inputs; None = pad to the batch's longest
-    session_input: Optional[str] = None              # ragged input whose prefix a session keeps
-    session_ttl_s: float = 300.0
-    max_sessions: int = 10000
-    arena_bytes: int = 64 << 20
-    lanes: int = 1
-    warmup: bool = True
-    scheduler: str = "affinity"                      # "affinity" (scheduler lanes) or "inline"; see parse
-    pin_lanes: bool = False
-    reject_nan: bool = False                         # refuse requests with NaN/inf in float inputs
-    check_cancellation: bool = False                 # ask Triton per request whether the client gave up
-    respond: str = "auto"                            # when early batches are answered (responses.EarlyAnswers)
-    pipeline: bool = False                           # execute returns at once; lanes answer (see docs/backend.md)
-    batch_window_us: int = 2000                      # longest a pipelined batch may wait to grow
-    max_queue_size: int = 4096                       # requests the scheduler queues; past it the lowest priority is shed
-    batch_planning: str = "cost"                     # "cost": cheapest plan across buckets; "bucket": one bucket per batch
 
     @cached_property  # read on every batch; the spec never changes
     def batched(self) -> bool:
@@ -90,6 +70,72 @@ class ModelSpec:
         raise KeyError(name)
 
 
+@dataclass(frozen=True)
+class ThreadBudget:
+    """The threads a model's instances compute on (instances x lanes x intra_op_threads) against
+    the cores this server may use."""
+    threads: int = 1
+    cores: int = 1
+    intra_op_threads: int = 1
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.threads > self.cores
+
+    @property
+    def refused(self) -> bool:
+        """Intra-op threads that outnumber free cores wait on each other for whole time slices
+        (measured: 14 us vs 32 ms per call), so multi-threaded runtimes must fit the cores.
+        Single-threaded instances beyond the cores are an ordinary CPU deployment (each
+        instance is its own stub process and requests spend much of their life in IPC)."""
+        return self.oversubscribed and self.intra_op_threads > 1
+
+    @property
+    def state(self) -> str:
+        return "oversubscribed" if self.oversubscribed else "within"
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    """How latte serves the model: the config's parameters, parsed. The defaults are those of a
+    config that sets none of them."""
+    device: str = "cpu"
+    instance_count: int = 1
+    intra_op_threads: int = 1
+    inter_op_threads: int = 1
+    lanes: int = 1
+    thread_budget: ThreadBudget = ThreadBudget()
+    precision: str = "fp32"
+    accuracy_tolerance: float = 0.02                 # max relative L2 error of a reduced precision
+    pad_value: float = 0.0
+    max_sequence_length: Optional[int] = None
+    bucket_edges: Optional[Tuple[int, ...]] = None   # for ragged inputs; None = pad to the batch's longest
+    batch_planning: str = "cost"                     # "cost": cheapest plan across buckets; "bucket": one bucket per batch
+    reject_nan: bool = False                         # refuse requests with NaN/inf in float inputs
+    session_input: Optional[str] = None              # ragged input whose prefix a session keeps
+    session_ttl_s: float = 300.0
+    max_sessions: int = 10000
+    arena_bytes: int = 64 << 20
+    warmup: bool = True
+    scheduler: str = "inline"                        # "affinity" (scheduler lanes) or "inline"; see _scheduling
+    pin_lanes: bool = False
+    pipeline: bool = False                           # execute returns at once; lanes answer (see docs/backend.md)
+    batch_window_us: int = 2000                      # longest a pipelined batch may wait to grow
+    max_queue_size: int = 4096                       # requests the scheduler queues; past it the lowest priority is shed
+    respond: str = "auto"                            # when early batches are answered (responses.EarlyAnswers)
+    check_cancellation: bool = False                 # ask Triton per request whether the client gave up
+
+
+# What each parameter defaults to: the parsers read their defaults here.
+DEFAULTS = ServingOptions()
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    signature: ModelSignature
+    serving: ServingOptions = DEFAULTS
+
+
 def parameters_of(config: Mapping) -> Dict[str, str]:
     params = config.get("parameters") or {}
     out = {}
@@ -108,6 +154,30 @@ def _int_param(params: Mapping[str, str], key: str, default: Optional[int], mini
         raise ConfigError(f"parameters[{key!r}] must be an integer, got {raw!r}") from None
     if value < minimum:
         raise ConfigError(f"parameters[{key!r}] must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool_param(name: str, params: Mapping[str, str], key: str, default: bool) -> bool:
+    value = params.get(key, "true" if default else "false").strip().lower()
+    if value not in ("true", "false", "1", "0"):
+        raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be true or false, got {value!r}")
+    return value in ("true", "1")
+
+
+def _float_param(name: str, params: Mapping[str, str], key: str, default: float, what: str = "a number") -> float:
+    raw = params.get(key, "")
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be {what}, got {raw!r}") from None
+
+
+def _choice_param(name: str, params: Mapping[str, str], key: str, choices: Tuple[str, ...]) -> str:
+    """The parameter's value, lower-cased, one of `choices`; the first choice is the default."""
+    value = params.get(key, choices[0]).strip().lower() or choices[0]
+    if value not in choices:
+        raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be {', '.join(choices[:-1])} or "
+                          f"{choices[-1]}, got {value!r}")
     return value
 
 
@@ -172,6 +242,21 @@ def detect_runtime(path: Path) -> str:
     return runtime
 
 
+def model_files_in(version_dir: Path) -> List[Path]:
+    """The files of a version folder whose extension names a runtime."""
+    return sorted(p for p in version_dir.iterdir() if p.suffix in RUNTIME_BY_EXTENSION) if version_dir.is_dir() else []
+
+
+def find_model_file(version_dir: Path, params: Mapping[str, str]) -> Optional[Path]:
+    """parameters["model_file"] (relative to the version folder unless absolute), else the
+    folder's only model file; None when the folder holds none or several."""
+    if params.get("model_file"):
+        path = Path(params["model_file"])
+        return path if path.is_absolute() else version_dir / path
+    candidates = model_files_in(version_dir)
+    return candidates[0] if len(candidates) == 1 else None
+
+
 def instance_count(config: Mapping) -> int:
     groups = config.get("instance_group") or [{"count": 1}]
     return sum(int(g.get("count", 1)) for g in groups)
@@ -188,10 +273,9 @@ def usable_cores() -> int:
     return len(usable_core_ids())
 
 
-def parse_model_config(config: Mapping, model_dir: Path, version: str, device: str = "cpu") -> ModelSpec:
-    """Check Triton's model config (as `initialize` receives it) and describe how to serve it."""
+def parse_signature(config: Mapping, params: Mapping[str, str], model_dir: Path, version: str) -> ModelSignature:
+    """The model's tensors, max_batch_size and file; the parameters add valid ranges, the file and runtime."""
     name = config.get("name") or model_dir.name
-    params = parameters_of(config)
     inputs = _with_valid_ranges(name, tuple(_tensor(t, "input") for t in config.get("input", [])), params)
     outputs = tuple(_tensor(t, "output") for t in config.get("output", []))
     if not inputs:
@@ -203,109 +287,133 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
         raise ConfigError(f"model {name!r}: max_batch_size must be >= 0, got {max_batch_size}")
     if any(t.ragged for t in inputs) and max_batch_size == 0:
         raise ConfigError(f"model {name!r}: allow_ragged_batch needs max_batch_size > 0")
-
-    model_file = params.get("model_file", "")
     version_dir = model_dir / str(version)
-    if model_file:
-        path = Path(model_file)
-        model_path = path if path.is_absolute() else version_dir / path
-    else:
-        candidates = sorted(p for p in version_dir.iterdir() if p.suffix in RUNTIME_BY_EXTENSION) if version_dir.is_dir() else []
-        if len(candidates) != 1:
-            raise ConfigError(
-                f"model {name!r}: set parameters[\"model_file\"]; found {len(candidates)} model files in {version_dir}"
-            )
-        model_path = candidates[0]
+    model_path = find_model_file(version_dir, params)
+    if model_path is None:
+        raise ConfigError(f"model {name!r}: set parameters[\"model_file\"]; found "
+                          f"{len(model_files_in(version_dir))} model files in {version_dir}")
     if not model_path.exists():
         raise ConfigError(f"model {name!r}: model file {model_path} does not exist")
     runtime = params.get("runtime") or detect_runtime(model_path)
     if runtime not in RUNTIMES:
         raise ConfigError(f"model {name!r}: parameters[\"runtime\"] is {runtime!r}; expected one of {', '.join(RUNTIMES)}")
+    return ModelSignature(name=name, inputs=inputs, outputs=outputs, max_batch_size=max_batch_size,
+                          runtime=runtime, model_path=model_path)
 
-    intra = _int_param(params, "intra_op_threads", 1)
-    inter = _int_param(params, "inter_op_threads", 1)
-    count = instance_count(config)
-    cores = usable_cores()
-    try:
-        pad_value = float(params.get("pad_value", "0") or 0)
-    except ValueError:
-        raise ConfigError(f"model {name!r}: parameters[\"pad_value\"] must be a number, got {params['pad_value']!r}") from None
-    ragged = [t for t in inputs if t.ragged]
-    max_len = _int_param(params, "max_sequence_length", None)
+
+def _threads(name: str, params: Mapping[str, str], count: int) -> Dict:
+    intra = _int_param(params, "intra_op_threads", DEFAULTS.intra_op_threads)
+    lanes = _int_param(params, "lanes", DEFAULTS.lanes)
+    budget = ThreadBudget(threads=count * lanes * intra, cores=usable_cores(), intra_op_threads=intra)
+    if budget.refused:
+        raise ConfigError(
+            f"model {name!r}: {count} instance(s) x lanes={lanes} x intra_op_threads={intra} = "
+            f"{budget.threads} threads exceed the {budget.cores} core(s) this server may use; "
+            f"multi-threaded instances must fit the cores (set intra_op_threads to 1 to run more instances than cores)"
+        )
+    return {"instance_count": count, "intra_op_threads": intra, "lanes": lanes, "thread_budget": budget,
+            "inter_op_threads": _int_param(params, "inter_op_threads", DEFAULTS.inter_op_threads)}
+
+
+def thread_budget_warning(spec: ModelSpec) -> Optional[str]:
+    """The log line for a model whose single-threaded instances outnumber the cores; None when they fit."""
+    serving, budget = spec.serving, spec.serving.thread_budget
+    if not budget.oversubscribed:
+        return None
+    return (f"model {spec.signature.name!r}: {serving.instance_count} instance(s) x lanes={serving.lanes} x "
+            f"intra_op_threads={serving.intra_op_threads} = {budget.threads} threads on {budget.cores} core(s); "
+            f"they take turns on the cores, so each call may wait for another's time slice")
+
+
+PRECISIONS = ("fp32", "int8", "fp16")
+
+
+def _precision(name: str, params: Mapping[str, str], runtime: str, device: str) -> Dict:
+    """parameters precision (fp32 | int8 | fp16) and accuracy_tolerance; see backend/precision.py."""
+    value = params.get("precision", "").strip().lower() or DEFAULTS.precision
+    if value not in PRECISIONS:
+        raise ConfigError(f"model {name!r}: parameters[\"precision\"] is {value!r}; expected one of {PRECISIONS}")
+    if value == "int8" and runtime != "onnx":
+        raise ConfigError(f"model {name!r}: precision int8 is available for ONNX models (this one is {runtime})")
+    if value == "fp16" and (runtime not in ("torchscript", "torch_export") or not device.startswith("cuda")):
+        raise ConfigError(f"model {name!r}: precision fp16 needs a torch model on a GPU instance (KIND_GPU)")
+    if value == DEFAULTS.precision:
+        return {"precision": value}
+    tolerance = _float_param(name, params, "accuracy_tolerance", DEFAULTS.accuracy_tolerance)
+    if tolerance <= 0:
+        raise ConfigError(f"model {name!r}: parameters[\"accuracy_tolerance\"] must be > 0")
+    return {"precision": value, "accuracy_tolerance": tolerance}
+
+
+def _batching(name: str, params: Mapping[str, str], signature: ModelSignature) -> Dict:
+    max_len = _int_param(params, "max_sequence_length", DEFAULTS.max_sequence_length)
     edges_text = params.get("bucket_edges", "").strip()
-    if edges_text.lower() == "none" or not ragged:
+    if edges_text.lower() == "none" or not signature.ragged_inputs:
         bucket_edges = None
     elif edges_text:
-        from latte.backend.buckets import BucketPlan
-
         try:
             bucket_edges = tuple(BucketPlan.parse(edges_text).edges)
         except ValueError as exc:
             raise ConfigError(f"model {name!r}: {exc}") from None
     else:
-        from latte.backend.buckets import BucketPlan
-
         default = BucketPlan.default(max_len)
         bucket_edges = tuple(default.edges) if default else None
-    session_input = params.get("session_input") or None
-    if session_input is not None and session_input not in [t.name for t in ragged]:
-        raise ConfigError(f"model {name!r}: parameters[\"session_input\"] is {session_input!r}; "
-                          f"it must name a ragged input ({[t.name for t in ragged]})")
-    try:
-        ttl = float(params.get("session_ttl_s", "300") or 300)
-    except ValueError:
-        raise ConfigError(f"model {name!r}: parameters[\"session_ttl_s\"] must be a number of seconds") from None
-    if ttl <= 0:
-        raise ConfigError(f"model {name!r}: parameters[\"session_ttl_s\"] must be > 0")
-    lanes = _int_param(params, "lanes", 1)
-    if count * lanes * intra > cores:
-        # Intra-op threads that outnumber free cores wait on each other for whole time
-        # slices (measured: 14 us vs 32 ms per call); refuse rather than degrade.
-        raise ConfigError(
-            f"model {name!r}: {count} instance(s) x lanes={lanes} x intra_op_threads={intra} = "
-            f"{count * lanes * intra} threads exceed the {cores} core(s) this server may use"
-        )
-    flags = {}
-    for key, default in (("warmup", "true"), ("pin_lanes", "false"), ("reject_nan", "false"),
-                         ("check_cancellation", "false"), ("pipeline", "false")):
-        value = params.get(key, default).strip().lower()
-        if value not in ("true", "false", "1", "0"):
-            raise ConfigError(f"model {name!r}: parameters[\"{key}\"] must be true or false, got {value!r}")
-        flags[key] = value in ("true", "1")
-    scheduler = params.get("scheduler", "auto").strip().lower()
-    if scheduler not in ("auto", "affinity", "inline"):
-        raise ConfigError(f"model {name!r}: parameters[\"scheduler\"] must be auto, affinity or inline, got {scheduler!r}")
     try:
         batch_planning = parse_planning(params.get("batch_planning"))
     except ValueError as exc:
         raise ConfigError(f"model {name!r}: parameters[\"batch_planning\"]: {exc}") from None
-    if flags["pipeline"] and scheduler == "inline":
+    return {"pad_value": _float_param(name, params, "pad_value", DEFAULTS.pad_value), "max_sequence_length": max_len,
+            "bucket_edges": bucket_edges, "batch_planning": batch_planning,
+            "reject_nan": _bool_param(name, params, "reject_nan", DEFAULTS.reject_nan)}
+
+
+def _sessions(name: str, params: Mapping[str, str], signature: ModelSignature) -> Dict:
+    ragged = [t.name for t in signature.inputs if t.ragged]
+    session_input = params.get("session_input") or None
+    if session_input is not None and session_input not in ragged:
+        raise ConfigError(f"model {name!r}: parameters[\"session_input\"] is {session_input!r}; "
+                          f"it must name a ragged input ({ragged})")
+    ttl = _float_param(name, params, "session_ttl_s", DEFAULTS.session_ttl_s, what="a number of seconds")
+    if ttl <= 0:
+        raise ConfigError(f"model {name!r}: parameters[\"session_ttl_s\"] must be > 0")
+    return {"session_input": session_input, "session_ttl_s": ttl,
+            "max_sessions": _int_param(params, "max_sessions", DEFAULTS.max_sessions),
+            "arena_bytes": _int_param(params, "arena_bytes", DEFAULTS.arena_bytes, minimum=1 << 16)}
+
+
+def _scheduling(name: str, params: Mapping[str, str], lanes: int) -> Dict:
+    pipeline = _bool_param(name, params, "pipeline", DEFAULTS.pipeline)
+    scheduler = _choice_param(name, params, "scheduler", ("auto", "affinity", "inline"))
+    if pipeline and scheduler == "inline":
         raise ConfigError(f"model {name!r}: parameters[\"pipeline\"] runs batches on scheduler lanes; "
                           f"it cannot be combined with scheduler: inline")
     if scheduler == "auto":
         # One lane gains nothing from placement, and handing batches to a lane thread costs
         # about 50 us per request (measured in-process on the example sequence model); a
         # pipelined model needs the lanes whatever their number.
-        scheduler = "affinity" if lanes > 1 or flags["pipeline"] else "inline"
+        scheduler = "affinity" if lanes > 1 or pipeline else "inline"
     if "max_queue_size" in params and scheduler == "inline":
         raise ConfigError(f"model {name!r}: parameters[\"max_queue_size\"] bounds the queue of the scheduler lanes, and this "
                           f"model runs inline, without one; set pipeline: true (or lanes > 1), or drop max_queue_size")
-    respond = params.get("respond", "auto").strip().lower()
-    if respond not in ("auto", "per_batch", "per_call"):
-        raise ConfigError(f"model {name!r}: parameters[\"respond\"] must be auto, per_batch or per_call, got {respond!r}")
-    return ModelSpec(
-        name=name, inputs=inputs, outputs=outputs, max_batch_size=max_batch_size, runtime=runtime,
-        model_path=model_path, intra_op_threads=intra, inter_op_threads=inter, instance_count=count,
-        pad_value=pad_value, max_sequence_length=max_len,
-        device=device, parameters=params, bucket_edges=bucket_edges, session_input=session_input,
-        session_ttl_s=ttl, max_sessions=_int_param(params, "max_sessions", 10000),
-        arena_bytes=_int_param(params, "arena_bytes", 64 << 20, minimum=1 << 16), lanes=lanes,
-        warmup=flags["warmup"], pin_lanes=flags["pin_lanes"], reject_nan=flags["reject_nan"],
-        check_cancellation=flags["check_cancellation"], scheduler=scheduler, respond=respond,
-        batch_planning=batch_planning, pipeline=flags["pipeline"],
-        batch_window_us=_int_param(params, "batch_window_us", 2000, minimum=0),
-        max_queue_size=_int_param(params, "max_queue_size", 4096),
-    )
+    return {"scheduler": scheduler, "pipeline": pipeline,
+            "pin_lanes": _bool_param(name, params, "pin_lanes", DEFAULTS.pin_lanes),
+            "batch_window_us": _int_param(params, "batch_window_us", DEFAULTS.batch_window_us, minimum=0),
+            "max_queue_size": _int_param(params, "max_queue_size", DEFAULTS.max_queue_size),
+            "respond": _choice_param(name, params, "respond", ("auto", "per_batch", "per_call")),
+            "check_cancellation": _bool_param(name, params, "check_cancellation", DEFAULTS.check_cancellation),
+            "warmup": _bool_param(name, params, "warmup", DEFAULTS.warmup)}
+
+
+def parse_model_config(config: Mapping, model_dir: Path, version: str, device: str = "cpu") -> ModelSpec:
+    """Check Triton's model config (as `initialize` receives it) and describe how to serve it."""
+    params = parameters_of(config)
+    signature = parse_signature(config, params, model_dir, version)
+    name = signature.name
+    threads = _threads(name, params, instance_count(config))
+    serving = ServingOptions(device=device, **threads, **_precision(name, params, signature.runtime, device),
+                             **_batching(name, params, signature), **_sessions(name, params, signature),
+                             **_scheduling(name, params, threads["lanes"]))
+    return ModelSpec(signature, serving)
 
 
 def parse_args(args: Mapping) -> Tuple[Mapping, Path, str]:

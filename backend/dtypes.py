@@ -19,6 +19,9 @@ TRITON_TO_NUMPY = {
     "TYPE_FP64": np.dtype(np.float64),
 }
 NUMPY_TO_TRITON = {v: k for k, v in TRITON_TO_NUMPY.items()}
+# Every type a Triton config may declare: latte's runtimes serve those above; a Python-backend
+# step of a generated pipeline may also take strings and bfloat16.
+TRITON_TYPES = tuple(TRITON_TO_NUMPY) + ("TYPE_BF16", "TYPE_STRING")
 
 
 def to_numpy(triton_type: str) -> np.dtype:

@@ -81,17 +81,17 @@ class BatchEngine:
         self.buckets = buckets
         # Cost planning lets requests of smaller buckets ride in a larger bucket's batch; the
         # default model is replaced by one measured at warmup (see warmup.measure_cost_model).
-        if cost_model is None and spec.batch_planning == "cost" and buckets is not None:
+        if cost_model is None and spec.serving.batch_planning == "cost" and buckets is not None:
             cost_model = CostModel.default(buckets.edges)
-        self.cost_model = cost_model if spec.batch_planning == "cost" else None
+        self.cost_model = cost_model if spec.serving.batch_planning == "cost" else None
         self.sessions = sessions
         self.session_input = session_input
         self.allocate = allocate
         self.clock = clock
         self.on_batch = on_batch
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
-        self._out_dtypes = {t.name: t.dtype for t in spec.outputs}
-        self._one_shape = spec.batched and not spec.ragged_inputs and uniform_shapes(spec)
+        self._out_dtypes = {t.name: t.dtype for t in spec.signature.outputs}
+        self._one_shape = spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
 
     # -- the whole call -------------------------------------------------------------------
     def answers(self, items: Sequence[Union[ParsedRequest, Exception]],
@@ -156,7 +156,7 @@ class BatchEngine:
     def _groups(self, work: Sequence[Work]) -> List[List[Work]]:
         if self._one_shape:
             # Every request fits every batch: cut the call's requests by rows, in order.
-            return chunk_by_rows(work, [w.request.rows for w in work], self.spec.max_batch_size)
+            return chunk_by_rows(work, [w.request.rows for w in work], self.spec.signature.max_batch_size)
         by_position = {w.position: w for w in work}
         return [[by_position[pos] for pos, _ in group]
                 for group in plan_batches(self.spec, [(w.position, w.request) for w in work], self.buckets,
@@ -187,7 +187,7 @@ class BatchEngine:
         """Run work of one affinity key as handed over by the scheduler. Its key is the batch
         the call's plan put it in, and the scheduler keeps a batch within max_batch_size
         rows, so the group runs as it is; only a group past that limit is planned again."""
-        if not self.spec.batched or sum(w.request.rows for w in group) > self.spec.max_batch_size:
+        if not self.spec.signature.batched or sum(w.request.rows for w in group) > self.spec.signature.max_batch_size:
             return [outcome for batch in self._groups(group) for outcome in self._run_in_time(batch)]
         return self._run_in_time(group)
 
@@ -234,7 +234,7 @@ class BatchEngine:
             if batch is not None:
                 self._record(batch, len(group), started, failed=True)
             if len(group) == 1:
-                return [(group[0].position, model_failure(self.spec.name, exc))]
+                return [(group[0].position, model_failure(self.spec.signature.name, exc))]
             outcomes = []
             for w in group:
                 outcomes.extend(self._run([w]))
@@ -260,7 +260,7 @@ class BatchEngine:
         if opts.session_id is None:
             return request
         if self.sessions is None or self.session_input is None:
-            raise RequestError(f"model {self.spec.name!r} keeps no session state; drop session_id "
+            raise RequestError(f"model {self.spec.signature.name!r} keeps no session state; drop session_id "
                                f"(or set the parameter session_input in its config)")
         tokens = request.inputs[self.session_input]
         sequence = self.sessions.extend(opts.session_id, tokens, opts.session_start)

@@ -70,7 +70,7 @@ class LaneDispatcher:
         self._started = time.monotonic()
         self._busy_s: Dict[int, float] = {}
         self.queue_capacity = queue_capacity
-        batch = max(1, engine.spec.max_batch_size)
+        batch = max(1, engine.spec.signature.max_batch_size)
         self.scheduler = AffinityScheduler(
             self._execute, self._complete, lanes=list(lane_cpus) if lane_cpus else lanes,
             max_batch_size=batch, max_batch_bytes=1 << 40, queue_capacity=queue_capacity,
@@ -142,7 +142,7 @@ class LaneDispatcher:
             outcome = call.results.pop(w.position, None)
         if outcome is None:
             if error is not None:
-                outcome = refusal(self.engine.spec.name, self.queue_capacity, error, w, self.engine.clock())
+                outcome = refusal(self.engine.spec.signature.name, self.queue_capacity, error, w, self.engine.clock())
             else:
                 outcome = ModelError("the batch finished without a result")
         if call.on_results is not None:

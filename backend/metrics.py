@@ -103,6 +103,8 @@ _DESCRIPTIONS = {
     "latte_arena_failures": "Arena allocation failures (all; fragmentation: with live + request <= 80% of capacity)",
     "latte_sessions": "Sessions by state (live, started, ended, expired)",
     "latte_scheduler": "Scheduler figures (affinity_hit_rate, steals, batches, ...)",
+    "latte_thread_budget": "Threads the model's instances compute on (instances x lanes x intra_op_threads), "
+                           "by state: within the usable cores or oversubscribed",
 }
 
 
@@ -258,6 +260,9 @@ class BackendMetrics:
     def sessions(self, live: int, started: int, ended: int, expired: int) -> None:
         for state, value in (("live", live), ("started", started), ("ended", ended), ("expired", expired)):
             self.aggregate.set("latte_sessions", {"state": state}, value)
+
+    def thread_budget(self, state: str, threads: int) -> None:
+        self.aggregate.set("latte_thread_budget", {"state": state}, threads)
 
     def scheduler(self, figures: Mapping[str, float]) -> None:
         for name, value in figures.items():

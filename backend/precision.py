@@ -8,7 +8,9 @@ quantized on the fly); a CPU speed-up for matmul-heavy models. fp16: torch model
 GPU instance. Before serving, the reduced model and the FP32 model run the same inputs
 (the warmup shapes, random values); the relative L2 error, max absolute error and, for
 2-d outputs, top-1 agreement are logged, and the model refuses to load when the error
-exceeds the tolerance, so quantization never loses accuracy silently.
+exceeds the tolerance, so quantization never loses accuracy silently. Which precision a
+model asks for, and whether its runtime and device offer it, is checked with the rest of
+its config (backend/config.py).
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ from typing import Callable, Dict, List
 import numpy as np
 
 from latte.backend.config import ConfigError, ModelSpec
-
-PRECISIONS = ("fp32", "int8", "fp16")
+from latte.backend.samples import sample_values
 
 
 @dataclass
@@ -35,28 +36,6 @@ class AccuracyReport:
     def text(self) -> str:
         top1 = "" if np.isnan(self.top1_agreement) else f", top-1 agreement {self.top1_agreement:.1%}"
         return f"{self.precision} vs fp32: relative L2 error {self.relative_l2:.2e}, max |diff| {self.max_abs:.2e}{top1}"
-
-
-def precision_of(spec: ModelSpec) -> str:
-    value = spec.parameters.get("precision", "fp32").strip().lower() or "fp32"
-    if value not in PRECISIONS:
-        raise ConfigError(f"model {spec.name!r}: parameters[\"precision\"] is {value!r}; expected one of {PRECISIONS}")
-    if value == "int8" and spec.runtime != "onnx":
-        raise ConfigError(f"model {spec.name!r}: precision int8 is available for ONNX models (this one is {spec.runtime})")
-    if value == "fp16" and (spec.runtime not in ("torchscript", "torch_export") or not spec.device.startswith("cuda")):
-        raise ConfigError(f"model {spec.name!r}: precision fp16 needs a torch model on a GPU instance (KIND_GPU)")
-    return value
-
-
-def tolerance_of(spec: ModelSpec) -> float:
-    raw = spec.parameters.get("accuracy_tolerance", "0.02")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"model {spec.name!r}: parameters[\"accuracy_tolerance\"] must be a number, got {raw!r}") from None
-    if value <= 0:
-        raise ConfigError(f"model {spec.name!r}: parameters[\"accuracy_tolerance\"] must be > 0")
-    return value
 
 
 def quantize_onnx_int8(path: Path) -> Path:
@@ -73,14 +52,10 @@ def random_feeds(spec: ModelSpec, shapes: List[Dict[str, tuple]], seed: int = 0)
     feeds = []
     for shape_set in shapes:
         feed = {}
-        for t in spec.inputs:
+        for t in spec.signature.inputs:
             if t.name not in shape_set:
                 continue
-            shape = shape_set[t.name]
-            if np.issubdtype(t.dtype, np.integer):
-                feed[t.name] = rng.integers(1, 100, size=shape).astype(t.dtype)
-            else:
-                feed[t.name] = rng.standard_normal(shape).astype(t.dtype)
+            feed[t.name] = sample_values(t.dtype, shape_set[t.name], rng)
         feeds.append(feed)
     return feeds
 
@@ -107,21 +82,21 @@ def load_at_precision(spec: ModelSpec, shapes: List[Dict[str, tuple]]):
     """The runtime to serve with, and the accuracy report when it is not FP32."""
     from latte.backend.runtimes import load_runtime
 
-    inputs, outputs = [t.name for t in spec.inputs], [t.name for t in spec.outputs]
+    signature, serving = spec.signature, spec.serving
+    inputs, outputs = [t.name for t in signature.inputs], [t.name for t in signature.outputs]
 
     def load(path, **kwargs):
-        return load_runtime(spec.runtime, path, inputs, outputs, spec.intra_op_threads, spec.inter_op_threads,
-                            spec.device, **kwargs)
+        return load_runtime(signature.runtime, path, inputs, outputs, serving.intra_op_threads,
+                            serving.inter_op_threads, serving.device, **kwargs)
 
-    precision = precision_of(spec)
-    reference = load(spec.model_path)
-    if precision == "fp32":
+    reference = load(signature.model_path)
+    if serving.precision == "fp32":
         return reference, None
-    tolerance = tolerance_of(spec)
-    reduced = load(quantize_onnx_int8(spec.model_path)) if precision == "int8" else load(spec.model_path, half=True)
-    report = compare(precision, reference.run, reduced.run, random_feeds(spec, shapes))
+    reduced = (load(quantize_onnx_int8(signature.model_path)) if serving.precision == "int8"
+               else load(signature.model_path, half=True))
+    report = compare(serving.precision, reference.run, reduced.run, random_feeds(spec, shapes))
     reference.close()
-    if not report.relative_l2 <= tolerance:
-        raise ConfigError(f"model {spec.name!r}: {report.text()} exceeds accuracy_tolerance={tolerance:g}; "
-                          f"serve it at fp32 or raise the tolerance deliberately")
+    if not report.relative_l2 <= serving.accuracy_tolerance:
+        raise ConfigError(f"model {signature.name!r}: {report.text()} exceeds accuracy_tolerance="
+                          f"{serving.accuracy_tolerance:g}; serve it at fp32 or raise the tolerance deliberately")
     return reduced, report

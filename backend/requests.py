@@ -60,18 +60,19 @@ def _float_bits(dtype: np.dtype) -> int:
 
 def _rule(spec: ModelSpec, t: TensorSpec) -> InputRule:
     low, high = t.valid_range or (0, 0)
-    return InputRule(type=t.dtype.num, float_bits=_float_bits(t.dtype), dims=list(t.dims), batched=spec.batched,
-                     max_rows=max(spec.max_batch_size, 1), max_length=spec.max_sequence_length or 0,
-                     reject_nonfinite=spec.reject_nan, int_bits=t.dtype.itemsize * 8 if t.valid_range else 0,
+    return InputRule(type=t.dtype.num, float_bits=_float_bits(t.dtype), dims=list(t.dims),
+                     batched=spec.signature.batched, max_rows=max(spec.signature.max_batch_size, 1),
+                     max_length=spec.serving.max_sequence_length or 0,
+                     reject_nonfinite=spec.serving.reject_nan, int_bits=t.dtype.itemsize * 8 if t.valid_range else 0,
                      int_signed=t.dtype.kind == "i", low=low, high=high)
 
 
 class RequestReader:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
-        self._by_name = {t.name: t for t in spec.inputs}
-        self._required = [t.name for t in spec.inputs if not t.optional]
-        self._rules = {t.name: _rule(spec, t) for t in spec.inputs}
+        self._by_name = {t.name: t for t in spec.signature.inputs}
+        self._required = [t.name for t in spec.signature.inputs if not t.optional]
+        self._rules = {t.name: _rule(spec, t) for t in spec.signature.inputs}
 
     def read(self, request) -> ParsedRequest:
         """One request, checked; raises RequestError when it cannot be served."""
@@ -103,11 +104,13 @@ class RequestReader:
         for tensor in request.inputs():
             name = tensor.name()
             if name not in by_name:
-                raise RequestError(f"unexpected input {name!r}; model {self.spec.name!r} takes {sorted(by_name)}")
+                raise RequestError(f"unexpected input {name!r}; model {self.spec.signature.name!r} "
+                                   f"takes {sorted(by_name)}")
             arrays[name] = tensor.as_numpy()
         if len(arrays) < len(self._required):
             missing = [name for name in self._required if name not in arrays]
-            raise RequestError(f"missing input(s) {missing}; model {self.spec.name!r} takes {sorted(by_name)}")
+            raise RequestError(f"missing input(s) {missing}; model {self.spec.signature.name!r} "
+                               f"takes {sorted(by_name)}")
         timeout = getattr(request, "timeout", None)
         return ParsedRequest(inputs=arrays, rows=0, parameters=_parameters(request),
                              timeout_us=int(timeout()) if timeout is not None else 0)
@@ -115,7 +118,7 @@ class RequestReader:
     def _check(self, items: List[Union[ParsedRequest, Exception]]) -> None:
         """Fill in rows and length of every readable request; replace the refused ones with
         their RequestError."""
-        for spec in self.spec.inputs:
+        for spec in self.spec.signature.inputs:
             positions = [i for i, item in enumerate(items)
                          if not isinstance(item, Exception) and spec.name in item.inputs]
             if not positions:
@@ -145,13 +148,13 @@ class RequestReader:
         if problem == "dtype":
             return f"input {spec.name!r}: expected data type {_dtype_name(spec.dtype)}, got {_dtype_name(array.dtype)}"
         if problem == "shape":
-            return f"input {spec.name!r}: expected shape {spec.shape_text(self.spec.batched)}, got {shape}"
+            return f"input {spec.name!r}: expected shape {spec.shape_text(self.spec.signature.batched)}, got {shape}"
         if problem == "rows":
             return (f"input {spec.name!r}: batch of {detail} rows; this model takes 1 to "
-                    f"{self.spec.max_batch_size} rows per request")
+                    f"{self.spec.signature.max_batch_size} rows per request")
         if problem == "too_long":
             return (f"input {spec.name!r}: length {detail} exceeds this model's maximum of "
-                    f"{self.spec.max_sequence_length}")
+                    f"{self.spec.serving.max_sequence_length}")
         if problem == "empty":
             return f"input {spec.name!r}: empty dimension in shape {shape}"
         if problem == "nonfinite":
@@ -181,4 +184,4 @@ def _parameters(request) -> Mapping[str, object]:
 
 
 def describe_inputs(spec: ModelSpec) -> List[str]:
-    return [f"{t.name}: {_dtype_name(t.dtype)} {t.shape_text(spec.batched)}" for t in spec.inputs]
+    return [f"{t.name}: {_dtype_name(t.dtype)} {t.shape_text(spec.signature.batched)}" for t in spec.signature.inputs]

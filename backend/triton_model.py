@@ -12,7 +12,7 @@ import numpy as np
 
 from latte.backend import autocomplete
 from latte.backend.buckets import BucketPlan
-from latte.backend.config import parse_args, parse_model_config, usable_core_ids
+from latte.backend.config import parse_args, parse_model_config, thread_budget_warning, usable_core_ids
 from latte.backend.engine import BatchEngine, BatchRecord, ModelError, model_failure
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
@@ -45,11 +45,11 @@ def lane_cpus(spec) -> Optional[List[List[int]]]:
     Unpinned by default: several models in one server would otherwise all pin their first
     lane to the same core.
     """
-    if not spec.pin_lanes:
+    if not spec.serving.pin_lanes:
         return None
     cores = sorted(usable_core_ids())
-    per = spec.intra_op_threads
-    return [cores[i * per:(i + 1) * per] for i in range(spec.lanes)]
+    per = spec.serving.intra_op_threads
+    return [cores[i * per:(i + 1) * per] for i in range(spec.serving.lanes)]
 
 
 def instance_device(args) -> str:
@@ -63,64 +63,69 @@ class LatteModel:
         self.pb = pb
         config, model_dir, version = parse_args(args)
         self.spec = spec = parse_model_config(config, model_dir, version, device=instance_device(args))
+        signature, serving = spec.signature, spec.serving
+        oversubscribed = thread_budget_warning(spec)
+        if oversubscribed is not None:
+            pb.Logger.log_warn(f"latte: {oversubscribed}")
         self.runtime, accuracy = load_at_precision(spec, warmup_shapes(spec))
         if accuracy is not None:
-            pb.Logger.log_info(f"latte: {spec.name}: {accuracy.text()}")
+            pb.Logger.log_info(f"latte: {signature.name}: {accuracy.text()}")
         # Batch buffers and session state live here, so memory stays flat however shapes vary.
-        self.arena = BuddyArena(spec.arena_bytes, "cpu")
+        self.arena = BuddyArena(serving.arena_bytes, "cpu")
         allocate = self.arena.empty
-        self.sessions = (SessionStore(spec.session_ttl_s, spec.max_sessions, spec.max_sequence_length, allocate)
-                         if spec.session_input else None)
-        if spec.session_input and spec.instance_count > 1:
+        self.sessions = (SessionStore(serving.session_ttl_s, serving.max_sessions, serving.max_sequence_length,
+                                      allocate) if serving.session_input else None)
+        if serving.session_input and serving.instance_count > 1:
             pb.Logger.log_warn(
-                f"latte: {spec.name}: sessions live in the instance that opened them and Triton hands each request "
-                f"to any of the {spec.instance_count} instances, so a session's next request can be refused as "
-                "unknown; serve a model with session_input on one instance")
+                f"latte: {signature.name}: sessions live in the instance that opened them and Triton hands each "
+                f"request to any of the {serving.instance_count} instances, so a session's next request can be "
+                "refused as unknown; serve a model with session_input on one instance")
         self.metrics = BackendMetrics()
+        self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
         self.reader = RequestReader(spec)
         self.engine = BatchEngine(
-            spec, self.runtime, buckets=BucketPlan(spec.bucket_edges) if spec.bucket_edges else None,
-            sessions=self.sessions, session_input=spec.session_input, allocate=allocate, on_batch=self._on_batch,
+            spec, self.runtime, buckets=BucketPlan(serving.bucket_edges) if serving.bucket_edges else None,
+            sessions=self.sessions, session_input=serving.session_input, allocate=allocate, on_batch=self._on_batch,
         )
         self.dispatcher = None
-        if spec.scheduler == "affinity":
-            window = spec.batch_window_us / 1e6 if spec.pipeline else 0.0
-            self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, spec.lanes, lane_cpus(spec),
-                                                                      queue_capacity=spec.max_queue_size,
+        if serving.scheduler == "affinity":
+            window = serving.batch_window_us / 1e6 if serving.pipeline else 0.0
+            self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, serving.lanes, lane_cpus(spec),
+                                                                      queue_capacity=serving.max_queue_size,
                                                                       max_window_s=window)
-        self.responses = ResponseBuilder(pb, [t.name for t in spec.outputs])
-        self.early = EarlyAnswers(spec.respond)
+        self.responses = ResponseBuilder(pb, [t.name for t in signature.outputs])
+        self.early = EarlyAnswers(serving.respond)
         self._batches: List = []  # (rows, model seconds) of the running execute call's batches
         # Pipelined answers wait here for the sender thread, highest priority_level first
         # (then in the order they finished): (-priority, sequence number, [(sender, outcome)]).
         self._outbox: "queue.PriorityQueue" = queue.PriorityQueue()
         self._sequence = itertools.count()
         self._sender = None
-        if spec.pipeline:
-            self._sender = threading.Thread(target=self._send_responses, name=f"latte-responses-{spec.name}", daemon=True)
+        if serving.pipeline:
+            self._sender = threading.Thread(target=self._send_responses, name=f"latte-responses-{signature.name}", daemon=True)
             self._sender.start()
         # Publishing is off the request path: each Triton metric update is a round trip to the server.
-        self.publisher = TritonPublisher(pb, self.metrics.aggregate, spec.name, refresh=self._refresh_gauges,
+        self.publisher = TritonPublisher(pb, self.metrics.aggregate, signature.name, refresh=self._refresh_gauges,
                                          instance=args.get("model_instance_name", ""))
-        warmed = self._warmup() if spec.warmup else 0
-        if spec.warmup and self.engine.cost_model is not None:
+        warmed = self._warmup() if serving.warmup else 0
+        if serving.warmup and self.engine.cost_model is not None:
             measured = measure_cost_model(self.engine)
             if measured is not None:
                 self.engine.cost_model = measured
-        planning = spec.batch_planning
+        planning = serving.batch_planning
         if self.engine.cost_model is not None:
-            planning += f" ({'measured' if spec.warmup else 'default'}: {self.engine.cost_model.describe()})"
+            planning += f" ({'measured' if serving.warmup else 'default'}: {self.engine.cost_model.describe()})"
         pb.Logger.log_info(
-            f"latte: {spec.name} ready ({spec.runtime}, {spec.model_path.name}, max_batch_size={spec.max_batch_size}, "
-            f"intra_op_threads={spec.intra_op_threads}, scheduler={spec.scheduler}, lanes={spec.lanes}, buckets={list(spec.bucket_edges or [])}, "
-            f"warmup batches={warmed}, arena={spec.arena_bytes >> 20} MiB, batch planning={planning})"
+            f"latte: {signature.name} ready ({signature.runtime}, {signature.model_path.name}, max_batch_size={signature.max_batch_size}, "
+            f"intra_op_threads={serving.intra_op_threads}, scheduler={serving.scheduler}, lanes={serving.lanes}, buckets={list(serving.bucket_edges or [])}, "
+            f"warmup batches={warmed}, arena={serving.arena_bytes >> 20} MiB, batch planning={planning})"
         )
 
     def _warmup(self) -> int:
         requests = warmup_requests(self.spec)
         for outcome in self.engine.infer(requests):
             if isinstance(outcome, Exception):
-                raise RuntimeError(f"warmup of model {self.spec.name!r} failed: {outcome}")
+                raise RuntimeError(f"warmup of model {self.spec.signature.name!r} failed: {outcome}")
         return len(requests)
 
     @staticmethod
@@ -131,10 +136,10 @@ class LatteModel:
 
     def execute(self, requests) -> List:
         started = time.perf_counter()
-        items = self.reader.read_all(requests, self.spec.check_cancellation)
+        items = self.reader.read_all(requests, self.spec.serving.check_cancellation)
         options = self._options(items)
         read = time.perf_counter()
-        if self.spec.pipeline:
+        if self.spec.serving.pipeline:
             self._submit(requests, items, options, started)
             self.metrics.execute(len(requests), read - started, time.perf_counter() - read, 0.0)
             return None
@@ -156,7 +161,7 @@ class LatteModel:
                     responding += self._send_early(requests, outcomes, results)
         except Exception as exc:
             # A fault outside any one batch: every request not yet answered gets this error.
-            failure = model_failure(self.spec.name, exc)
+            failure = model_failure(self.spec.signature.name, exc)
             failed = [(i, failure) for i, r in enumerate(results) if r is _UNANSWERED]
             answered.append((self._tally(failed, options), time.perf_counter() - started))
             for position, _ in failed:
@@ -223,7 +228,7 @@ class LatteModel:
             self.engine.submit(parsed, options, answer)
         except Exception as exc:
             # Submission fails before anything is queued; answer whatever is not answered yet.
-            failure = ModelError(f"model {self.spec.name!r} could not queue the request: {type(exc).__name__}: {exc}")
+            failure = ModelError(f"model {self.spec.signature.name!r} could not queue the request: {type(exc).__name__}: {exc}")
             answer([(position, failure) for position in range(len(requests))])
         return None
 
@@ -248,7 +253,7 @@ class LatteModel:
             if isinstance(outcome, Exception):
                 key = (outcome_label(outcome), opts.priority if opts is not None else 0)
                 if isinstance(outcome, ModelError) and outcome.detail:
-                    self.pb.Logger.log_error(f"latte: {self.spec.name}: {outcome}\n{outcome.detail}")
+                    self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: {outcome}\n{outcome.detail}")
             else:
                 key = ("success", opts.priority if opts is not None else 0)
             counts[key] = counts.get(key, 0) + 1
@@ -259,10 +264,10 @@ class LatteModel:
         try:
             sender.send(self.responses.build(outcome), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as exc:  # the client may be gone; the other requests still get theirs
-            self.pb.Logger.log_error(f"latte: {self.spec.name}: could not send a response: {exc}")
+            self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: could not send a response: {exc}")
 
     def _on_batch(self, record: BatchRecord) -> None:
-        if self.spec.pipeline:
+        if self.spec.serving.pipeline:
             self.metrics.batch(record.rows, record.model_seconds)
         else:
             # Counted with the rest of its execute call, under one lock; lanes running the

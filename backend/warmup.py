@@ -17,16 +17,16 @@ from latte.backend.requests import ParsedRequest
 
 
 def warmup_requests(spec: ModelSpec) -> List[ParsedRequest]:
-    lengths = list(spec.bucket_edges or ()) or [spec.max_sequence_length or 8]
-    rows = max(1, spec.max_batch_size) if spec.batched else 1
+    lengths = list(spec.serving.bucket_edges or ()) or [spec.serving.max_sequence_length or 8]
+    rows = max(1, spec.signature.max_batch_size) if spec.signature.batched else 1
     requests = []
-    for length in lengths if any(t.ragged for t in spec.inputs) else lengths[:1]:
+    for length in lengths if any(t.ragged for t in spec.signature.inputs) else lengths[:1]:
         feed: Dict[str, np.ndarray] = {}
-        for t in spec.inputs:
+        for t in spec.signature.inputs:
             if t.optional:
                 continue
             inner = tuple(length if d == -1 else d for d in t.dims)
-            shape = ((rows,) if spec.batched else ()) + inner
+            shape = ((rows,) if spec.signature.batched else ()) + inner
             # Ones, not zeros: zero is the usual padding value and may be masked away.
             feed[t.name] = np.ones(shape, dtype=t.dtype)
         requests.append(ParsedRequest(inputs=feed, rows=rows))
@@ -39,7 +39,7 @@ def warmup_shapes(spec: ModelSpec) -> List[Dict[str, tuple]]:
 
 def _one_row_requests(spec: ModelSpec, length: int, count: int) -> List[ParsedRequest]:
     feed: Dict[str, np.ndarray] = {}
-    for t in spec.inputs:
+    for t in spec.signature.inputs:
         if t.optional:
             continue
         feed[t.name] = np.ones((1, *(length if d == -1 else d for d in t.dims)), dtype=t.dtype)
@@ -52,7 +52,8 @@ def timing_clock(spec: ModelSpec) -> Callable[[], float]:
     other processes took meanwhile (models load while Triton starts other stubs: wall-clock
     timings then came out up to 4x too high, and the inflated fixed cost merged short
     requests into long padded batches). With more threads, CPU time would miss their work."""
-    return time.thread_time if spec.intra_op_threads == 1 and spec.device == "cpu" else time.perf_counter
+    serving = spec.serving
+    return time.thread_time if serving.intra_op_threads == 1 and serving.device == "cpu" else time.perf_counter
 
 
 def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Optional[Callable[[], float]] = None
@@ -63,11 +64,11 @@ def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Optional
     cost model to it. None when there is nothing to plan (no buckets, or not batched)."""
     spec = engine.spec
     clock = clock or timing_clock(spec)
-    if engine.buckets is None or not spec.batched:
+    if engine.buckets is None or not spec.signature.batched:
         return None
-    if spec.max_batch_size < 2:
+    if spec.signature.max_batch_size < 2:
         return None  # one row per call: there is no choice to make
-    rows = max(2, min(rows, spec.max_batch_size))
+    rows = max(2, min(rows, spec.signature.max_batch_size))
     # Timing calls are not served traffic: keep them out of the batch metrics.
     on_batch, engine.on_batch = engine.on_batch, None
     try:

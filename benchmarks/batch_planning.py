@@ -46,7 +46,7 @@ from latte.backend.requests import ParsedRequest
 from latte.backend.runtimes import load_runtime
 from latte.backend.warmup import measure_cost_model, warmup_requests
 from latte.examples import EXAMPLES, export, model_context
-from latte.generator.render import write_model
+from latte.generator.model_folder import write_model
 from latte.generator.validate import parse_config_file
 from latte.memory import BuddyArena
 
@@ -65,14 +65,15 @@ def build_engine(repo: Path, model_file: Path, name: str, parameters: dict):
     model_dir = write_model(repo, context, {"model.onnx": model_file})
     config = MessageToDict(parse_config_file(model_dir / "config.pbtxt"), preserving_proto_field_name=True)
     spec = parse_model_config(config, model_dir, "1")
-    runtime = load_runtime(spec.runtime, spec.model_path, [t.name for t in spec.inputs],
-                           [t.name for t in spec.outputs], spec.intra_op_threads, spec.inter_op_threads)
-    arena = BuddyArena(spec.arena_bytes, "cpu")
-    engine = BatchEngine(spec, runtime, buckets=BucketPlan(spec.bucket_edges) if spec.bucket_edges else None,
+    signature, serving = spec.signature, spec.serving
+    runtime = load_runtime(signature.runtime, signature.model_path, [t.name for t in signature.inputs],
+                           [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)
+    arena = BuddyArena(serving.arena_bytes, "cpu")
+    engine = BatchEngine(spec, runtime, buckets=BucketPlan(serving.bucket_edges) if serving.bucket_edges else None,
                          allocate=arena.empty)
     engine.arena = arena  # keeps the arena alive as long as the engine
     # What LatteModel does at load.
-    if spec.warmup:
+    if serving.warmup:
         engine.infer(warmup_requests(spec))
         if engine.cost_model is not None:
             engine.cost_model = measure_cost_model(engine)

@@ -76,7 +76,7 @@ def bench_model(example_name: str, work: Path, install, rounds: int = ROUNDS) ->
     from latte.generator.derive import derive
     from latte.generator.generate import plan_latte_model
     from latte.generator.profile import ProfileOptions, profile_model
-    from latte.generator.render import write_model
+    from latte.generator.model_folder import write_model
     from latte.generator.spec import ModelEntry, PipelineSpec
     from latte.generator.validate import parse_config
     from latte.generator.verify import input_samples

@@ -23,7 +23,7 @@ import numpy as np
 
 from latte.bench.runner import machine_description
 from latte.examples import CATALOG, build_examples, model_context
-from latte.generator.render import write_model
+from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
 from latte.triton.cache import cache_flag, parse_size
 from latte.triton.perf import run_perf_analyzer, write_input_data

@@ -46,9 +46,9 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from latte.bench.lengths import LengthDistribution
-from latte.bench.metrics import scrape, total
+from latte.bench.prometheus_scrape import scrape, total
 from latte.examples import CATALOG, Example, ExampleTensor, build_examples, model_context
-from latte.generator.render import write_model
+from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
 from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
 

@@ -3,25 +3,24 @@
 from __future__ import annotations
 
 import copy
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from latte.backend.config import ThreadBudget
+from latte.backend.dtypes import TRITON_TO_NUMPY
+from latte.backend.samples import sample_values
 from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, TensorInfo, check_ensemble
 from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
 from latte.generator.profile_data import Profile
+from latte.generator.model_folder import render_model_config, write_ensemble, write_model
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
-from latte.generator.templates import render
 from latte.generator.validate import InvalidConfig, batcher_stall, parse_config, validate_repository
 
 # Variable dimensions of warm-up samples take this size (or the longest profiled length if shorter).
 WARMUP_LENGTH = 16
-NUMPY_OF = {"TYPE_BOOL": np.bool_, "TYPE_UINT8": np.uint8, "TYPE_UINT16": np.uint16, "TYPE_UINT32": np.uint32,
-            "TYPE_UINT64": np.uint64, "TYPE_INT8": np.int8, "TYPE_INT16": np.int16, "TYPE_INT32": np.int32,
-            "TYPE_INT64": np.int64, "TYPE_FP16": np.float16, "TYPE_FP32": np.float32, "TYPE_FP64": np.float64}
 
 
 @dataclass
@@ -36,16 +35,6 @@ class ModelPlan:
     profile: Optional[Profile] = None
     # version number -> files of that version folder; empty means `files` in folder 1.
     version_files: Dict[int, Dict[str, Path]] = field(default_factory=dict)
-
-
-def sample_row(data_type: str, dims: List[int], rng: np.random.Generator) -> np.ndarray:
-    """One row of input data: small positive integers (valid ids for most vocabularies) or normals."""
-    dtype = NUMPY_OF[data_type]
-    if np.issubdtype(dtype, np.integer):
-        return rng.integers(1, 100, size=dims).astype(dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, size=dims).astype(np.bool_)
-    return rng.standard_normal(dims).astype(dtype)
 
 
 def _tensors_from_profile(entries: List[dict], batched: bool) -> List[Tensor]:
@@ -80,9 +69,10 @@ def plan_latte_model(spec: PipelineSpec, model: ModelEntry, profile: Profile) ->
     kind = over.get("instance_kind", d.instance_kind)
     parameters = {**d.parameters, **{k: str(v) for k, v in (over.get("parameters") or {}).items()}}
     intra = int(parameters.get("intra_op_threads", "1"))
-    if kind == "KIND_CPU" and count * intra > spec.cores:
+    if kind == "KIND_CPU" and ThreadBudget(count * intra, spec.cores, intra).refused:
         raise doc.error(model.path + ("overrides",), f"{count} instance(s) x intra_op_threads {intra} exceed the "
-                        f"{spec.cores} core(s) in resources.cores; lower one of them")
+                        f"{spec.cores} core(s) in resources.cores; multi-threaded instances must fit the cores, "
+                        f"so lower one of them")
     batched = max_batch > 0
     inputs = model.inputs or _tensors_from_profile(profile.inputs, batched)
     outputs = model.outputs or _tensors_from_profile(profile.outputs, False)
@@ -97,11 +87,11 @@ def plan_latte_model(spec: PipelineSpec, model: ModelEntry, profile: Profile) ->
 
     rng = np.random.default_rng(0)
     warmup_inputs, warmup_files = [], {}
-    if all(t.data_type in NUMPY_OF for t in inputs):
+    if all(t.data_type in TRITON_TO_NUMPY for t in inputs):
         length = min(WARMUP_LENGTH, max(lengths)) if lengths else WARMUP_LENGTH
         for t in inputs:
             dims = [length if dim == -1 else dim for dim in t.dims]
-            warmup_files[t.name] = sample_row(t.data_type, dims, rng).tobytes()
+            warmup_files[t.name] = sample_values(t.data_type, dims, rng).tobytes()
             warmup_inputs.append({"name": t.name, "data_type": t.data_type, "dims": dims, "file": t.name})
     context = {
         "name": model.name, "backend": "latte", "max_batch_size": max_batch,
@@ -188,35 +178,12 @@ def check_spec_ensembles(spec: PipelineSpec, interfaces: Dict[str, Interface]) -
     return contexts
 
 
-def _write_model(repo: Path, plan: ModelPlan, templates: Optional[Path]) -> None:
-    text = render("config.pbtxt.j2", {"platform": None, **plan.context}, templates)
+def _refuse_stall(plan: ModelPlan, templates: Optional[Path]) -> None:
+    """Never write a config that Triton 2.51 serves with ~500 ms stalls (docs/backend.md, Priorities)."""
+    text = render_model_config(plan.context, templates)
     stall = batcher_stall(parse_config(text, f"{plan.name}/config.pbtxt"))
     if stall:
         raise InvalidConfig(f"{plan.name}/config.pbtxt not written: {stall}")
-    model_dir = repo / plan.name
-    if model_dir.exists():
-        shutil.rmtree(model_dir)
-    model_dir.mkdir(parents=True)
-    (model_dir / "config.pbtxt").write_text(text)
-    for version, files in (plan.version_files or {1: plan.files}).items():
-        (model_dir / str(version)).mkdir()
-        for name, source in files.items():
-            shutil.copy2(source, model_dir / str(version) / name)
-    if plan.warmup_files:
-        (model_dir / "warmup").mkdir()
-        for name, data in plan.warmup_files.items():
-            (model_dir / "warmup" / name).write_bytes(data)
-
-
-def _write_ensemble(repo: Path, context: Dict, templates: Optional[Path]) -> None:
-    text = render("ensemble.pbtxt.j2", context, templates)
-    parse_config(text, f"{context['name']}/config.pbtxt")
-    model_dir = repo / context["name"]
-    if model_dir.exists():
-        shutil.rmtree(model_dir)
-    # Triton wants a version folder even for an ensemble; it stays empty.
-    (model_dir / "1").mkdir(parents=True)
-    (model_dir / "config.pbtxt").write_text(text)
 
 
 def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, log: Callable[[str], None]) -> Profile:
@@ -254,8 +221,10 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
     ensembles = check_spec_ensembles(spec, interfaces)
     repo.mkdir(parents=True, exist_ok=True)
     for plan in plans:
-        _write_model(repo, plan, templates)
+        _refuse_stall(plan, templates)
+        write_model(repo, plan.context, plan.files, templates=templates, warmup_files=plan.warmup_files,
+                    versions=plan.version_files or None)
     for context in ensembles:
-        _write_ensemble(repo, context, templates)
+        write_ensemble(repo, context, templates)
     validate_repository(repo)
     return plans

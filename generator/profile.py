@@ -102,7 +102,7 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 
 def make_feed(shapes: ModelShapes, batch: int, length: Optional[int], rng: np.random.Generator) -> Dict[str, np.ndarray]:
-    from latte.generator.generate import sample_row
+    from latte.backend.samples import sample_values
 
     feed = {}
     for t in shapes.inputs:
@@ -110,7 +110,7 @@ def make_feed(shapes: ModelShapes, batch: int, length: Optional[int], rng: np.ra
         if any(d is None for d in dims):
             raise ProfileRunError(f"input {t['name']!r} has a variable dimension; give a length for it")
         lead = [batch] if shapes.batched else []
-        feed[t["name"]] = sample_row(t["data_type"], lead + dims, rng)
+        feed[t["name"]] = sample_values(t["data_type"], lead + dims, rng)
     return feed
 
 

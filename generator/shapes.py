@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from latte.generator.spec import LATTE_RUNTIMES, TRITON_TYPES
+from latte.backend.config import RUNTIME_BY_EXTENSION, RUNTIMES
+from latte.backend.dtypes import TRITON_TYPES
 
 DEFAULT_MAX_LENGTH = 128
 
@@ -72,10 +73,10 @@ def _described_tensors(model_file: Path, runtime: str):
 def resolve_shapes(model_file: Path, runtime: Optional[str] = None, inputs: Optional[List[dict]] = None,
                    max_length: Optional[int] = None) -> ModelShapes:
     model_file = Path(model_file)
-    runtime = runtime or LATTE_RUNTIMES.get(model_file.suffix)
-    if runtime not in set(LATTE_RUNTIMES.values()):
+    runtime = runtime or RUNTIME_BY_EXTENSION.get(model_file.suffix)
+    if runtime not in RUNTIMES:
         raise ShapeError(f"cannot tell the runtime of {model_file.name}; pass --runtime "
-                         f"({', '.join(sorted(set(LATTE_RUNTIMES.values())))})")
+                         f"({', '.join(sorted(RUNTIMES))})")
     config, config_path = _config_beside(model_file)
     config_length = None
     if config is not None:

@@ -33,21 +33,17 @@ output name to an ensemble tensor, as Triton's input_map / output_map do.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from latte.backend.config import RUNTIME_BY_EXTENSION
+# The backend's own tables: a file the generator accepts is one the backend can serve.
+from latte.backend.config import RUNTIME_BY_EXTENSION, RUNTIMES, usable_cores
+from latte.backend.dtypes import TRITON_TYPES
 # A step of a spec is the wiring the DAG check verifies, so both use one type.
 from latte.generator.dag import StepWiring as Step
 from latte.generator.yaml_lines import KeyPath, Located, SpecError, load
 
-TRITON_TYPES = ("TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64", "TYPE_INT8",
-                "TYPE_INT16", "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32", "TYPE_FP64",
-                "TYPE_BF16", "TYPE_STRING")
-# The backend's own table: a file the generator accepts is one the backend can serve.
-LATTE_RUNTIMES = RUNTIME_BY_EXTENSION
 BACKENDS = ("latte", "python")
 PYTHON_DEFAULT_MAX_BATCH = 16
 MODEL_KEYS = {"name", "file", "backend", "runtime", "slo_ms", "arrival_rate", "priority_levels", "profile",
@@ -119,13 +115,6 @@ class PipelineSpec:
 
     def model(self, name: str) -> Optional[ModelEntry]:
         return next((m for m in self.models if m.name == name), None)
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 class _Reader:
@@ -241,10 +230,10 @@ def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
             entry.max_batch_size = PYTHON_DEFAULT_MAX_BATCH
         return entry
 
-    entry.runtime = raw.get("runtime") or LATTE_RUNTIMES.get(file.suffix)
-    if entry.runtime not in set(LATTE_RUNTIMES.values()):
+    entry.runtime = raw.get("runtime") or RUNTIME_BY_EXTENSION.get(file.suffix)
+    if entry.runtime not in RUNTIMES:
         raise doc.error(path + ("runtime",), f"cannot serve {file.name} with runtime {entry.runtime!r}; set runtime "
-                        f"to one of {', '.join(sorted(set(LATTE_RUNTIMES.values())))}")
+                        f"to one of {', '.join(sorted(RUNTIMES))}")
     if "slo_ms" not in raw:
         raise doc.error(path + ("slo_ms",), "missing; a latte model needs its P99 latency SLO in milliseconds")
     entry.slo_ms = float(reader.number(path + ("slo_ms",), minimum=0.001))

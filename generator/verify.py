@@ -85,12 +85,12 @@ def suggest(config, report: VerifyReport) -> Optional[str]:
 
 
 def _sample(data_type: str, dims: List[int], rng: np.random.Generator) -> np.ndarray:
-    from latte.generator.generate import sample_row
+    from latte.backend.samples import sample_values
 
     if data_type == "TYPE_STRING":
         words = ["latte", "serves", "ragged", "text", "batches", "quickly"]
         return np.array([" ".join(rng.choice(words, size=5)) for _ in range(int(np.prod(dims)))]).reshape(dims)
-    return sample_row(data_type, dims, rng)
+    return sample_values(data_type, dims, rng)
 
 
 def input_samples(config, length: int, count: int = 8, seed: int = 0) -> List[Dict[str, np.ndarray]]:

@@ -21,7 +21,7 @@ def server(example_repo, tmp_path_factory):
     import shutil
 
     from latte.examples import EXAMPLES, model_context
-    from latte.generator.render import write_model
+    from latte.generator.model_folder import write_model
     from latte.triton import TritonServer
     from priority_probe import write_priority_probes
 

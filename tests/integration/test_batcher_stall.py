@@ -18,7 +18,7 @@ import pytest
 
 from latte.generator.derive import derive
 from latte.generator.profile_data import Point, Profile
-from latte.generator.render import render_model_config
+from latte.generator.model_folder import render_model_config
 from latte.generator.validate import batcher_stall, parse_config
 
 CLIENTS = 16

@@ -14,7 +14,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from latte.bench.procmem import stub_pids
-from latte.generator.render import write_model
+from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
 
 GUARDED = "guarded_torchscript"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from latte.examples import EXAMPLES, model_context, reference_runner
-from latte.generator.render import write_model
+from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
 
 from conftest import Clients

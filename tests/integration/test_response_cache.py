@@ -17,7 +17,7 @@ CACHED = {"per_call": "mlp_cached", "per_batch": "mlp_cached_sender"}
 def cached_server(example_repo, tmp_path_factory):
     """The ONNX MLP example with `response_cache { enable: true }`; the server gets a cache because of it."""
     from latte.examples import EXAMPLES, model_context
-    from latte.generator.render import write_model
+    from latte.generator.model_folder import write_model
     from latte.triton import TritonServer
     from latte.triton.cache import DEFAULT_CACHE_BYTES, cache_flag
 

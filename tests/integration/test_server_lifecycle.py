@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from latte.generator.render import write_model
+from latte.generator.model_folder import write_model
 from latte.triton import ServerStartError, TritonServer
 from latte.triton.server import free_port
 

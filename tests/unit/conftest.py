@@ -40,9 +40,10 @@ def example_engine(example_repo):
         for key, value in parameters.items():
             config.setdefault("parameters", {})[key] = {"string_value": value}
         spec = parse_model_config(config, example_repo / model, "1")
-        runtime = load_runtime(spec.runtime, spec.model_path, [t.name for t in spec.inputs],
-                               [t.name for t in spec.outputs], spec.intra_op_threads, spec.inter_op_threads)
-        buckets = BucketPlan(spec.bucket_edges) if bucketed and spec.bucket_edges else None
+        signature, serving = spec.signature, spec.serving
+        runtime = load_runtime(signature.runtime, signature.model_path, [t.name for t in signature.inputs],
+                               [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)
+        buckets = BucketPlan(serving.bucket_edges) if bucketed and serving.bucket_edges else None
         return spec, BatchEngine(spec, runtime, buckets=buckets)
 
     return build

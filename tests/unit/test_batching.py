@@ -1,21 +1,22 @@
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from latte.backend.batching import assemble, plan_batches, split
 from latte.backend.buckets import BucketPlan
-from latte.backend.config import ModelSpec, TensorSpec
+from latte.backend.config import ModelSignature, ModelSpec, ServingOptions, TensorSpec
 from latte.backend.planning import CostModel, partition, plan_by_cost
 from latte.backend.requests import ParsedRequest
 
 
 def spec(max_batch_size=8, ragged=True, pad_value=0.0):
-    return ModelSpec(
+    signature = ModelSignature(
         name="seq", inputs=(TensorSpec("tokens", np.dtype(np.int64), (-1,), ragged=ragged),),
         outputs=(TensorSpec("y", np.dtype(np.float32), (2,)),), max_batch_size=max_batch_size, runtime="onnx",
-        model_path=None, intra_op_threads=1, inter_op_threads=1, instance_count=1, pad_value=pad_value,
-    )
+        model_path=None)
+    return ModelSpec(signature, ServingOptions(pad_value=pad_value))
 
 
 def req(rows, length, fill):
@@ -162,9 +163,7 @@ def test_planned_batches_pad_to_the_edge_of_their_longest_member_and_split_back_
     batch = assemble(s, groups[0], BUCKETS)
     assert batch.padded_length == 64 and batch.inputs["tokens"].shape == (3, 64)
     np.testing.assert_array_equal(batch.inputs["tokens"][0], [7] * 3 + [0] * 61)
-    per_token = ModelSpec(name="seq", inputs=s.inputs,
-                          outputs=(TensorSpec("y", np.dtype(np.float32), (-1,)),), max_batch_size=8,
-                          runtime="onnx", model_path=None, intra_op_threads=1, inter_op_threads=1, instance_count=1)
+    per_token = replace(s, signature=replace(s.signature, outputs=(TensorSpec("y", np.dtype(np.float32), (-1,)),)))
     outputs = {"y": batch.inputs["tokens"].astype(np.float32)}
     parts = split(per_token, batch, outputs)
     for (pos, request), part in zip(groups[0], parts):

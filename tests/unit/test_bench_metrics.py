@@ -3,7 +3,7 @@
 import pytest
 
 from latte.bench.arena import arena_figures
-from latte.bench.metrics import MetricsFormatError, parse_prometheus, series_key, total
+from latte.bench.prometheus_scrape import MetricsFormatError, parse_prometheus, series_key, total
 from latte.bench.triton_stats import StatsError, parse_stats
 
 TRITON_TEXT = """\

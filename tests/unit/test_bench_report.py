@@ -14,7 +14,7 @@ from PIL import Image
 
 from latte.bench.report import latte_metric_rows, render_bench_report
 from latte.bench.runner import summarize
-from latte.bench.metrics import Sample
+from latte.bench.prometheus_scrape import Sample
 
 
 def _point(kind, level, throughput, p99, batches):

@@ -1,10 +1,12 @@
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from latte.backend.config import ConfigError, parse_args, parse_model_config, usable_cores
+from latte.backend.config import (ConfigError, ServingOptions, parse_args, parse_model_config, thread_budget_warning,
+                                  usable_cores)
 
 
 def _model_dir(tmp_path: Path, filename="model.onnx") -> Path:
@@ -28,11 +30,11 @@ def _config(**overrides):
 
 def test_spec_describes_the_model(tmp_path):
     spec = parse_model_config(_config(), _model_dir(tmp_path), "1")
-    assert spec.runtime == "onnx"  # detected from the extension
-    assert spec.model_path.name == "model.onnx"
-    assert spec.inputs[0].dtype == np.int64 and spec.inputs[0].ragged
-    assert spec.max_sequence_length == 64
-    assert spec.intra_op_threads == 1 and spec.inter_op_threads == 1  # explicit, never library defaults
+    assert spec.signature.runtime == "onnx"  # detected from the extension
+    assert spec.signature.model_path.name == "model.onnx"
+    assert spec.signature.inputs[0].dtype == np.int64 and spec.signature.inputs[0].ragged
+    assert spec.serving.max_sequence_length == 64
+    assert spec.serving.intra_op_threads == 1 and spec.serving.inter_op_threads == 1  # explicit, never library defaults
 
 
 def test_parse_args_reads_what_triton_passes(tmp_path):
@@ -57,18 +59,64 @@ def test_bad_configs_are_refused_with_the_key_named(tmp_path, overrides, message
         parse_model_config(_config(**overrides), _model_dir(tmp_path), "1")
 
 
-def test_thread_budget_cannot_exceed_usable_cores(tmp_path):
+def test_multi_threaded_instances_cannot_exceed_usable_cores(tmp_path):
     cores = usable_cores()
     config = _config(instance_group=[{"count": cores, "kind": "KIND_CPU"}],
                      parameters={"intra_op_threads": {"string_value": "2"}})
-    with pytest.raises(ConfigError, match=f"exceed the {cores} core"):
+    with pytest.raises(ConfigError, match=f"= {2 * cores} threads exceed the {cores} core.*"
+                                          f"multi-threaded instances must fit the cores"):
         parse_model_config(config, _model_dir(tmp_path), "1")
+
+
+def test_more_single_threaded_instances_than_cores_load_with_a_warning(tmp_path):
+    cores = usable_cores()
+    config = _config(instance_group=[{"count": cores + 1, "kind": "KIND_CPU"}])
+    spec = parse_model_config(config, _model_dir(tmp_path), "1")
+    budget = spec.serving.thread_budget
+    assert (budget.threads, budget.cores, budget.state) == (cores + 1, cores, "oversubscribed")
+    assert thread_budget_warning(spec) == (
+        f"model 'm': {cores + 1} instance(s) x lanes=1 x intra_op_threads=1 = {cores + 1} threads on {cores} "
+        f"core(s); they take turns on the cores, so each call may wait for another's time slice")
+
+
+def test_instances_within_the_cores_load_without_a_warning(tmp_path):
+    spec = parse_model_config(_config(), _model_dir(tmp_path), "1")
+    assert spec.serving.thread_budget.state == "within"
+    assert thread_budget_warning(spec) is None
+
+
+def test_serving_defaults_are_those_of_a_config_without_parameters(tmp_path):
+    config = _config(parameters={})
+    spec = parse_model_config(config, _model_dir(tmp_path), "1")
+    assert replace(spec.serving, thread_budget=ServingOptions().thread_budget) == ServingOptions()
+    assert spec.serving.scheduler == "inline"  # one lane, not pipelined
+
+
+@pytest.mark.parametrize("parameters, scheduler", [
+    ({"lanes": "2"}, "affinity"),
+    ({"pipeline": "true"}, "affinity"),
+    ({"scheduler": "affinity"}, "affinity"),
+    ({}, "inline"),
+])
+def test_auto_scheduler_uses_lanes_only_where_they_help(tmp_path, parameters, scheduler):
+    config = _config(parameters={k: {"string_value": v} for k, v in parameters.items()})
+    assert parse_model_config(config, _model_dir(tmp_path), "1").serving.scheduler == scheduler
+
+
+def test_a_reduced_precision_is_parsed_with_its_tolerance(tmp_path):
+    config = _config(parameters={"precision": {"string_value": "INT8"},
+                                 "accuracy_tolerance": {"string_value": "0.05"}})
+    serving = parse_model_config(config, _model_dir(tmp_path), "1").serving
+    assert (serving.precision, serving.accuracy_tolerance) == ("int8", 0.05)
+    config["parameters"]["accuracy_tolerance"] = {"string_value": "0"}
+    with pytest.raises(ConfigError, match=r"accuracy_tolerance\"\] must be > 0"):
+        parse_model_config(config, _model_dir(tmp_path / "zero"), "1")
 
 
 def test_an_integer_input_declares_its_valid_range(tmp_path):
     config = _config(parameters={"valid_range:tokens": {"string_value": "0..999"}})
     spec = parse_model_config(config, _model_dir(tmp_path), "1")
-    assert spec.inputs[0].valid_range == (0, 999)
+    assert spec.signature.inputs[0].valid_range == (0, 999)
     floats = _config(input=[{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
                      parameters={"valid_range:x": {"string_value": "0..1"}})
     with pytest.raises(ConfigError, match="needs an integer input"):

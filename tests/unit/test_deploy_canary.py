@@ -8,7 +8,7 @@ from latte.cli import main
 from latte.deploy import DeployError, K8sOptions, render_k8s
 from latte.deploy.sizing import canary_replicas
 from latte.deploy.validation import load_manifests
-from latte.generator.render import write_model
+from latte.generator.model_folder import write_model
 from latte.triton.cache import DEFAULT_CACHE_BYTES, CacheSizeError, cache_flag, parse_size
 
 IMAGE = "registry.example.com/ml/latte-triton:0.1.0"

@@ -11,7 +11,7 @@ import yaml
 from latte.cli import main
 from latte.deploy import DeployError, K8sOptions, ManifestInvalid, render_dockerfile, render_k8s, replicas_for_rate
 from latte.deploy.validation import load_manifests, validate_files, validate_resource
-from latte.generator.render import write_model
+from latte.generator.model_folder import write_model
 
 IMAGE = "registry.example.com/ml/latte-triton:0.1.0"
 SOURCE_TREE = Path(__file__).resolve().parents[2]

@@ -56,7 +56,7 @@ def picky_engine(tmp_path) -> BatchEngine:
               "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
               "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]}
     spec = parse_model_config(config, model_dir, "1")
-    return BatchEngine(spec, load_runtime("torchscript", spec.model_path, ["x"], ["y"], 1, 1))
+    return BatchEngine(spec, load_runtime("torchscript", spec.signature.model_path, ["x"], ["y"], 1, 1))
 
 
 def test_a_model_exception_fails_only_the_request_that_caused_it(tmp_path):
@@ -91,8 +91,8 @@ def per_token_engine(tmp_path, planning="cost", **kwargs):
               "parameters": {"max_sequence_length": {"string_value": "64"},
                              "batch_planning": {"string_value": planning}}}
     spec = parse_model_config(config, model_dir, "1")
-    runtime = load_runtime("torchscript", spec.model_path, ["tokens"], ["vectors"], 1, 1)
-    return BatchEngine(spec, runtime, buckets=BucketPlan(spec.bucket_edges), **kwargs)
+    runtime = load_runtime("torchscript", spec.signature.model_path, ["tokens"], ["vectors"], 1, 1)
+    return BatchEngine(spec, runtime, buckets=BucketPlan(spec.serving.bucket_edges), **kwargs)
 
 
 def test_ragged_inputs_pad_to_their_bucket_and_per_token_outputs_come_back_unpadded(tmp_path):
@@ -196,7 +196,7 @@ def test_cost_planned_batches_give_each_request_exactly_its_output_alone(example
     records = []
     engine.on_batch = records.append
     # A model call costs as much as 2000 padded positions: every call's requests share one batch.
-    engine.cost_model = CostModel(2000.0, {e: float(e) for e in spec.bucket_edges})
+    engine.cost_model = CostModel(2000.0, {e: float(e) for e in spec.serving.bucket_edges})
     rng = np.random.default_rng(5)
     feeds = [EXAMPLES["sequence"].sample(1, rng, length=n) for n in (3, 17, 40, 90, 128, 1, 64, 33)]
     results = engine.infer([ParsedRequest(inputs=f, rows=1) for f in feeds])
@@ -218,15 +218,15 @@ def test_the_warmup_timings_give_a_cost_model_for_every_bucket(example_engine):
     records = []
     engine.on_batch = records.append
     model = measure_cost_model(engine, repeats=3, rows=4)
-    assert sorted(model.per_row_s) == list(spec.bucket_edges)
-    costs = [model.per_row_s[e] for e in spec.bucket_edges]
+    assert sorted(model.per_row_s) == list(spec.serving.bucket_edges)
+    costs = [model.per_row_s[e] for e in spec.serving.bucket_edges]
     assert costs == sorted(costs) and costs[-1] > 0 and model.fixed_s >= 0
     assert records == [] and engine.on_batch == records.append  # timing calls are not counted as traffic
 
 
 def test_batch_planning_is_a_checked_config_parameter(example_engine):
     spec, engine = example_engine("sequence_onnx", bucketed=True)
-    assert spec.batch_planning == "cost" and engine.cost_model is not None
+    assert spec.serving.batch_planning == "cost" and engine.cost_model is not None
     spec, engine = example_engine("sequence_onnx", bucketed=True, batch_planning="bucket")
     assert engine.cost_model is None
     with pytest.raises(ConfigError, match="batch_planning must be one of cost, bucket, got 'greedy'"):

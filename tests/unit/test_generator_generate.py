@@ -57,13 +57,13 @@ def test_overrides_win_over_derived_values(sequence_pipeline, tmp_path):
     assert parse_config((tmp_path / "repo" / "embed_text" / "config.pbtxt").read_text()).max_batch_size == 4
 
 
-def test_thread_budget_override_beyond_cores_is_refused(sequence_pipeline, tmp_path):
+def test_multi_threaded_override_beyond_cores_is_refused(sequence_pipeline, tmp_path):
     spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
-        "    slo_ms: 20\n", "    slo_ms: 20\n    overrides: {instance_count: 3}\n")
+        "    slo_ms: 20\n", "    slo_ms: 20\n    overrides: {instance_count: 2, parameters: {intra_op_threads: 2}}\n")
     path = sequence_pipeline / "threads.yaml"
     path.write_text(spec)
-    with pytest.raises(ValueError, match=r"threads.yaml:\d+: models\[1\].overrides: 3 instance\(s\) x "
-                                         r"intra_op_threads 1 exceed the 2 core"):
+    with pytest.raises(ValueError, match=r"threads.yaml:\d+: models\[1\].overrides: 2 instance\(s\) x "
+                                         r"intra_op_threads 2 exceed the 2 core.*multi-threaded instances must fit"):
         generate(path, tmp_path / "repo")
 
 
@@ -77,6 +77,16 @@ def test_single_instance_behind_a_queue_policy_is_not_written(sequence_pipeline,
                                          r"stalls up to 500 ms"):
         generate(path, tmp_path / "repo")
     assert not (tmp_path / "repo" / "encoder").exists()
+
+
+def test_single_threaded_instances_beyond_cores_are_generated(sequence_pipeline, tmp_path):
+    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
+        "    slo_ms: 20\n", "    slo_ms: 20\n    overrides: {instance_count: 3}\n")
+    path = sequence_pipeline / "instances.yaml"
+    path.write_text(spec)
+    generate(path, tmp_path / "repo")
+    config = parse_config((tmp_path / "repo" / "encoder" / "config.pbtxt").read_text())
+    assert config.instance_group[0].count == 3
 
 
 def test_ensemble_errors_name_the_spec_line(sequence_pipeline, tmp_path):

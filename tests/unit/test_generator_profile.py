@@ -45,7 +45,7 @@ def test_torchscript_needs_its_inputs_named(exported):
 
 def test_config_beside_the_file_gives_the_shapes(exported, tmp_path):
     from latte.examples import EXAMPLES, model_context
-    from latte.generator.render import write_model
+    from latte.generator.model_folder import write_model
 
     model_dir = write_model(tmp_path, model_context(EXAMPLES["mlp"], "torchscript", "model.pt"),
                             {"model.pt": exported["mlp"]["torchscript"]})

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from latte.backend.config import ModelSpec, TensorSpec
+from latte.backend.config import ModelSignature, ModelSpec, ServingOptions, TensorSpec
 from latte.backend.errors import RequestError
 from latte.backend.requests import RequestReader
 
@@ -32,10 +32,11 @@ class Request:
 
 
 SPEC = ModelSpec(
-    name="seq", inputs=(TensorSpec("tokens", np.dtype(np.int64), (-1,), ragged=True),
-                        TensorSpec("scale", np.dtype(np.float32), (1,))),
-    outputs=(TensorSpec("embedding", np.dtype(np.float32), (32,)),), max_batch_size=4, runtime="onnx",
-    model_path=None, intra_op_threads=1, inter_op_threads=1, instance_count=1, max_sequence_length=16,
+    ModelSignature(name="seq", inputs=(TensorSpec("tokens", np.dtype(np.int64), (-1,), ragged=True),
+                                       TensorSpec("scale", np.dtype(np.float32), (1,))),
+                   outputs=(TensorSpec("embedding", np.dtype(np.float32), (32,)),), max_batch_size=4,
+                   runtime="onnx", model_path=None),
+    ServingOptions(max_sequence_length=16),
 )
 
 
@@ -78,7 +79,7 @@ def test_nan_is_refused_where_the_model_forbids_it():
     request._tensors[1]._array = np.array([[1.0], [np.nan]], np.float32)
     assert RequestReader(SPEC).read(request).rows == 2  # allowed unless the config says reject_nan
     with pytest.raises(RequestError, match=r"input 'scale': NaN or infinity at index \[1, 0\]"):
-        RequestReader(replace(SPEC, reject_nan=True)).read(request)
+        RequestReader(replace(SPEC, serving=replace(SPEC.serving, reject_nan=True))).read(request)
 
 
 def test_one_call_reads_every_request_and_a_bad_one_fails_alone():
@@ -102,7 +103,8 @@ def test_requests_without_parameters_share_no_state():
 def test_integer_values_outside_the_declared_range_are_refused_with_the_range():
     from dataclasses import replace
 
-    ranged = replace(SPEC, inputs=(replace(SPEC.inputs[0], valid_range=(0, 999)), SPEC.inputs[1]))
+    tokens, scale = SPEC.signature.inputs
+    ranged = replace(SPEC, signature=replace(SPEC.signature, inputs=(replace(tokens, valid_range=(0, 999)), scale)))
     request = good(rows=2, length=4)
     request._tensors[0]._array = np.array([[1, 2, 3, 4], [5, 1000, 7, 8]], np.int64)
     with pytest.raises(RequestError, match=r"input 'tokens': value 1000 at index \[1, 1\] is outside this model's "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from latte.generator.render import write_model
+from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
 from latte.triton.cache import DEFAULT_CACHE_BYTES, cache_flag, models_with_response_cache
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from latte.bench.metrics import split_key
+from latte.bench.prometheus_scrape import split_key
 
 
 def _sum(metrics: Dict[str, float], name: str, model: Optional[str], **labels: str) -> Optional[float]:

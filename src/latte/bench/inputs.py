@@ -11,12 +11,11 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from latte.backend.dtypes import TRITON_TO_NUMPY
+from latte.backend.samples import sample_values
 from latte.bench.lengths import LengthDistribution
 from latte.triton.perf import write_input_data
 
-_NUMPY = {"TYPE_FP32": np.float32, "TYPE_FP16": np.float16, "TYPE_FP64": np.float64, "TYPE_INT64": np.int64,
-          "TYPE_INT32": np.int32, "TYPE_INT16": np.int16, "TYPE_INT8": np.int8, "TYPE_UINT8": np.uint8,
-          "TYPE_BOOL": np.bool_}
 DEFAULT_MAX_LENGTH = 128
 
 
@@ -49,14 +48,7 @@ class ModelInputs:
             shape = tuple(length if d == -1 else d for d in spec.dims)
             if self.max_batch_size > 0:
                 shape = (rows,) + shape
-            dtype = _NUMPY[spec.data_type]
-            if np.issubdtype(dtype, np.integer):
-                # Token-like ids; 0 is left out because models commonly treat it as padding.
-                feed[spec.name] = rng.integers(1, 100, size=shape, dtype=dtype)
-            elif dtype is np.bool_:
-                feed[spec.name] = rng.integers(0, 2, size=shape).astype(np.bool_)
-            else:
-                feed[spec.name] = rng.standard_normal(shape).astype(dtype)
+            feed[spec.name] = sample_values(spec.data_type, shape, rng)
         return feed
 
     def requests(self, rng: np.random.Generator, count: int, lengths: LengthDistribution) -> List[Dict[str, np.ndarray]]:
@@ -69,9 +61,9 @@ def parse_model_inputs(config: dict) -> ModelInputs:
     specs = []
     for entry in config.get("input", []):
         data_type = entry.get("data_type", "")
-        if data_type not in _NUMPY:
+        if data_type not in TRITON_TO_NUMPY:
             raise ModelInputError(f"model {name!r} input {entry.get('name')!r} has type {data_type!r}; "
-                                  f"generated inputs support {', '.join(sorted(_NUMPY))}")
+                                  f"generated inputs support {', '.join(sorted(TRITON_TO_NUMPY))}")
         specs.append(InputSpec(entry["name"], data_type, tuple(int(d) for d in entry.get("dims", []))))
     if not specs:
         raise ModelInputError(f"model {name!r} declares no inputs")

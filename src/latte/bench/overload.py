@@ -23,7 +23,7 @@ from latte.bench.inputs import fetch_model_inputs
 from latte.bench.lengths import LengthDistribution
 from latte.bench.loadgen import (AsyncSender, Outcomes, error_kind, grpc_inputs, percentile, poisson_schedule,
                                 run_open_loop)
-from latte.bench.metrics import MetricsSampler
+from latte.bench.prometheus_scrape import MetricsSampler
 from latte.bench.target import Target
 from latte.generator.validate import STALL_FREE_INSTANCES
 
@@ -101,7 +101,7 @@ def _example_model(example_repo: Path, model: str):
 def write_overload_repository(example_repo: Path, model: str, out: Path, queue_timeout_us: int = 100_000,
                               max_queue_size: int = 64, session_ttl_s: float = 3.0) -> Path:
     """A repository holding only `model` from an example repository, rendered with the overload variant."""
-    from latte.generator.render import write_model
+    from latte.generator.model_folder import write_model
 
     context, model_file = _example_model(example_repo, model)
     context = overload_variant_context(context, queue_timeout_us, max_queue_size, session_ttl_s)
@@ -332,7 +332,7 @@ def write_queue_flood_repository(example_repo: Path, model: str, out: Path, max_
                                  queue_timeout_us: int = 100_000) -> Dict[str, str]:
     """`model` twice: behind Triton's priority queue (the overload variant, two instances) and
     behind latte's (latte_queue_context). Returns {variant: served model name}."""
-    from latte.generator.render import write_model
+    from latte.generator.model_folder import write_model
 
     context, model_file = _example_model(example_repo, model)
     names = {TRITON_QUEUE: f"{model}_{TRITON_QUEUE}", LATTE_QUEUE: f"{model}_{LATTE_QUEUE}"}

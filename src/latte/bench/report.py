@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 from latte.bench import plots
-from latte.bench.metrics import series_key, split_key
+from latte.bench.prometheus_scrape import series_key, split_key
 
 STYLE = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1060px;margin:2em auto;

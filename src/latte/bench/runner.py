@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
+from latte.backend.config import usable_cores
 from latte.bench.inputs import fetch_model_inputs, write_perf_input_data
 from latte.bench.lengths import LengthDistribution
-from latte.bench.metrics import MetricsSampler, Sample
+from latte.bench.prometheus_scrape import MetricsSampler, Sample
 from latte.bench.target import Target
 from latte.bench.triton_stats import fetch_stats
 from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer
@@ -50,7 +51,7 @@ ProgressHook = Callable[[str], None]
 
 
 def machine_description() -> str:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     cpu = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

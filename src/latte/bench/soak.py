@@ -12,7 +12,7 @@ from latte.bench.arena import arena_figures
 from latte.bench.inputs import fetch_model_inputs
 from latte.bench.lengths import LengthDistribution
 from latte.bench.loadgen import AsyncSender, Outcomes, percentile
-from latte.bench.metrics import MetricsSampler
+from latte.bench.prometheus_scrape import MetricsSampler
 from latte.bench.target import Target
 
 # The arena's fragmentation alarm (docs/memory.md), a bound of zero in every soak: no window may

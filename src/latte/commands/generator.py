@@ -141,7 +141,7 @@ def _profile(args) -> int:
     if args.slo_ms:
         from latte.generator.config_summary import derivation_report
         from latte.generator.derive import derive
-        from latte.generator.spec import usable_cores
+        from latte.backend.config import usable_cores
 
         print(derivation_report(Path(args.model_file).stem, derive(profile, args.slo_ms, cores=usable_cores(),
                                                                     backend_overhead_ms=args.backend_overhead_ms)))

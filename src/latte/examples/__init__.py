@@ -139,7 +139,7 @@ def model_context(example: Example, runtime: str, model_file: str) -> dict:
 def build_examples(repo: Path, names: List[str] = None) -> Path:
     """Write the example repository (by default 6 models: the 3 bundled networks x
     {torchscript, onnx}) into repo; `names` may also pick BENCHMARK_EXAMPLES."""
-    from latte.generator.render import write_model
+    from latte.generator.model_folder import write_model
 
     repo = Path(repo)
     build = repo.parent / (repo.name + "-build")
