@@ -161,7 +161,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     if count < STALL_FREE_INSTANCES <= budget:
         count = STALL_FREE_INSTANCES
         why.append(f"instance count raised to {count}: with one instance Triton 2.51's batcher can sit idle "
-                   "up to 500 ms behind the queue policy below; a second instance wakes it")
+                   "up to 500 ms behind the queue policy below; a second instance makes that rare")
     queue_policy = count >= STALL_FREE_INSTANCES
     if priority_levels > 1 and not queue_policy:
         raise DerivationError(

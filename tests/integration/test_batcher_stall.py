@@ -1,5 +1,6 @@
 """Triton 2.51's dynamic batcher stalls one instance ~500 ms behind priority levels or a queue
-policy (docs/backend.md, Priorities); the configs latte renders have two instances and do not.
+policy (docs/backend.md, Priorities); the configs latte renders have two instances, which
+makes the stall rare: a missed wake-up then needs both instances to finish at once.
 
 Both models are the stock Python backend echoing its input, so only the batching settings
 differ: a hand-written `priority_levels: 2` with one instance, and the dynamic_batching and
@@ -28,6 +29,9 @@ STALL_S = 0.4
 # the first one came within 2-10 s of this flood. The flood stops at the first one.
 REPRODUCE_WITHIN_S = 30.0
 CLEAN_FLOOD_S = 10.0   # as long as the stall took to show with one instance
+# One instance stalled 78 of 4,613 requests (1.7 %) in a measured 8 s flood; two instances
+# 1 of 24,804 (0.004 %) on a loaded box. A rendered config may stall at most this often:
+RENDERED_STALL_RATE = 1 / 2000
 
 ECHO_MODEL = '''
 import triton_python_backend_utils as pb_utils
@@ -127,8 +131,9 @@ def test_one_instance_behind_priority_levels_stalls_500_ms(stall_server):
     assert stalled.min() > 0.45, np.round(stalled * 1000).tolist()
 
 
-def test_rendered_config_serves_the_same_flood_without_stalls(stall_server):
+def test_rendered_config_makes_the_stall_rare(stall_server):
     latencies = flood(stall_server.grpc_url, RENDERED, CLEAN_FLOOD_S, stop_on_stall=False)
-    assert len(latencies) > 100
-    slowest = np.sort(latencies)[-5:] * 1000
-    assert latencies.max() < STALL_S, f"{len(latencies)} requests, slowest (ms): {np.round(slowest).tolist()}"
+    assert len(latencies) > 1000
+    stalled = int((latencies >= STALL_S).sum())
+    slowest = np.round(np.sort(latencies)[-5:] * 1000).tolist()
+    assert stalled <= len(latencies) * RENDERED_STALL_RATE, f"{stalled} of {len(latencies)} stalled; slowest (ms): {slowest}"
