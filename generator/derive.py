@@ -157,7 +157,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
                    f"is used ({budget_text}; instances x intra_op_threads <= cores)")
 
     # Triton 2.51 stalls a lone instance up to 500 ms behind a queue policy or priority levels
-    # (docs/backend.md, Priorities); a second instance, when the budget has room, avoids it.
+    # (docs/backend.md, Priorities); a second instance, when the budget has room, makes it rare.
     if count < STALL_FREE_INSTANCES <= budget:
         count = STALL_FREE_INSTANCES
         why.append(f"instance count raised to {count}: with one instance Triton 2.51's batcher can sit idle "
