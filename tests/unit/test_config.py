@@ -126,7 +126,7 @@ def test_an_integer_input_declares_its_valid_range(tmp_path):
 def test_max_queue_size_bounds_the_pipelined_queue(tmp_path):
     params = {"pipeline": {"string_value": "true"}, "max_queue_size": {"string_value": "16"}}
     spec = parse_model_config(_config(parameters=params), _model_dir(tmp_path), "1")
-    assert spec.scheduler == "affinity" and spec.max_queue_size == 16
+    assert spec.serving.scheduler == "affinity" and spec.serving.max_queue_size == 16
 
 
 @pytest.mark.parametrize("params, message", [

@@ -193,7 +193,7 @@ def pipelined_mlp(example_engine, queue_capacity: int = 4096):
     """The mlp example's engine on one lane, one request per batch, behind a closed gate."""
     spec, _ = example_engine("mlp_onnx")
     gate = threading.Event()
-    engine = BatchEngine(replace(spec, max_batch_size=1), GatedMlp(gate))
+    engine = BatchEngine(replace(spec, signature=replace(spec.signature, max_batch_size=1)), GatedMlp(gate))
     engine.dispatcher = LaneDispatcher(engine, lanes=1, queue_capacity=queue_capacity)
     return engine, gate
 
