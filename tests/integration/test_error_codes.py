@@ -16,8 +16,9 @@ UNAVAILABLE = [("http", "503"), ("grpc", "StatusCode.UNAVAILABLE")]
 
 # Latte's timeouts: the engine's (inline) or the scheduler's (lanes); Triton's own reads
 # "Request timeout expired".
-LATTE_TIMEOUT = (r"timed out(: waited [\d.]+ ms, longer than timeout_ms=0\.0001"
-                 r"| in the scheduler \(deadline_(passed|expired)\))")
+# Inline, the engine refuses the request before its batch runs; on lanes, the scheduler does.
+LATTE_TIMEOUT = (r"timed out: (waited [\d.]+ ms, longer than timeout_ms=0\.0001"
+                 r"|timeout_ms=0\.0001 ran out before a lane could run the request \(it waited [\d.]+ ms\))")
 
 
 def _refusal(clients, protocol, model, feed, **kwargs) -> InferenceServerException:

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from latte.backend.config import usable_cores
-from latte.bench.prometheus_scrape import parse_prometheus, total
+from latte.bench.prometheus_scrape import parse_prometheus, split_key
 from latte.examples import EXAMPLES, model_context
 from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
@@ -29,7 +29,13 @@ def _thread_budget(metrics_url, model, timeout=15.0):
     deadline = time.monotonic() + timeout
     while True:
         values = parse_prometheus(urllib.request.urlopen(metrics_url).read().decode())
-        found = {state: total(values, "latte_thread_budget", model=model, state=state)
+        # Every instance publishes the model's budget under its own `instance` label.
+        found = {}
+        for key, value in values.items():
+            name, labels = split_key(key)
+            if name == "latte_thread_budget" and labels.get("model") == model:
+                found.setdefault(labels["state"], set()).add(value)
+        found = {state: (found[state].pop() if len(found.get(state, ())) == 1 else found.get(state))
                  for state in ("within", "oversubscribed")}
         if any(v is not None for v in found.values()) or time.monotonic() > deadline:
             return found
