@@ -6,8 +6,9 @@
 
 Builds the example repository, renders a variant config of the model (two priority levels; the
 low level sheds with a 100 ms queue timeout and a 64-request queue, the high level never sheds;
-two instances, since one instance behind priority levels stalls ~500 ms in Triton 2.51, see
-docs/backend.md "Priorities"),
+one instance, so its high-priority tail includes Triton 2.51's ~500 ms batcher stall, which on
+the 2-core box costs less under the step than a second instance does; see docs/backend.md
+"Priorities"),
 starts tritonserver on it and reports per-priority P99, shed rate, that every request got exactly
 one answer, and whether memory returned to its pre-step baseline. Writes .latte/overload/<model>.json.
 
