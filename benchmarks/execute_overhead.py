@@ -24,7 +24,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from serving import write_identity_onnx  # noqa: E402
+from identity_model import write_identity_onnx  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -52,6 +52,9 @@ from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
 from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from identity_model import write_identity_onnx  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 IDENTITY = Example("identity", "FP32[64] returned as it came (ONNX Identity)",
                    (ExampleTensor("INPUT0", "TYPE_FP32", (64,)),), (ExampleTensor("OUTPUT0", "TYPE_FP32", (64,)),),
@@ -84,20 +87,6 @@ SETTINGS = {
     "sequence": Setting(50.0, "1,16", 500, 32, "lognormal:median=24,sigma=0.8"),
     "ranker": Setting(100.0, "8,16,32,64,96,128", 2000, 64, "uniform:low=1,high=64"),
 }
-
-
-def write_identity_onnx(path: Path, width: int = 64) -> Path:
-    import onnx
-    from onnx import TensorProto, helper
-
-    x = helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", width])
-    y = helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", width])
-    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "identity", [x], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
 
 
 def model_file(example: Example, work: Path) -> Path:
