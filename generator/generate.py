@@ -10,8 +10,10 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from latte.generator.calibrate import ServingCost, calibrate
 from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, TensorInfo, check_ensemble
 from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
+from latte.generator.operating_point import OperatingPoint, write_operating_points
 from latte.generator.profile_data import Profile
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
 from latte.generator.templates import render
@@ -67,8 +69,12 @@ def _merge(base: Dict, extra: Dict) -> Dict:
 
 def plan_latte_model(spec: PipelineSpec, model: ModelEntry, profile: Profile) -> ModelPlan:
     doc = spec.source
-    overhead = DEFAULT_BACKEND_OVERHEAD_MS if model.backend_overhead_ms is None else model.backend_overhead_ms
-    d = derive(profile, model.slo_ms, model.arrival_rate, spec.cores, spec.gpus, model.priority_levels, overhead)
+    if model.backend_overhead_ms is not None:
+        serving = ServingCost.flat(model.backend_overhead_ms, "the spec's backend_overhead_ms")
+    else:
+        serving = profile.serving or ServingCost.flat(DEFAULT_BACKEND_OVERHEAD_MS,
+                                                      "assumed: the profile was taken without calibration")
+    d = derive(profile, model.slo_ms, model.arrival_rate, spec.cores, spec.gpus, model.priority_levels, serving)
     over = model.overrides
     max_batch = int(over.get("max_batch_size", d.max_batch_size))
     dynamic = _merge(d.dynamic_batching, over.get("dynamic_batching") or {})
@@ -199,7 +205,8 @@ def _write_ensemble(repo: Path, context: Dict, templates: Optional[Path]) -> Non
     (model_dir / "config.pbtxt").write_text(text)
 
 
-def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, log: Callable[[str], None]) -> Profile:
+def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, log: Callable[[str], None],
+                    serving_cost: Callable[[], Optional[ServingCost]] = lambda: None) -> Profile:
     if model.profile is not None:
         return Profile.load(model.profile)
     from latte.generator.profile import ProfileOptions, profile_model
@@ -212,23 +219,35 @@ def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, l
     inputs = [{"name": t.name, "data_type": t.data_type, "dims": t.dims} for t in model.inputs or []]
     profile = profile_model(model.file, ProfileOptions(runtime=model.runtime, intra_op_threads=model.intra_op_threads,
                                                        inputs=inputs or None))
+    profile.serving = serving_cost()
     profiles_dir.mkdir(parents=True, exist_ok=True)
     profile.save(target)
     return profile
 
 
 def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, profiles_dir: Optional[Path] = None,
-             log: Callable[[str], None] = lambda line: None) -> List[ModelPlan]:
-    """Write a model repository for the spec at spec_path into repo and validate it."""
+             log: Callable[[str], None] = lambda line: None, install=None) -> List[ModelPlan]:
+    """Write a model repository for the spec at spec_path into repo and validate it.
+
+    A model profiled here gets this machine's serving cost, calibrated once per call on a
+    tritonserver (install, default: found as `latte tritonserver` finds it)."""
     spec = load_spec(spec_path)
     repo = Path(repo)
     profiles_dir = Path(profiles_dir) if profiles_dir else spec.directory / "profiles"
+    calibrated: List[ServingCost] = []
+
+    def serving_cost() -> ServingCost:
+        if not calibrated:
+            calibrated.append(calibrate(install, log))
+        return calibrated[0]
+
     plans = []
     for model in spec.models:
         if model.backend == "python":
             plans.append(plan_python_model(model))
         else:
-            plans.append(plan_latte_model(spec, model, load_or_profile(spec, model, profiles_dir, log)))
+            profile = load_or_profile(spec, model, profiles_dir, log, serving_cost)
+            plans.append(plan_latte_model(spec, model, profile))
     interfaces = {p.name: _interface(p) for p in plans}
     ensembles = check_spec_ensembles(spec, interfaces)
     repo.mkdir(parents=True, exist_ok=True)
@@ -236,5 +255,11 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
         _write_model(repo, plan, templates)
     for context in ensembles:
         _write_ensemble(repo, context, templates)
+    write_operating_points(repo, {
+        p.name: OperatingPoint(slo_ms=p.derivation.slo_ms, rate=p.derivation.planned_rate,
+                               rate_source="arrival_rate" if spec.model(p.name).arrival_rate else "derived",
+                               profile=str(profiles_dir / f"{p.name}.json") if spec.model(p.name).profile is None
+                               else str(spec.model(p.name).profile))
+        for p in plans if p.derivation is not None})
     validate_repository(repo)
     return plans
