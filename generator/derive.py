@@ -126,7 +126,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     if serving.source != "none":
         why.append(f"latencies below are the profile's plus the {serving.describe()}")
     round_trip = serving.round_trip_ms
-    budget = slo_ms - round_trip      # what two batches and the queue delay may take
+    latency_ms = slo_ms - round_trip      # what two batches and the queue delay may take
     worst_bucket = f" at the longest measured length {curve[0].length}" if curve[0].length is not None else ""
 
     first = curve[0]
@@ -138,15 +138,15 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
             f"the SLO of {slo_ms:g} ms cannot hold: one request of batch size {first.batch_size} takes "
             f"P99 {first.p99_ms:.2f} ms{worst_bucket}{cost}, and a request arriving just after a launch waits for "
             f"that batch too (2 x {first.p99_ms:.2f} ms{trip} > {slo_ms:g} ms); relax the SLO or speed up the model")
-    feasible = [p for p in curve if 2 * p.p99_ms <= budget]
+    feasible = [p for p in curve if 2 * p.p99_ms <= latency_ms]
     top = feasible[-1]
     b, l_b = top.batch_size, top.p99_ms
     beyond = curve[curve.index(top) + 1:]
-    limit_note = (f"batch {beyond[0].batch_size} would need 2 x {beyond[0].p99_ms:.2f} ms > {budget:g} ms"
+    limit_note = (f"batch {beyond[0].batch_size} would need 2 x {beyond[0].p99_ms:.2f} ms > {latency_ms:g} ms"
                   if beyond else "the largest measured batch size")
     trip_note = f" less the {round_trip:.2f} ms round trip" if round_trip else ""
     why.append(f"max_batch_size {b}: the largest batch with 2 x P99 l(b) within the SLO{trip_note} "
-               f"(2 x {l_b:.2f} ms = {2 * l_b:.2f} ms <= {budget:g} ms{worst_bucket}; {limit_note})")
+               f"(2 x {l_b:.2f} ms = {2 * l_b:.2f} ms <= {latency_ms:g} ms{worst_bucket}; {limit_note})")
 
     # Instances: one per intra-op thread group that fits the cores, or as many as the rate needs.
     kind = "KIND_GPU" if use_gpu else "KIND_CPU"
@@ -173,7 +173,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     # (closed-loop clients never fill it). Waiting pays only when the arrival rate needs
     # batches larger than what forms by itself: then wait for the smallest batch b_req
     # that keeps up, as Nexus does, but never past the SLO's slack.
-    slack_us = (budget - 2 * l_b) * 1000.0
+    slack_us = (latency_ms - 2 * l_b) * 1000.0
     if arrival_rate:
         keeping_up = [p for p in curve if p.batch_size <= b
                       and count * p.throughput * TARGET_UTILISATION >= arrival_rate]
@@ -186,7 +186,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
         fill_text = ("no arrival rate given: batches form from the queue that builds while instances are busy, "
                      "and waiting at an idle instance only adds latency")
     delay_us = int(max(0.0, min(slack_us, fill_us)))
-    why.append(f"max_queue_delay_microseconds {delay_us}: min(SLO slack {budget:g} ms - 2 x {l_b:.2f} ms = "
+    why.append(f"max_queue_delay_microseconds {delay_us}: min(SLO slack {latency_ms:g} ms - 2 x {l_b:.2f} ms = "
                f"{slack_us:.0f} us, wait worth paying: {fill_text})")
 
     dynamic: Dict = {"max_queue_delay_microseconds": delay_us}
@@ -212,8 +212,8 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     # requests that still can (DELAY). Rejecting it instead fails whole clients on a
     # momentary stall (perf_analyzer aborts on the first rejection); REJECT is an override.
     # The queue holds no more requests than can be served within the SLO.
-    timeout_us = int((budget - l_b) * 1000.0)
-    batches_in_slo = max(1, int((budget - l_b) // l_b))
+    timeout_us = int((latency_ms - l_b) * 1000.0)
+    batches_in_slo = max(1, int((latency_ms - l_b) // l_b))
     queue_size = count * b * batches_in_slo
     dynamic["default_queue_policy"] = {
         "timeout_action": "DELAY",

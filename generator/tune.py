@@ -234,7 +234,8 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
         def measure(candidate: Candidate) -> Measurement:
             m = Measurement(candidate)
             try:
-                client.load_model(model, config=json_format.MessageToJson(candidate.apply(config)))
+                client.load_model(model, config=json_format.MessageToJson(candidate.apply(config),
+                                                                           preserving_proto_field_name=True))
             except InferenceServerException as exc:
                 m.error = "refused at load: " + str(exc.message() or exc).splitlines()[0][:120]
                 return m

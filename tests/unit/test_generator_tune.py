@@ -66,3 +66,25 @@ def test_refused_or_slo_missing_candidates_never_win():
     refused = Measurement(Candidate(2, 8, 0, (), True), score=500.0, error="refused at load: too many threads")
     late = Measurement(Candidate(1, 16, 0, (), True), score=400.0, poisson_p99_ms=35.0)
     assert pick_next(best, [refused, late], slo_ms=20) is None
+
+
+def test_tune_has_help_with_an_example(capsys):
+    import pytest
+
+    from latte.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune", "--help"])
+    assert exit_info.value.code == 0
+    assert "latte tune repo/ --model encoder" in capsys.readouterr().out
+
+
+def test_tuning_a_model_the_repository_lacks_is_one_clear_line(tmp_path, capsys):
+    from latte.cli import main
+    from latte.generator.calibrate import write_calibration_repository
+
+    repo = write_calibration_repository(tmp_path / "repo")
+    assert main(["tune", str(repo), "--model", "encoder", "--slo-ms", "20"]) == 1
+    err = capsys.readouterr().err
+    assert "model 'encoder' is not in" in err and "identity_batched, identity_single" in err
+    assert "Traceback" not in err
