@@ -136,7 +136,7 @@ def run_model_analyzer(binary: Path, mode: str, repo: Path, model: str, slo_ms: 
             "triton_metrics_url": server.metrics_url, "perf_analyzer_path": str(find_perf_analyzer()),
             "run_config_search_mode": mode, "export_path": str(out / "export"),
             "output_model_repository_path": str(out / "variants"), "override_output_model_repository": True,
-            "collect_cpu_metrics": False, "objectives": ["perf_throughput"],
+            "collect_cpu_metrics": False, "dcgm_disable": True, "objectives": ["perf_throughput"],
             "constraints": {"perf_latency_p99": {"max": slo_ms}},
             "profile_models": {model: {"cpu_only": True,
                                        "perf_analyzer_flags": {"input-data": str(data)}}},
@@ -176,7 +176,7 @@ def measure(name: str, url: str, data: Path, slo_ms: float, levels: List[int], m
     for level in levels:
         try:
             point = run_perf_analyzer(name, url, concurrency=[level], input_data=data,
-                                      measurement_ms=measurement_ms, max_trials=4, stability_percentage=50.0)[0]
+                                      measurement_ms=measurement_ms, max_trials=6, stability_percentage=100.0)[0]
         except PerfAnalyzerError:
             continue  # rejected or timed-out requests count as missing the SLO
         if point.p99_ms <= slo_ms and point.throughput > best:

@@ -27,7 +27,7 @@ def generated(tmp_path_factory):
     from latte.generator.generate import generate
 
     work = tmp_path_factory.mktemp("generated")
-    spec = write_pipeline(work, slo_ms=50, cores=2)
+    spec = write_pipeline(work, slo_ms=100, cores=2)
     for name in ("mlp", "cnn"):
         export(EXAMPLES[name], work / name)
     spec.write_text(spec.read_text().replace("models:\n", "models:\n" + SINGLE_MODELS, 1))
