@@ -9,7 +9,9 @@ an ONNX Identity model, whose own compute is nil:
 - at concurrency 1 every batch holds one request: the server's compute time is
   batch_ms + request_ms, and mean latency minus queue and compute is the round trip;
 - at concurrency B behind a batcher that waits for B requests, the compute time of a
-  batch of average size b (Triton's execution and inference counts) is batch_ms + b x request_ms.
+  batch of average size b (Triton's execution and inference counts) is batch_ms + b x request_ms,
+  and its throughput is the host's request ceiling: no model is served faster than one
+  that computes nothing, with the load generator on the same host.
 
 Two points, one line. The result is stored with the profile (`Profile.serving`).
 """
@@ -43,6 +45,7 @@ class ServingCost:
     batch_ms: float = 0.0
     request_ms: float = 0.0
     round_trip_ms: float = 0.0
+    max_rate: float = 0.0         # requests/s the identity model was served at; 0: not measured
     source: str = "none"          # "calibrated", "spec" (backend_overhead_ms) or "assumed"
 
     def batch_overhead_ms(self, batch_size: int) -> float:
@@ -52,7 +55,7 @@ class ServingCost:
     def describe(self) -> str:
         if self.source == "calibrated":
             return (f"calibrated serving cost: {self.batch_ms:.3f} ms per batch + {self.request_ms:.3f} ms per "
-                    f"request, {self.round_trip_ms:.3f} ms client round trip")
+                    f"request, {self.round_trip_ms:.3f} ms client round trip, at most {self.max_rate:.0f} requests/s")
         return f"serving cost {self.batch_ms:g} ms per batch ({self.source}; not measured on a server)"
 
     def to_json(self) -> dict:
@@ -61,14 +64,16 @@ class ServingCost:
     @classmethod
     def from_json(cls, data: dict) -> "ServingCost":
         return cls(batch_ms=float(data.get("batch_ms", 0.0)), request_ms=float(data.get("request_ms", 0.0)),
-                   round_trip_ms=float(data.get("round_trip_ms", 0.0)), source=str(data.get("source", "calibrated")))
+                   round_trip_ms=float(data.get("round_trip_ms", 0.0)), max_rate=float(data.get("max_rate", 0.0)),
+                   source=str(data.get("source", "calibrated")))
 
     @classmethod
     def flat(cls, batch_ms: float, source: str) -> "ServingCost":
         return cls(batch_ms=batch_ms, source=source)
 
 
-def fit(single_compute_ms: float, batched_compute_ms: float, batch_size: float, round_trip_ms: float) -> ServingCost:
+def fit(single_compute_ms: float, batched_compute_ms: float, batch_size: float, round_trip_ms: float,
+        max_rate: float = 0.0) -> ServingCost:
     """The line through (1, single_compute_ms) and (batch_size, batched_compute_ms), never negative."""
     if batch_size > 1.05:
         request_ms = max(0.0, (batched_compute_ms - single_compute_ms) / (batch_size - 1))
@@ -76,7 +81,7 @@ def fit(single_compute_ms: float, batched_compute_ms: float, batch_size: float, 
         request_ms = 0.0
     batch_ms = max(0.0, single_compute_ms - request_ms)
     return ServingCost(batch_ms=batch_ms, request_ms=request_ms, round_trip_ms=max(0.0, round_trip_ms),
-                       source="calibrated")
+                       max_rate=max_rate, source="calibrated")
 
 
 def write_identity_onnx(path: Path, width: int = IDENTITY_WIDTH) -> Path:
@@ -158,6 +163,6 @@ def calibrate(install=None, log: Callable[[str], None] = lambda line: None) -> S
     # The mean, not P99: the model's own P99 already carries the host's jitter, and adding
     # a second tail on top would count the same hiccups twice.
     round_trip = single.avg_ms - (single.queue_us + single.compute_us) / 1000.0
-    cost = fit(single.compute_us / 1000.0, batched.compute_us / 1000.0, batch, round_trip)
+    cost = fit(single.compute_us / 1000.0, batched.compute_us / 1000.0, batch, round_trip, batched.throughput)
     log(f"{cost.describe()} (average batch {batch:.1f}; {time.perf_counter() - started:.0f} s)")
     return cost

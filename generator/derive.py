@@ -239,6 +239,10 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
 
     worst = 2 * l_b + delay_us / 1000.0 + round_trip
     throughput = count * per_instance
+    if serving.max_rate and throughput > serving.max_rate:
+        why.append(f"throughput {throughput:.0f} rows/s capped at {serving.max_rate:.0f} requests/s: the host served "
+                   "a model that computes nothing no faster (calibration)")
+        throughput = serving.max_rate
     planned = arrival_rate or throughput * TARGET_UTILISATION
     why.append(f"planned load {planned:.0f} req/s: " + (
         "the spec's arrival rate" if arrival_rate else

@@ -22,6 +22,8 @@ from latte.generator.validate import validate_repository
 
 # Queue and compute below this share of the median latency: the time went elsewhere.
 SERVER_SHARE = 0.5
+# Triton's answer when a request finds the model's queue at max_queue_size.
+QUEUE_FULL = "Exceeds maximum queue size"
 
 
 class VerifyError(RuntimeError):
@@ -114,6 +116,18 @@ def suggest(config, report: VerifyReport, cores: Optional[int] = None) -> Option
             "hardware (instance_group count within the cores) or use a faster model")
 
 
+def rejected_report(model: str, batching, slo_ms: float, load: Load) -> VerifyReport:
+    """The verdict when the server rejected requests: the queue overflowed, so the SLO cannot hold."""
+    queue = batching.dynamic_batching.default_queue_policy.max_queue_size
+    report = VerifyReport(model=model, slo_ms=slo_ms, concurrency=load.concurrency, p99_ms=float("inf"),
+                          p50_ms=float("inf"), throughput=0.0, queue_us=0.0, compute_us=0.0, rate=load.rate,
+                          load_source=load.source,
+                          suggestion=(f"{batching.name}: the server rejected requests ({QUEUE_FULL.lower()} "
+                                      f"{queue}): its instances cannot keep up with this load; lower the rate, or "
+                                      f"search instances and batch sizes with `latte tune`"))
+    return report
+
+
 def _sample(data_type: str, dims: List[int], rng: np.random.Generator) -> np.ndarray:
     from latte.generator.generate import sample_row
 
@@ -181,7 +195,7 @@ def verify(repo: Path, model: str, slo_ms: Optional[float] = None, install=None,
            rate: Optional[float] = None) -> VerifyReport:
     """Measure MODEL in REPO with perf_analyzer (starting tritonserver unless url is given)."""
     from latte.generator.spec import usable_cores
-    from latte.triton.perf import run_perf_analyzer, write_input_data
+    from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
 
     configs = validate_repository(repo)
     if model not in configs:
@@ -195,9 +209,14 @@ def verify(repo: Path, model: str, slo_ms: Optional[float] = None, install=None,
         def measure(server_url: str):
             # A wide stability band: on a shared machine the default rarely settles, and the
             # verdict rests on P99 against the SLO, not on a tight throughput estimate.
-            return run_perf_analyzer(model, server_url, protocol="grpc", input_data=data,
-                                     measurement_ms=measurement_ms, max_trials=8, stability_percentage=60.0,
-                                     **load.perf_args())[0]
+            try:
+                return run_perf_analyzer(model, server_url, protocol="grpc", input_data=data,
+                                         measurement_ms=measurement_ms, max_trials=8, stability_percentage=100.0,
+                                         **load.perf_args())[0]
+            except PerfAnalyzerError as exc:
+                if QUEUE_FULL not in str(exc):
+                    raise
+                return None  # perf_analyzer stops at the first rejection: the load overflowed the queue
 
         if url:
             point = measure(url)
@@ -206,6 +225,8 @@ def verify(repo: Path, model: str, slo_ms: Optional[float] = None, install=None,
 
             with TritonServer(repo, install=install) as server:
                 point = measure(server.grpc_url)
+    if point is None:
+        return rejected_report(model, batching, slo_ms, load)
     report = VerifyReport(model=model, slo_ms=slo_ms, concurrency=load.concurrency, p99_ms=point.p99_ms,
                           p50_ms=point.p50_ms, throughput=point.throughput, queue_us=point.queue_us,
                           compute_us=point.compute_us, suggestion=None, rate=load.rate, load_source=load.source)

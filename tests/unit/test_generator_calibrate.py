@@ -30,7 +30,7 @@ def test_noise_never_yields_negative_costs():
 def test_profile_json_keeps_the_calibration(tmp_path):
     profile = Profile("m.onnx", "onnx", "cpu", 1, [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
                       [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}], [Point(1, None, 1.0, 1.0, 1.2, 10)])
-    profile.serving = ServingCost(0.4, 0.02, 0.7, "calibrated")
+    profile.serving = ServingCost(batch_ms=0.4, request_ms=0.02, round_trip_ms=0.7, max_rate=5000.0, source="calibrated")
     loaded = Profile.load(profile.save(tmp_path / "profile.json"))
     assert loaded.serving == profile.serving
     profile.serving = None

@@ -183,7 +183,7 @@ def test_profile_carries_its_calibration_into_the_derivation():
 
 def test_an_slo_the_serving_cost_alone_breaks_says_why():
     with pytest.raises(DerivationError) as info:
-        derive(make_profile(SATURATING), slo_ms=6, serving=ServingCost(0.5, 0.05, 2.0, "calibrated"))
+        derive(make_profile(SATURATING), slo_ms=6, serving=ServingCost(batch_ms=0.5, request_ms=0.05, round_trip_ms=2.0, source="calibrated"))
     message = str(info.value)
     assert "the SLO of 6 ms cannot hold" in message
     assert "0.55 ms is serving cost outside the model" in message
@@ -194,3 +194,10 @@ def test_planned_rate_is_the_arrival_rate_else_eighty_percent_of_the_promise():
     d = derive(make_profile(SATURATING), slo_ms=20, cores=2)
     assert d.planned_rate == pytest.approx(0.8 * d.throughput)
     assert derive(make_profile(SATURATING), slo_ms=20, arrival_rate=1234, cores=2).planned_rate == 1234
+
+
+def test_promised_throughput_never_exceeds_the_hosts_request_ceiling():
+    ceiling = ServingCost(batch_ms=0.0, request_ms=0.0, round_trip_ms=0.0, max_rate=3000.0, source="calibrated")
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2, serving=ceiling)
+    assert d.throughput == 3000.0 and d.planned_rate == pytest.approx(2400.0)
+    assert "capped at 3000 requests/s" in d.explain()

@@ -95,3 +95,12 @@ def test_report_names_the_load_and_why():
                         load_source="enc's planned load").text()
     assert "load: 480 req/s Poisson (enc's planned load)" in text
     assert "the SLO holds" in text
+
+
+def test_a_full_queue_fails_the_slo_with_its_cause():
+    from latte.generator.verify import Load, rejected_report
+
+    verdict = rejected_report("enc", parse_config(CONFIG), 20.0, Load(900.0, None, "--rate"))
+    assert not verdict.slo_met
+    assert "the server rejected requests (exceeds maximum queue size 24)" in verdict.suggestion
+    assert "load: 900 req/s Poisson (--rate)" in verdict.text()
