@@ -77,6 +77,11 @@ def _knee(curve: List[Point], limit: int) -> Point:
     return knee
 
 
+def shared_host_rate(rates: List[float]) -> float:
+    """Requests/s of stages that each handle every request on the same cores: times per request add up."""
+    return 1.0 / sum(1.0 / r for r in rates)
+
+
 def bucket_edges(profile: Profile, batch_size: int) -> List[int]:
     """Sequence lengths worth their own bucket: merge neighbours whose latency is within 15%."""
     lengths = [b for b in profile.buckets() if b is not None]
@@ -239,10 +244,12 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
 
     worst = 2 * l_b + delay_us / 1000.0 + round_trip
     throughput = count * per_instance
-    if serving.max_rate and throughput > serving.max_rate:
-        why.append(f"throughput {throughput:.0f} rows/s capped at {serving.max_rate:.0f} requests/s: the host served "
-                   "a model that computes nothing no faster (calibration)")
-        throughput = serving.max_rate
+    if serving.max_rate:
+        model_only = throughput
+        throughput = shared_host_rate([model_only, serving.max_rate])
+        why.append(f"throughput {throughput:.0f} requests/s: the model's {model_only:.0f} rows/s and the host's "
+                   f"{serving.max_rate:.0f} requests/s for a model that computes nothing (calibration; client and "
+                   "server included) share the same cores, so their times per request add up")
     planned = arrival_rate or throughput * TARGET_UTILISATION
     why.append(f"planned load {planned:.0f} req/s: " + (
         "the spec's arrival rate" if arrival_rate else

@@ -13,7 +13,7 @@ import numpy as np
 from latte.generator.calibrate import ServingCost, calibrate
 from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, TensorInfo, check_ensemble
 from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
-from latte.generator.operating_point import OperatingPoint, write_operating_points
+from latte.generator.operating_point import plan_operating_points, write_operating_points
 from latte.generator.profile_data import Profile
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
 from latte.generator.templates import render
@@ -255,11 +255,6 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
         _write_model(repo, plan, templates)
     for context in ensembles:
         _write_ensemble(repo, context, templates)
-    write_operating_points(repo, {
-        p.name: OperatingPoint(slo_ms=p.derivation.slo_ms, rate=p.derivation.planned_rate,
-                               rate_source="arrival_rate" if spec.model(p.name).arrival_rate else "derived",
-                               profile=str(profiles_dir / f"{p.name}.json") if spec.model(p.name).profile is None
-                               else str(spec.model(p.name).profile))
-        for p in plans if p.derivation is not None})
+    write_operating_points(repo, plan_operating_points(spec, plans, profiles_dir))
     validate_repository(repo)
     return plans

@@ -2,8 +2,9 @@
 
 `latte generate` writes REPO/latte_plan.json: per latte model its SLO, the request rate
 its settings were derived for (the spec's arrival rate, else 80% of the throughput the
-derivation promises at the SLO) and where its profile lies. Triton reads only model
-folders, so a file at the repository's top level is invisible to the server.
+derivation promises at the SLO) and where its profile lies; per ensemble the rate its
+steps sustain together. Triton reads only model folders, so a file at the repository's
+top level is invisible to the server.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
+
+from latte.generator.derive import TARGET_UTILISATION, shared_host_rate
 
 PLAN_FILE = "latte_plan.json"
 
@@ -22,6 +25,41 @@ class OperatingPoint:
     rate: float                   # requests/s the settings are for
     rate_source: str              # "arrival_rate" or "derived"
     profile: Optional[str] = None  # the profile the settings came from
+
+
+def plan_operating_points(spec, plans: List, profiles_dir: Path) -> Dict[str, OperatingPoint]:
+    """The planned load of every latte model and ensemble of a generated spec.
+
+    An ensemble request passes through every step on the same cores, so the ensemble
+    sustains the shared-host rate of its steps: a latte step's promised throughput, a
+    python step's that of a served model that computes nothing (the calibration's
+    request ceiling). Its SLO is the tightest of its latte steps'.
+    """
+    by_name = {p.name: p for p in plans}
+    points: Dict[str, OperatingPoint] = {}
+    for plan in plans:
+        if plan.derivation is None:
+            continue
+        entry = spec.model(plan.name)
+        profile = entry.profile if entry.profile is not None else Path(profiles_dir) / f"{plan.name}.json"
+        points[plan.name] = OperatingPoint(slo_ms=plan.derivation.slo_ms, rate=plan.derivation.planned_rate,
+                                           rate_source="arrival_rate" if entry.arrival_rate else "derived",
+                                           profile=str(profile))
+    for ensemble in spec.ensembles:
+        latte = [by_name[s.model] for s in ensemble.steps if s.model in points]
+        if not latte:
+            continue
+        given = [spec.model(p.name).arrival_rate for p in latte if spec.model(p.name).arrival_rate]
+        slo = min(p.derivation.slo_ms for p in latte)
+        if given:
+            points[ensemble.name] = OperatingPoint(slo_ms=slo, rate=min(given), rate_source="arrival_rate")
+            continue
+        ceiling = next((p.profile.serving.max_rate for p in latte if p.profile.serving), 0.0)
+        rates = [by_name[s.model].derivation.throughput if s.model in points else ceiling for s in ensemble.steps]
+        if all(rates):
+            points[ensemble.name] = OperatingPoint(slo_ms=slo, rate=TARGET_UTILISATION * shared_host_rate(rates),
+                                                   rate_source="derived")
+    return points
 
 
 def write_operating_points(repo: Path, points: Dict[str, OperatingPoint]) -> Path:

@@ -166,12 +166,15 @@ class Load:
 
 
 def intended_load(repo: Path, batching, slo_ms: Optional[float], rate: Optional[float] = None,
-                  concurrency: Optional[int] = None):
-    """The load to verify at and the SLO to hold, from the flags, else the repository's plan."""
-    planned = read_operating_points(repo).get(batching.name)
+                  concurrency: Optional[int] = None, model: Optional[str] = None):
+    """The load to verify at and the SLO to hold, from the flags, else the repository's plan
+    for the model (an ensemble's own, else its batching step's)."""
+    plans = read_operating_points(repo)
+    name = model if model in plans else batching.name
+    planned = plans.get(name)
     slo = slo_ms if slo_ms is not None else (planned.slo_ms if planned else None)
     if slo is None:
-        raise VerifyError(f"give --slo-ms: {repo} has no plan from `latte generate` naming {batching.name}'s SLO")
+        raise VerifyError(f"give --slo-ms: {repo} has no plan from `latte generate` naming {name}'s SLO")
     if slo <= 0:
         raise VerifyError(f"--slo-ms must be positive, got {slo}")
     if rate is not None and rate <= 0:
@@ -185,7 +188,7 @@ def intended_load(repo: Path, batching, slo_ms: Optional[float], rate: Optional[
     if planned is not None:
         source = "the spec's arrival_rate" if planned.rate_source == "arrival_rate" else \
             "80% of the throughput the derivation promised at the SLO"
-        return Load(planned.rate, None, f"{batching.name}'s planned load: {source}"), slo
+        return Load(planned.rate, None, f"{name}'s planned load: {source}"), slo
     return Load(None, operating_concurrency(batching),
                 "no plan in the repository: every instance busy with a full batch"), slo
 
@@ -202,7 +205,7 @@ def verify(repo: Path, model: str, slo_ms: Optional[float] = None, install=None,
         raise VerifyError(f"model {model!r} is not in {repo} (models: {', '.join(sorted(configs))})")
     config = configs[model]
     batching = batching_config(configs, model)
-    load, slo_ms = intended_load(Path(repo), batching, slo_ms, rate, concurrency)
+    load, slo_ms = intended_load(Path(repo), batching, slo_ms, rate, concurrency, model)
     with tempfile.TemporaryDirectory(prefix="latte-verify-") as tmp:
         data = write_input_data(Path(tmp) / "inputs.json", input_samples(config, length))
 

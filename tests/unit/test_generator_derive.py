@@ -196,8 +196,10 @@ def test_planned_rate_is_the_arrival_rate_else_eighty_percent_of_the_promise():
     assert derive(make_profile(SATURATING), slo_ms=20, arrival_rate=1234, cores=2).planned_rate == 1234
 
 
-def test_promised_throughput_never_exceeds_the_hosts_request_ceiling():
+def test_model_and_serving_share_the_host_so_their_times_per_request_add_up():
+    # 2 instances x 4000 rows/s = 8000/s of model, 3000/s of compute-free serving on the same cores:
+    # 1 / (1/8000 + 1/3000) = 2182 requests/s, planned at 80 %.
     ceiling = ServingCost(batch_ms=0.0, request_ms=0.0, round_trip_ms=0.0, max_rate=3000.0, source="calibrated")
     d = derive(make_profile(SATURATING), slo_ms=20, cores=2, serving=ceiling)
-    assert d.throughput == 3000.0 and d.planned_rate == pytest.approx(2400.0)
-    assert "capped at 3000 requests/s" in d.explain()
+    assert d.throughput == pytest.approx(24000 / 11) and d.planned_rate == pytest.approx(0.8 * 24000 / 11)
+    assert "the model's 8000 rows/s and the host's 3000 requests/s" in d.explain()
