@@ -11,7 +11,9 @@ an ONNX Identity model, whose own compute is nil:
 - at concurrency B behind a batcher that waits for B requests, the compute time of a
   batch of average size b (Triton's execution and inference counts) is batch_ms + b x request_ms,
   and its throughput is the host's request ceiling: no model is served faster than one
-  that computes nothing, with the load generator on the same host.
+  that computes nothing, with the load generator on the same host;
+- the same with requests LARGE_WIDTH floats wide: the ceiling falls with the bytes each
+  request carries (copies through gRPC and the stub's shared memory), per KiB.
 
 Two points, one line. The result is stored with the profile (`Profile.serving`).
 """
@@ -26,8 +28,10 @@ from typing import Callable, Optional
 
 import numpy as np
 
-# Width of the identity model's one FP32 input: a small request, as most are.
+# Widths of the identity model's one FP32 input: a small request (256 B), and a large one
+# (16 KiB, a 3x32x32 image is 12 KiB) for the cost of the bytes.
 IDENTITY_WIDTH = 64
+LARGE_WIDTH = 4096
 # Requests in flight (and the preferred batch) for the batched point.
 CALIBRATION_BATCH = 16
 # The batcher waits this long for a full batch; closed-loop clients refill it well before.
@@ -46,16 +50,25 @@ class ServingCost:
     request_ms: float = 0.0
     round_trip_ms: float = 0.0
     max_rate: float = 0.0         # requests/s the identity model was served at; 0: not measured
+    kib_ms: float = 0.0           # host time per KiB of request beyond the small identity request
     source: str = "none"          # "calibrated", "spec" (backend_overhead_ms) or "assumed"
 
     def batch_overhead_ms(self, batch_size: int) -> float:
         """Added to the model's own latency for one batch of batch_size requests."""
         return self.batch_ms + self.request_ms * batch_size
 
+    def request_ceiling(self, request_bytes: int) -> float:
+        """Requests/s this host serves for a model that computes nothing, at this request size; 0: unknown."""
+        if not self.max_rate:
+            return 0.0
+        extra_kib = max(0.0, (request_bytes - IDENTITY_WIDTH * 4) / 1024.0)
+        return 1.0 / (1.0 / self.max_rate + extra_kib * self.kib_ms / 1000.0)
+
     def describe(self) -> str:
         if self.source == "calibrated":
             return (f"calibrated serving cost: {self.batch_ms:.3f} ms per batch + {self.request_ms:.3f} ms per "
-                    f"request, {self.round_trip_ms:.3f} ms client round trip, at most {self.max_rate:.0f} requests/s")
+                    f"request, {self.round_trip_ms:.3f} ms client round trip, at most {self.max_rate:.0f} requests/s "
+                    f"(+{self.kib_ms:.3f} ms per KiB of request)")
         return f"serving cost {self.batch_ms:g} ms per batch ({self.source}; not measured on a server)"
 
     def to_json(self) -> dict:
@@ -65,7 +78,7 @@ class ServingCost:
     def from_json(cls, data: dict) -> "ServingCost":
         return cls(batch_ms=float(data.get("batch_ms", 0.0)), request_ms=float(data.get("request_ms", 0.0)),
                    round_trip_ms=float(data.get("round_trip_ms", 0.0)), max_rate=float(data.get("max_rate", 0.0)),
-                   source=str(data.get("source", "calibrated")))
+                   kib_ms=float(data.get("kib_ms", 0.0)), source=str(data.get("source", "calibrated")))
 
     @classmethod
     def flat(cls, batch_ms: float, source: str) -> "ServingCost":
@@ -73,23 +86,26 @@ class ServingCost:
 
 
 def fit(single_compute_ms: float, batched_compute_ms: float, batch_size: float, round_trip_ms: float,
-        max_rate: float = 0.0) -> ServingCost:
-    """The line through (1, single_compute_ms) and (batch_size, batched_compute_ms), never negative."""
+        max_rate: float = 0.0, large_rate: float = 0.0) -> ServingCost:
+    """The line through (1, single_compute_ms) and (batch_size, batched_compute_ms), never negative;
+    the cost per KiB from the ceilings at IDENTITY_WIDTH and LARGE_WIDTH floats per request."""
+    kib = (LARGE_WIDTH - IDENTITY_WIDTH) * 4 / 1024.0
+    kib_ms = max(0.0, (1.0 / large_rate - 1.0 / max_rate) * 1000.0 / kib) if large_rate and max_rate else 0.0
     if batch_size > 1.05:
         request_ms = max(0.0, (batched_compute_ms - single_compute_ms) / (batch_size - 1))
     else:  # the batcher formed no batches: nothing separates the two costs
         request_ms = 0.0
     batch_ms = max(0.0, single_compute_ms - request_ms)
     return ServingCost(batch_ms=batch_ms, request_ms=request_ms, round_trip_ms=max(0.0, round_trip_ms),
-                       max_rate=max_rate, source="calibrated")
+                       max_rate=max_rate, kib_ms=kib_ms, source="calibrated")
 
 
-def write_identity_onnx(path: Path, width: int = IDENTITY_WIDTH) -> Path:
+def write_identity_onnx(path: Path) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
-    x = helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", width])
-    y = helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", width])
+    x = helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "width"])
+    y = helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", "width"])
     graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "identity", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -101,8 +117,8 @@ def write_identity_onnx(path: Path, width: int = IDENTITY_WIDTH) -> Path:
 def _identity_context(name: str, dynamic_batching: Optional[dict]) -> dict:
     return {
         "name": name, "backend": "latte", "max_batch_size": CALIBRATION_BATCH,
-        "inputs": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [IDENTITY_WIDTH]}],
-        "outputs": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [IDENTITY_WIDTH]}],
+        "inputs": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "outputs": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
         "dynamic_batching": dynamic_batching,
         "instance_groups": [{"count": 1, "kind": "KIND_CPU"}],
         "parameters": {"model_file": "model.onnx", "runtime": "onnx", "intra_op_threads": "1",
@@ -138,14 +154,15 @@ def calibrate(install=None, log: Callable[[str], None] = lambda line: None) -> S
     with tempfile.TemporaryDirectory(prefix="latte-calibrate-") as tmp:
         repo = write_calibration_repository(Path(tmp) / "repo")
         rng = np.random.default_rng(0)
-        data = write_input_data(Path(tmp) / "inputs.json",
-                                [{"INPUT0": rng.standard_normal(IDENTITY_WIDTH).astype(np.float32)}])
+        small, large = [write_input_data(Path(tmp) / f"inputs{width}.json",
+                                         [{"INPUT0": rng.standard_normal(width).astype(np.float32)}])
+                        for width in (IDENTITY_WIDTH, LARGE_WIDTH)]
         log("calibrating the serving cost on tritonserver (identity model)")
         try:
             with TritonServer(repo, install=install) as server:
                 client = grpcclient.InferenceServerClient(server.grpc_url)
 
-                def measure(model: str, level: int):
+                def measure(model: str, level: int, data: Path = small):
                     before = _counts(client, model)
                     # Any three windows within 2x of each other: the cost is their mean, and a
                     # busy host's swings must not abort the calibration.
@@ -158,11 +175,13 @@ def calibrate(install=None, log: Callable[[str], None] = lambda line: None) -> S
 
                 single, _ = measure("identity_single", 1)
                 batched, batch = measure("identity_batched", CALIBRATION_BATCH)
+                wide, _ = measure("identity_batched", CALIBRATION_BATCH, large)
         except PerfAnalyzerError as exc:
             raise CalibrationError(f"calibration failed: {exc}") from None
     # The mean, not P99: the model's own P99 already carries the host's jitter, and adding
     # a second tail on top would count the same hiccups twice.
     round_trip = single.avg_ms - (single.queue_us + single.compute_us) / 1000.0
-    cost = fit(single.compute_us / 1000.0, batched.compute_us / 1000.0, batch, round_trip, batched.throughput)
+    cost = fit(single.compute_us / 1000.0, batched.compute_us / 1000.0, batch, round_trip, batched.throughput,
+               wide.throughput)
     log(f"{cost.describe()} (average batch {batch:.1f}; {time.perf_counter() - started:.0f} s)")
     return cost

@@ -77,6 +77,24 @@ def _knee(curve: List[Point], limit: int) -> Point:
     return knee
 
 
+def request_bytes(profile: Profile) -> int:
+    """Bytes of one request's inputs at the longest measured length."""
+    import numpy as np
+
+    from latte.backend.dtypes import to_numpy
+
+    longest = max((b for b in profile.buckets() if b is not None), default=1)
+    total = 0
+    for t in profile.inputs:
+        dims = [longest if d == -1 else d for d in t["dims"]]
+        try:
+            size = np.dtype(to_numpy(t["data_type"])).itemsize
+        except ValueError:  # strings: about a byte per character
+            size = 1
+        total += int(math.prod(dims)) * size
+    return total
+
+
 def shared_host_rate(rates: List[float]) -> float:
     """Requests/s of stages that each handle every request on the same cores: times per request add up."""
     return 1.0 / sum(1.0 / r for r in rates)
@@ -244,12 +262,13 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
 
     worst = 2 * l_b + delay_us / 1000.0 + round_trip
     throughput = count * per_instance
-    if serving.max_rate:
+    ceiling = serving.request_ceiling(request_bytes(profile))
+    if ceiling:
         model_only = throughput
-        throughput = shared_host_rate([model_only, serving.max_rate])
+        throughput = shared_host_rate([model_only, ceiling])
         why.append(f"throughput {throughput:.0f} requests/s: the model's {model_only:.0f} rows/s and the host's "
-                   f"{serving.max_rate:.0f} requests/s for a model that computes nothing (calibration; client and "
-                   "server included) share the same cores, so their times per request add up")
+                   f"{ceiling:.0f} requests/s of {request_bytes(profile)} bytes for a model that computes nothing "
+                   "(calibration; client and server included) share the same cores, so their times per request add up")
     planned = arrival_rate or throughput * TARGET_UTILISATION
     why.append(f"planned load {planned:.0f} req/s: " + (
         "the spec's arrival rate" if arrival_rate else

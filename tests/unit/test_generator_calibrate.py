@@ -42,3 +42,12 @@ def test_calibration_repository_is_valid(tmp_path):
     assert sorted(configs) == ["identity_batched", "identity_single"]
     assert list(configs["identity_batched"].dynamic_batching.preferred_batch_size) == [16]
     assert not configs["identity_single"].HasField("dynamic_batching")
+
+
+def test_larger_requests_lower_the_hosts_request_ceiling():
+    # 3000 requests/s of 256 B and 2000 of 16 KiB: 1/2000 - 1/3000 = 0.1667 ms over 15.75 KiB.
+    cost = fit(0.6, 1.35, 16, 0.5, max_rate=3000.0, large_rate=2000.0)
+    assert cost.kib_ms == pytest.approx(0.1667 / 15.75, rel=1e-3)
+    assert cost.request_ceiling(256) == pytest.approx(3000.0)
+    assert cost.request_ceiling(256 + 15.75 * 1024) == pytest.approx(2000.0)
+    assert ServingCost().request_ceiling(1 << 20) == 0.0      # not measured: no ceiling

@@ -203,3 +203,12 @@ def test_model_and_serving_share_the_host_so_their_times_per_request_add_up():
     d = derive(make_profile(SATURATING), slo_ms=20, cores=2, serving=ceiling)
     assert d.throughput == pytest.approx(24000 / 11) and d.planned_rate == pytest.approx(0.8 * 24000 / 11)
     assert "the model's 8000 rows/s and the host's 3000 requests/s" in d.explain()
+
+
+def test_request_bytes_count_the_longest_measured_length():
+    from latte.generator.derive import request_bytes
+
+    assert request_bytes(make_profile(SATURATING)) == 16                      # FP32[4]
+    ragged = make_profile({1: 1.0}, length=128)
+    ragged.inputs = [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1]}]
+    assert request_bytes(ragged) == 128 * 8
