@@ -31,6 +31,7 @@ MIN_GAIN = 1.03
 # Closed-loop concurrency doubles up to this multiple of instances x max_batch_size.
 CONCURRENCY_REACH = 4
 MAX_STEPS = 4
+PATIENCE = 2
 
 
 class TuneError(RuntimeError):
@@ -178,19 +179,30 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
 
 
 def _closed_loop(run, candidate: Candidate, slo_ms: float) -> Tuple[float, float, int, List[dict]]:
-    """Best throughput within the SLO as concurrency doubles; (score, its P99, its level, rows)."""
-    best, best_p99, best_level, rows = 0.0, 0.0, 0, []
+    """Best throughput within the SLO as concurrency doubles; (score, its P99, its level, rows).
+
+    The scan ends when P99 passes the SLO, when the server rejects requests (a full queue),
+    or after PATIENCE doublings without a gain of MIN_GAIN (one is noise on a busy host)."""
+    from latte.triton.perf import PerfAnalyzerError
+
+    best, best_p99, best_level, rows, stale = 0.0, 0.0, 0, [], 0
     level = candidate.instances
     while level <= CONCURRENCY_REACH * candidate.instances * max(1, candidate.max_batch_size):
-        point = run(concurrency=[level])
+        try:
+            point = run(concurrency=[level])
+        except PerfAnalyzerError as exc:
+            if not rows:
+                raise
+            rows.append({"concurrency": level, "error": str(exc).splitlines()[-1][:120]})
+            break
         rows.append({"concurrency": level, "throughput": point.throughput, "p99_ms": point.p99_ms})
         if point.p99_ms > slo_ms:
             break
-        if point.throughput <= best * MIN_GAIN:
-            if point.throughput > best:
-                best, best_p99, best_level = point.throughput, point.p99_ms, level
+        stale = 0 if point.throughput > best * MIN_GAIN else stale + 1
+        if point.throughput > best:
+            best, best_p99, best_level = point.throughput, point.p99_ms, level
+        if stale >= PATIENCE:
             break
-        best, best_p99, best_level = point.throughput, point.p99_ms, level
         level *= 2
     return best, best_p99, best_level, rows
 

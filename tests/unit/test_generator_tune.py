@@ -88,3 +88,34 @@ def test_tuning_a_model_the_repository_lacks_is_one_clear_line(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "model 'encoder' is not in" in err and "identity_batched, identity_single" in err
     assert "Traceback" not in err
+
+
+class FakePoint:
+    def __init__(self, throughput, p99_ms):
+        self.throughput, self.p99_ms = throughput, p99_ms
+
+
+def test_closed_loop_scan_keeps_its_best_level_when_the_queue_overflows():
+    from latte.generator.tune import _closed_loop
+    from latte.triton.perf import PerfAnalyzerError
+
+    curve = {2: FakePoint(100, 3.0), 4: FakePoint(180, 5.0), 8: FakePoint(175, 9.0), 16: None}
+
+    def run(concurrency):
+        point = curve[concurrency[0]]
+        if point is None:
+            raise PerfAnalyzerError("perf_analyzer failed\nExceeds maximum queue size")
+        return point
+
+    score, p99, level, rows = _closed_loop(run, Candidate(2, 8, 0, (), True), slo_ms=20)
+    # One doubling without gain (8) is noise; the rejection at 16 ends the scan.
+    assert (score, p99, level) == (180, 5.0, 4)
+    assert rows[-1] == {"concurrency": 16, "error": "Exceeds maximum queue size"}
+
+
+def test_closed_loop_scan_stops_where_p99_passes_the_slo():
+    from latte.generator.tune import _closed_loop
+
+    curve = {2: FakePoint(100, 3.0), 4: FakePoint(180, 25.0)}
+    score, _, level, rows = _closed_loop(lambda concurrency: curve[concurrency[0]], Candidate(2, 8, 0, (), True), 20)
+    assert (score, level, len(rows)) == (100, 2, 2)
