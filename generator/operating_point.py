@@ -31,9 +31,10 @@ def plan_operating_points(spec, plans: List, profiles_dir: Path) -> Dict[str, Op
     """The planned load of every latte model and ensemble of a generated spec.
 
     An ensemble request passes through every step on the same cores, so the ensemble
-    sustains the shared-host rate of its steps: a latte step's promised throughput, a
-    python step's that of a served model that computes nothing (the calibration's
-    request ceiling). Its SLO is the tightest of its latte steps'.
+    sustains the shared-host rate of its steps: a latte step's promised throughput; a
+    python step (computing little, one request per execute) the calibration's request
+    ceiling and the serving cost of a batch of one, one after the other. Its SLO is the
+    tightest of its latte steps'.
     """
     by_name = {p.name: p for p in plans}
     points: Dict[str, OperatingPoint] = {}
@@ -54,8 +55,12 @@ def plan_operating_points(spec, plans: List, profiles_dir: Path) -> Dict[str, Op
         if given:
             points[ensemble.name] = OperatingPoint(slo_ms=slo, rate=min(given), rate_source="arrival_rate")
             continue
-        ceiling = next((p.profile.serving.max_rate for p in latte if p.profile.serving), 0.0)
-        rates = [by_name[s.model].derivation.throughput if s.model in points else ceiling for s in ensemble.steps]
+        serving = next((p.profile.serving for p in latte if p.profile.serving), None)
+        python_rate = 0.0
+        if serving is not None and serving.max_rate and serving.batch_overhead_ms(1) > 0:
+            python_rate = shared_host_rate([serving.max_rate, 1000.0 / serving.batch_overhead_ms(1)])
+        rates = [by_name[s.model].derivation.throughput if s.model in points else python_rate
+                 for s in ensemble.steps]
         if all(rates):
             points[ensemble.name] = OperatingPoint(slo_ms=slo, rate=TARGET_UTILISATION * shared_host_rate(rates),
                                                    rate_source="derived")
