@@ -258,11 +258,15 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
                                          max_trials=8, stability_percentage=100.0, **load)[0]
             try:
                 m.score, m.p99_ms, m.concurrency, m.rows = _closed_loop(run, candidate, slo_ms)
-                if plan is not None:
-                    m.poisson_p99_ms = run(request_rate=[round(plan.rate, 1)],
-                                           extra_args=["--request-distribution", "poisson", "--async"]).p99_ms
             except PerfAnalyzerError as exc:
                 m.error = "failed: " + str(exc).splitlines()[-1][:120]
+                return m
+            if plan is not None:
+                try:
+                    m.poisson_p99_ms = run(request_rate=[round(plan.rate, 1)],
+                                           extra_args=["--request-distribution", "poisson", "--async"]).p99_ms
+                except PerfAnalyzerError:
+                    m.poisson_p99_ms = float("inf")  # rejected at the planned rate: it cannot hold there
             return m
 
         first, best, measured = search(Candidate.of(config), measure, slo_ms, max_instances=2 * cores,

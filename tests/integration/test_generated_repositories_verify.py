@@ -70,3 +70,25 @@ def verify_server(generated):
     repo, _ = generated
     with TritonServer(repo) as server:
         yield server
+
+
+def test_tune_measures_the_derived_config_and_keeps_the_measurements_next_to_the_profile(generated):
+    import json
+    from pathlib import Path
+
+    from latte.generator.operating_point import read_operating_points
+    from latte.generator.tune import tune
+
+    repo, _ = generated
+    before = (repo / "mlp" / "config.pbtxt").read_text()
+    # No moves: the derived config alone, in closed loop and at the planned Poisson rate.
+    result = tune(repo, "mlp", max_steps=0, measurement_ms=500)
+    assert result.best is result.start and len(result.measurements) == 1
+    start = result.start
+    assert start.error is None and start.score > 0 and start.poisson_p99_ms is not None
+    assert start.rows[0]["concurrency"] == start.candidate.instances
+    record = Path(read_operating_points(repo)["mlp"].profile).with_suffix(".tune.json")
+    kept = json.loads(record.read_text())
+    assert kept["winner"] == start.candidate.label and kept["measurements"][0]["score"] == start.score
+    assert (repo / "mlp" / "config.pbtxt").read_text() == before     # nothing better: config untouched
+    assert "winner" in result.table()
