@@ -136,14 +136,15 @@ def run_model_analyzer(binary: Path, mode: str, repo: Path, model: str, slo_ms: 
             "triton_metrics_url": server.metrics_url, "perf_analyzer_path": str(find_perf_analyzer()),
             "run_config_search_mode": mode, "export_path": str(out / "export"),
             "output_model_repository_path": str(out / "variants"), "override_output_model_repository": True,
+            "checkpoint_directory": str(out / "checkpoints"),
             "collect_cpu_metrics": False, "dcgm_disable": True, "objectives": ["perf_throughput"],
             "constraints": {"perf_latency_p99": {"max": slo_ms}},
             "profile_models": {model: {"cpu_only": True,
                                        "perf_analyzer_flags": {"input-data": str(data)}}},
         }
-        if quick:
+        if quick:  # a smoke run: a small grid and few re-measurements (MA's defaults are kept otherwise)
             config.update(run_config_search_max_concurrency=8, run_config_search_max_instance_count=2,
-                          run_config_search_max_model_batch_size=16)
+                          run_config_search_max_model_batch_size=16, perf_analyzer_max_auto_adjusts=1)
         (out / "config.json").write_text(json.dumps(config, indent=2))
         # MA reads YAML; JSON is YAML.
         subprocess.run([str(binary), "profile", "-f", str(out / "config.json")], check=True,
