@@ -139,8 +139,11 @@ def run_model_analyzer(binary: Path, mode: str, repo: Path, model: str, slo_ms: 
             "checkpoint_directory": str(out / "checkpoints"),
             "collect_cpu_metrics": False, "dcgm_disable": True, "objectives": ["perf_throughput"],
             "constraints": {"perf_latency_p99": {"max": slo_ms}},
+            # The same stability band `latte tune` and the head-to-head measure with: a busy host's
+            # swings must not abort MA's search either.
             "profile_models": {model: {"cpu_only": True,
-                                       "perf_analyzer_flags": {"input-data": str(data)}}},
+                                       "perf_analyzer_flags": {"input-data": str(data),
+                                                               "stability-percentage": 100}}},
         }
         if quick:  # a smoke run: a small grid and few re-measurements (MA's defaults are kept otherwise)
             config.update(run_config_search_max_concurrency=8, run_config_search_max_instance_count=2,
