@@ -1,169 +1,315 @@
-"""Generated configs vs Triton's default vs a small brute-force sweep, measured the same way.
+"""latte's derived and tuned configs vs Triton Model Analyzer's quick and brute searches.
 
-For each example model (ONNX runtime) the generator profiles once and derives a config
-for the P99 SLO. Every candidate config is served side by side by one tritonserver and
-driven by perf_analyzer at the same concurrency levels; a config's score in one round is
-its best throughput among the levels whose P99 stays within the SLO, and its result is the
-median over ROUNDS interleaved rounds (the order flips each round), because other work on
-the shared 2-core machine makes single P99 readings swing by several times. Wall time:
-the generator's profile vs one pass of the sweep's perf_analyzer runs.
+For each case (example model x P99 SLO):
 
-    .venv/bin/python benchmarks/generator.py [--models mlp,cnn,sequence] [--out DIR]
+- latte derived: `latte profile` (in process) + the serving-cost calibration, then the
+  derivation; wall time = profile + calibration.
+- latte tuned: `latte tune` from the derived config; wall time = derived + tune.
+- MA quick / MA brute: Triton Model Analyzer (installed by this script in its own venv,
+  MODEL_ANALYZER_VENV, because its pins differ from latte's) in remote mode against a
+  tritonserver in explicit model-control mode with the model loaded at start, `cpu_only`,
+  constraint P99 <= SLO, objective throughput; its best config under the constraint.
+- Triton default: the same model with an empty dynamic_batching and one instance.
 
-Target: generated >= 100% of the sweep's best throughput under the SLO at <= 10% of its wall time.
+Then every config is served side by side by one tritonserver and driven by perf_analyzer
+in closed loop at LEVELS with lognormal sequence lengths. A config's score in one round is
+its best throughput among the levels whose P99 stays within the SLO; its result is the
+median over --rounds interleaved rounds (the order flips each round).
+
+    .venv/bin/python benchmarks/generator.py                        # every case, 3 rounds
+    .venv/bin/python benchmarks/generator.py --cases sequence:30 --rounds 1 --quick --skip-model-analyzer
+
+Targets: derived >= 1.0x MA quick at <= 5 % of its wall time; tuned >= 1.05x MA brute at
+<= 10 % of its wall time. Figures belong to a quiet machine; --quick is a smoke run only.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import itertools
 import json
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Dict, List, Optional
 
-SLO_MS = {"mlp": 20.0, "cnn": 40.0, "sequence": 30.0}
-LEVELS = [4, 16]                         # requests in flight
+import numpy as np
+
+CASES = ["sequence:10", "sequence:30", "ranker:100"]
+LEVELS = [2, 4, 8, 16, 32]               # closed-loop requests in flight
+QUICK_LEVELS = [2, 8]
 ROUNDS = 3
-SWEEP = {"max_batch_size": [8, 32], "delay_us": [0, 2000], "instances": [1, 2]}
-SEQUENCE_LENGTH = 16
-MEASUREMENT_MS = 1000
+MEASUREMENT_MS = 2000
+MODEL_ANALYZER = "triton-model-analyzer"
+MODEL_ANALYZER_VENV = Path(".latte/model-analyzer-venv")
+# Lognormal sequence lengths: median LENGTH_MEDIAN tokens, long tail, clipped to the model's maximum.
+LENGTH_MEDIAN, LENGTH_SIGMA, SAMPLES = 16, 0.8, 64
+CONFIGS = ["derived", "tuned", "ma_quick", "ma_brute", "default"]
 
 
-def measure(name, url, data, slo_ms):
-    """Best throughput with P99 <= SLO over LEVELS, the per-level points, and the wall time spent."""
-    from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer
+def lognormal_samples(config, max_length: int, seed: int = 0) -> List[dict]:
+    from latte.generator.verify import input_samples
 
-    started, best, rows = time.perf_counter(), 0.0, []
-    for level in LEVELS:
-        try:
-            point = run_perf_analyzer(name, url, concurrency=[level], input_data=data,
-                                      measurement_ms=MEASUREMENT_MS, max_trials=3,
-                                      stability_percentage=50.0)[0]
-        except PerfAnalyzerError as exc:
-            # Rejected or timed-out requests (a queue policy at work) count as missing the SLO.
-            rows.append({"concurrency": level, "error": " | ".join(str(exc).splitlines()[-3:])})
-            continue
-        rows.append({"concurrency": level, "throughput": point.throughput, "p99_ms": point.p99_ms})
-        if point.p99_ms <= slo_ms:
-            best = max(best, point.throughput)
-    return best, rows, time.perf_counter() - started
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(LENGTH_MEDIAN), LENGTH_SIGMA, SAMPLES).astype(int), 1, max_length)
+    return [input_samples(config, int(n), count=1, seed=i)[0] for i, n in enumerate(lengths)]
 
 
-def variants(generated: dict):
-    """name -> config context: the generated one, Triton's default, and the sweep grid."""
-    base = copy.deepcopy(generated)
-    params = {k: v for k, v in base["parameters"].items() if k not in ("bucket_edges", "arena_bytes")}
-    base.update(parameters=params, warmup=[])
-    out = {"generated": generated}
-    default = copy.deepcopy(base)
-    default.update(dynamic_batching={}, instance_groups=[{"count": 1, "kind": "KIND_CPU"}])
-    out["default"] = default
-    for batch, delay, count in itertools.product(*SWEEP.values()):
-        ctx = copy.deepcopy(base)
-        ctx.update(max_batch_size=batch, dynamic_batching={"max_queue_delay_microseconds": delay},
-                   instance_groups=[{"count": count, "kind": "KIND_CPU"}])
-        out[f"sweep_b{batch}_d{delay}_i{count}"] = ctx
-    return out
+# ---- latte: derive and tune -------------------------------------------------------------------
 
-
-def bench_model(example_name: str, work: Path, install, rounds: int = ROUNDS) -> dict:
-    from latte.examples import EXAMPLES, export
+def latte_configs(example: str, slo_ms: float, work: Path, install, cost, cost_s: float, quick: bool) -> dict:
+    """Derived and tuned config contexts plus their wall times."""
+    from latte.examples import CATALOG, export
     from latte.generator.derive import derive
     from latte.generator.generate import plan_latte_model
+    from latte.generator.operating_point import OperatingPoint, write_operating_points
     from latte.generator.profile import ProfileOptions, profile_model
+    from latte.backend.config import usable_cores
     from latte.generator.model_folder import write_model
     from latte.generator.spec import ModelEntry, PipelineSpec
+    from latte.generator.tune import tune
     from latte.generator.validate import parse_config
-    from latte.generator.verify import input_samples
     from latte.generator.yaml_lines import Located
+
+    model_file = export(CATALOG[example], work / "export" / example)["onnx"]
+    started = time.perf_counter()
+    options = ProfileOptions(max_length=CATALOG[example].max_sequence_length or None)
+    if quick:
+        options.min_seconds, options.max_batch_size = 0.05, 32
+    profile = profile_model(model_file, options)
+    profile.serving = cost
+    derived_s = time.perf_counter() - started + cost_s
+    cores = usable_cores()
+    spec = PipelineSpec(Located("benchmark", {}, {}), work, [], [], cores, 0)
+    entry = ModelEntry(name="m", backend="latte", file=model_file, path=(), runtime="onnx", slo_ms=slo_ms)
+    plan = plan_latte_model(spec, entry, profile)
+    derivation = derive(profile, slo_ms, cores=cores)
+
+    repo = work / "tune_repo"
+    shutil.rmtree(repo, ignore_errors=True)
+    write_model(repo, {**plan.context, "warmup": []}, {plan.context["parameters"]["model_file"]: model_file})
+    profile.save(work / "m.json")
+    write_operating_points(repo, {"m": OperatingPoint(slo_ms, derivation.planned_rate, "derived",
+                                                      str(work / "m.json"))})
+    result = tune(repo, "m", slo_ms, install=install, measurement_ms=500 if quick else 1000,
+                  max_steps=1 if quick else 4, log=print)
+    print(result.table(), flush=True)
+    tuned = parse_config((repo / "m" / "config.pbtxt").read_text())
+    return {"model_file": model_file, "derived": plan.context, "derived_s": derived_s,
+            "tuned_config": tuned, "tuned_s": derived_s + result.wall_s,
+            "derived_summary": f"b{derivation.max_batch_size} i{derivation.instance_count} "
+                               f"d{derivation.dynamic_batching['max_queue_delay_microseconds']}",
+            "tuned_summary": result.best.candidate.label}
+
+
+# ---- Model Analyzer ---------------------------------------------------------------------------
+
+def model_analyzer(venv: Path) -> Path:
+    """The model-analyzer command in its own venv, installed on first use."""
+    binary = venv / "bin" / "model-analyzer"
+    if not binary.exists():
+        print(f"installing {MODEL_ANALYZER} into {venv}", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", MODEL_ANALYZER], check=True)
+    return binary
+
+
+def run_model_analyzer(binary: Path, mode: str, repo: Path, model: str, slo_ms: float, data: Path,
+                       work: Path, install, quick: bool) -> dict:
+    """MA's best config under the SLO (remote mode) and its wall time."""
+    from latte.generator.validate import parse_config
+    from latte.triton import TritonServer
+    from latte.triton.perf import find_perf_analyzer
+
+    out = work / f"ma_{mode}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    started = time.perf_counter()
+    with TritonServer(repo, install=install, log_path=out / "tritonserver.log",
+                      extra_args=["--model-control-mode=explicit", f"--load-model={model}"]) as server:
+        config = {
+            "model_repository": str(repo), "triton_launch_mode": "remote", "client_protocol": "grpc",
+            "triton_grpc_endpoint": server.grpc_url, "triton_http_endpoint": server.http_url,
+            "triton_metrics_url": server.metrics_url, "perf_analyzer_path": str(find_perf_analyzer()),
+            "run_config_search_mode": mode, "export_path": str(out / "export"),
+            "output_model_repository_path": str(out / "variants"), "override_output_model_repository": True,
+            "checkpoint_directory": str(out / "checkpoints"),
+            "collect_cpu_metrics": False, "dcgm_disable": True, "objectives": ["perf_throughput"],
+            "constraints": {"perf_latency_p99": {"max": slo_ms}},
+            # The same stability band `latte tune` and the head-to-head measure with: a busy host's
+            # swings must not abort MA's search either.
+            "profile_models": {model: {"cpu_only": True,
+                                       "perf_analyzer_flags": {"input-data": str(data),
+                                                               "stability-percentage": 100}}},
+        }
+        if quick:  # a smoke run: a small grid and few re-measurements (MA's defaults are kept otherwise)
+            config.update(run_config_search_max_concurrency=8, run_config_search_max_instance_count=2,
+                          run_config_search_max_model_batch_size=16, perf_analyzer_max_auto_adjusts=1)
+        (out / "config.json").write_text(json.dumps(config, indent=2))
+        # MA reads YAML; JSON is YAML.
+        subprocess.run([str(binary), "profile", "-f", str(out / "config.json")], check=True,
+                       stdout=open(out / "model-analyzer.log", "w"), stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - started
+    best = best_ma_variant(out / "export" / "results" / "metrics-model-inference.csv")
+    variant_dir = out / "variants" / best
+    return {"config": parse_config((variant_dir / "config.pbtxt").read_text()), "wall_s": wall, "variant": best}
+
+
+def best_ma_variant(csv_path: Path) -> str:
+    """The variant with the highest throughput among the rows that satisfy the constraints."""
+    import csv
+
+    with open(csv_path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("Satisfies Constraints", "Yes").strip().lower() == "yes"]
+    if not rows:
+        raise RuntimeError(f"{csv_path}: Model Analyzer found no config within the SLO")
+    best = max(rows, key=lambda r: float(r["Throughput (infer/sec)"]))
+    return best["Model Config Path"]
+
+
+# ---- head to head -----------------------------------------------------------------------------
+
+def measure(name: str, url: str, data: Path, slo_ms: float, levels: List[int], measurement_ms: int):
+    """Best throughput with P99 <= SLO over the levels, and its P99."""
+    from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer
+
+    best, best_p99 = 0.0, float("nan")
+    for level in levels:
+        try:
+            point = run_perf_analyzer(name, url, concurrency=[level], input_data=data,
+                                      measurement_ms=measurement_ms, max_trials=6, stability_percentage=100.0)[0]
+        except PerfAnalyzerError:
+            continue  # rejected or timed-out requests count as missing the SLO
+        if point.p99_ms <= slo_ms and point.throughput > best:
+            best, best_p99 = point.throughput, point.p99_ms
+    return best, best_p99
+
+
+def write_proto_model(repo: Path, name: str, config, model_file: Path) -> None:
+    from google.protobuf import text_format
+
+    config = copy.deepcopy(config)
+    config.name = name
+    config.ClearField("model_warmup")
+    folder = repo / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "config.pbtxt").write_text(text_format.MessageToString(config))
+    shutil.copy2(model_file, folder / "1" / config.parameters["model_file"].string_value)
+
+
+def bench_case(case: str, work: Path, install, cost, cost_s: float, args) -> dict:
+    from latte.examples import CATALOG
+    from latte.generator.model_folder import render_model_config
+    from latte.generator.validate import parse_config
     from latte.triton import TritonServer
     from latte.triton.perf import write_input_data
 
-    slo = SLO_MS[example_name]
-    files = export(EXAMPLES[example_name], work / "export" / example_name)
-    model_file = files["onnx"]
-    started = time.perf_counter()
-    profile = profile_model(model_file, ProfileOptions(max_length=EXAMPLES[example_name].max_sequence_length or None))
-    profile_s = time.perf_counter() - started
-    cores = 2
-    derivation = derive(profile, slo, cores=cores)
-    spec = PipelineSpec(Located("benchmark", {}, {}), work, [], [], cores, 0)
-    entry = ModelEntry(name="generated", backend="latte", file=model_file, path=(), runtime="onnx", slo_ms=slo)
-    plan = plan_latte_model(spec, entry, profile)
+    example, slo_text = case.split(":")
+    slo_ms = float(slo_text)
+    case_dir = work / f"{example}_{slo_text}ms"
+    case_dir.mkdir(parents=True, exist_ok=True)
+    print(f"{case}: profiling, calibrating, deriving, tuning", flush=True)
+    latte = latte_configs(example, slo_ms, case_dir, install, cost, cost_s, args.quick)
+    derived = parse_config(render_model_config({**latte["derived"], "warmup": []}))
+    default = copy.deepcopy(derived)
+    default.ClearField("dynamic_batching")
+    default.dynamic_batching.SetInParent()
+    del default.instance_group[1:]
+    default.instance_group[0].count = 1
+    default.parameters.pop("bucket_edges", None)
+    default.parameters.pop("arena_bytes", None)
+    data = write_input_data(case_dir / "inputs.json",
+                            lognormal_samples(derived, CATALOG[example].max_sequence_length or LENGTH_MEDIAN))
+    configs = {"derived": derived, "tuned": latte["tuned_config"], "default": default}
+    walls = {"derived": latte["derived_s"], "tuned": latte["tuned_s"], "default": 0.0}
+    notes = {"derived": latte["derived_summary"], "tuned": latte["tuned_summary"], "default": "Triton default"}
+    if not args.skip_model_analyzer:
+        binary = model_analyzer(Path(args.model_analyzer_venv))
+        ma_repo = case_dir / "ma_repo"
+        shutil.rmtree(ma_repo, ignore_errors=True)
+        write_proto_model(ma_repo, "m", derived, latte["model_file"])
+        for mode in ("quick", "brute"):
+            print(f"{case}: Model Analyzer {mode} search", flush=True)
+            ma = run_model_analyzer(binary, mode, ma_repo, "m", slo_ms, data, case_dir, install, args.quick)
+            configs[f"ma_{mode}"], walls[f"ma_{mode}"], notes[f"ma_{mode}"] = ma["config"], ma["wall_s"], ma["variant"]
 
-    repo = work / f"repo_{example_name}"
+    repo = case_dir / "head_to_head"
     shutil.rmtree(repo, ignore_errors=True)
-    contexts = variants(plan.context)
-    for name, ctx in contexts.items():
-        ctx = {**ctx, "name": f"{example_name}_{name}", "warmup": []}
-        write_model(repo, ctx, {ctx["parameters"]["model_file"]: model_file})
-    config = parse_config((repo / f"{example_name}_generated" / "config.pbtxt").read_text())
-    data = write_input_data(work / f"{example_name}_inputs.json",
-                            input_samples(config, SEQUENCE_LENGTH))
-
-    results = {name: {"rounds": [], "rows": [], "wall_s": 0.0} for name in contexts}
-    with TritonServer(repo, install=install) as server:
-        for round_index in range(rounds):
-            order = list(contexts) if round_index % 2 == 0 else list(reversed(contexts))
+    for name, config in configs.items():
+        write_proto_model(repo, f"{example}_{name}", config, latte["model_file"])
+    levels = QUICK_LEVELS if args.quick else LEVELS
+    measurement_ms = 500 if args.quick else MEASUREMENT_MS
+    rounds: Dict[str, List[tuple]] = {name: [] for name in configs}
+    with TritonServer(repo, install=install, log_path=case_dir / "tritonserver.log") as server:
+        for index in range(args.rounds):
+            order = list(configs) if index % 2 == 0 else list(reversed(configs))
             for name in order:
-                best, rows, wall = measure(f"{example_name}_{name}", server.grpc_url, data, slo)
-                entry = results[name]
-                entry["rounds"].append(best)
-                entry["rows"].append(rows)
-                entry["wall_s"] += wall
-                print(f"  round {round_index + 1} {example_name}_{name}: {best:.0f} infer/s within {slo:g} ms "
-                      f"({wall:.0f} s)", flush=True)
-    for entry in results.values():
-        entry["best"] = float(statistics.median(entry["rounds"]))
-        entry["wall_s"] /= rounds
-    sweep = {k: v for k, v in results.items() if k.startswith("sweep_")}
-    best_sweep = max(sweep, key=lambda k: sweep[k]["best"])
-    return {
-        "model": example_name, "slo_ms": slo, "profile_s": profile_s,
-        "derived": {"max_batch_size": derivation.max_batch_size, "instances": derivation.instance_count,
-                    "delay_us": derivation.dynamic_batching["max_queue_delay_microseconds"],
-                    "preferred": derivation.dynamic_batching.get("preferred_batch_size")},
-        "generated": results["generated"]["best"], "default": results["default"]["best"],
-        "sweep_best": sweep[best_sweep]["best"], "sweep_best_config": best_sweep,
-        "sweep_wall_s": sum(v["wall_s"] for v in sweep.values()), "results": results,
-    }
+                score = measure(f"{example}_{name}", server.grpc_url, data, slo_ms, levels, measurement_ms)
+                rounds[name].append(score)
+                print(f"  round {index + 1} {name}: {score[0]:.0f} infer/s (P99 {score[1]:.2f} ms)", flush=True)
+    results = {}
+    for name, scores in rounds.items():
+        results[name] = {"infer_s": statistics.median(s[0] for s in scores),
+                         "p99_ms": statistics.median(s[1] for s in scores),
+                         "wall_s": walls[name], "config": notes[name], "rounds": scores}
+    return {"case": case, "model": example, "slo_ms": slo_ms, "results": results}
 
 
-def main(argv=None) -> int:
+def print_table(rows: List[dict]) -> None:
+    print()
+    print("| model | SLO P99 | config | infer/s | P99 ms | wall s | settings |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        for name in CONFIGS:
+            r = row["results"].get(name)
+            if r is None:
+                continue
+            print(f"| {row['model']} | {row['slo_ms']:g} ms | {name.replace('_', ' ')} | {r['infer_s']:.0f} | "
+                  f"{r['p99_ms']:.2f} | {r['wall_s']:.1f} | {r['config']} |")
+    print()
+    print("| model | SLO P99 | derived / MA quick | wall | tuned / MA brute | wall |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        res = row["results"]
+
+        def ratio(a: str, b: str, key: str) -> str:
+            if b not in res or not res[b][key]:
+                return "-"
+            return f"{res[a][key] / res[b][key]:.2f}x" if key == "infer_s" else f"{res[a][key] / res[b][key]:.1%}"
+        print(f"| {row['model']} | {row['slo_ms']:g} ms | {ratio('derived', 'ma_quick', 'infer_s')} | "
+              f"{ratio('derived', 'ma_quick', 'wall_s')} | {ratio('tuned', 'ma_brute', 'infer_s')} | "
+              f"{ratio('tuned', 'ma_brute', 'wall_s')} |")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="mlp,cnn,sequence")
+    parser.add_argument("--cases", default=",".join(CASES), help="MODEL:SLO_MS pairs (default %(default)s)")
     parser.add_argument("--out", default=".latte/bench-generator")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (default {ROUNDS})")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: short profile, one tuning step, two levels, short windows")
+    parser.add_argument("--skip-model-analyzer", action="store_true", help="leave out the MA quick/brute columns")
+    parser.add_argument("--model-analyzer-venv", default=str(MODEL_ANALYZER_VENV),
+                        help="where Model Analyzer is installed (default %(default)s)")
     args = parser.parse_args(argv)
+    from latte.generator.calibrate import calibrate
     from latte.triton import find_triton
 
-    # SIGTERM unwinds like Ctrl-C, so the tritonserver started below is stopped on the way out.
+    # SIGTERM unwinds like Ctrl-C, so the tritonservers started below are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-
     work = Path(args.out).resolve()
     work.mkdir(parents=True, exist_ok=True)
     install = find_triton()
-    rows = []
-    for name in args.models.split(","):
-        print(f"{name}: profiling, deriving, serving {2 + 8} configs, {args.rounds} rounds", flush=True)
-        rows.append(bench_model(name, work, install, args.rounds))
+    started = time.perf_counter()
+    cost = calibrate(install, log=print)
+    cost_s = time.perf_counter() - started
+    rows = [bench_case(case, work, install, cost, cost_s, args) for case in args.cases.split(",")]
     (work / "results.json").write_text(json.dumps(rows, indent=2))
-    print()
-    print("| model | SLO P99 | generated infer/s | default infer/s | sweep best infer/s (config) | generated / sweep "
-          "| profile s | sweep s | wall ratio | derived |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        ratio = r["generated"] / r["sweep_best"] if r["sweep_best"] else float("inf")
-        d = r["derived"]
-        print(f"| {r['model']} | {r['slo_ms']:g} ms | {r['generated']:.0f} | {r['default']:.0f} | "
-              f"{r['sweep_best']:.0f} ({r['sweep_best_config'][6:]}) | {ratio:.0%} | {r['profile_s']:.1f} | "
-              f"{r['sweep_wall_s']:.0f} | {r['profile_s'] / r['sweep_wall_s']:.1%} | b{d['max_batch_size']} "
-              f"d{d['delay_us']} i{d['instances']} pref {d['preferred']} |")
+    print_table(rows)
     return 0
 
 

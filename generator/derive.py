@@ -3,11 +3,13 @@
 The argument is the one Nexus (SOSP '19) makes for batching under an SLO. Let l(b) be
 the P99 latency of one batch of b requests. The unluckiest request arrives just after
 its instance launched a batch: it waits up to l(b) for that batch to finish, up to the
-queue delay d while its own batch forms, then l(b) for its own batch. Hence
+queue delay d while its own batch forms, then l(b) for its own batch, and it pays the
+client round trip r once. Hence
 
-    2 * l(b) + d <= SLO
+    2 * l(b) + d + r <= SLO
 
-and max_batch_size is the largest measured b meeting it. Everything here is a pure
+where l(b) is the profile's P99 plus the serving cost of a batch of b measured on a real
+server (`latte.generator.calibrate`), and max_batch_size is the largest measured b meeting it. Everything here is a pure
 function of its arguments so that each rule can be tested against known answers.
 """
 
@@ -17,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from latte.generator.calibrate import ServingCost
 from latte.generator.profile_data import Point, Profile
 from latte.generator.validate import STALL_FREE_INSTANCES
 
@@ -30,9 +33,9 @@ TARGET_UTILISATION = 0.8
 # The arena holds the largest batch's working set plus room for fragmentation.
 ARENA_HEADROOM = 1.25
 MIN_ARENA_BYTES = 1 << 20
-# Per-batch cost of serving through the latte backend that an in-process profile misses
-# (request decode, padding, response): about 1 ms per batch on the 2-core reference box,
-# from served vs in-process latency of the example MLP. Specs can override it per model.
+# Per-batch serving cost assumed for a profile taken without calibration (an older
+# profile.json): about 1 ms per batch on the 2-core reference box, from served vs
+# in-process latency of the example MLP.
 DEFAULT_BACKEND_OVERHEAD_MS = 1.0
 
 
@@ -47,8 +50,10 @@ class Derivation:
     instance_count: int
     instance_kind: str
     parameters: Dict[str, str]
-    worst_case_ms: float           # 2 * l(b) + d: the bound the SLO is checked against
+    worst_case_ms: float           # 2 * l(b) + d + r: the bound the SLO is checked against
     throughput: float              # predicted rows/s of all instances at max_batch_size
+    planned_rate: float = 0.0      # the load the settings are for: the arrival rate, else 80% of throughput
+    slo_ms: float = 0.0
     explanation: List[str] = field(default_factory=list)
 
     def instance_groups(self) -> List[Dict]:
@@ -73,6 +78,29 @@ def _knee(curve: List[Point], limit: int) -> Point:
     return knee
 
 
+def request_bytes(profile: Profile) -> int:
+    """Bytes of one request's inputs at the longest measured length."""
+    import numpy as np
+
+    from latte.backend.dtypes import to_numpy
+
+    longest = max((b for b in profile.buckets() if b is not None), default=1)
+    total = 0
+    for t in profile.inputs:
+        dims = [longest if d == -1 else d for d in t["dims"]]
+        try:
+            size = np.dtype(to_numpy(t["data_type"])).itemsize
+        except ValueError:  # strings: about a byte per character
+            size = 1
+        total += int(math.prod(dims)) * size
+    return total
+
+
+def shared_host_rate(rates: List[float]) -> float:
+    """Requests/s of stages that each handle every request on the same cores: times per request add up."""
+    return 1.0 / sum(1.0 / r for r in rates)
+
+
 def bucket_edges(profile: Profile, batch_size: int) -> List[int]:
     """Sequence lengths worth their own bucket: merge neighbours whose latency is within 15%."""
     lengths = [b for b in profile.buckets() if b is not None]
@@ -92,18 +120,21 @@ def bucket_edges(profile: Profile, batch_size: int) -> List[int]:
 
 
 def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None, cores: int = 1,
-           gpus: int = 0, priority_levels: int = 0, backend_overhead_ms: float = 0.0) -> Derivation:
+           gpus: int = 0, priority_levels: int = 0, serving: Optional[ServingCost] = None) -> Derivation:
     """Choose batching, queueing, instance and arena settings that keep P99 within slo_ms.
 
-    backend_overhead_ms is the per-batch serving cost outside the model (reading requests,
-    padding, writing responses), which an in-process profile does not see; it is added to
-    every measured latency.
+    serving is the cost outside the model (per batch, per request, round trip) that an
+    in-process profile does not see; by default the one stored with the profile, else none.
     """
-    if backend_overhead_ms < 0:
-        raise DerivationError(f"backend_overhead_ms must be >= 0, got {backend_overhead_ms}")
-    # Served latency and throughput: the profile's numbers plus the per-batch overhead.
-    curve = [Point(p.batch_size, p.length, p.mean_ms + backend_overhead_ms, p.p50_ms + backend_overhead_ms,
-                   p.p99_ms + backend_overhead_ms, p.peak_bytes) for p in profile.curve()]
+    serving = serving or profile.serving or ServingCost()
+    if min(serving.batch_ms, serving.request_ms, serving.round_trip_ms) < 0:
+        raise DerivationError(f"serving costs must be >= 0, got {serving}")
+    # Served latency and throughput: the profile's numbers plus the serving cost of the batch.
+    curve = []
+    for p in profile.curve():
+        extra = serving.batch_overhead_ms(p.batch_size)
+        curve.append(Point(p.batch_size, p.length, p.mean_ms + extra, p.p50_ms + extra, p.p99_ms + extra,
+                           p.peak_bytes))
     if slo_ms <= 0:
         raise DerivationError(f"the SLO must be a positive number of milliseconds, got {slo_ms}")
     if arrival_rate is not None and arrival_rate <= 0:
@@ -116,25 +147,30 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
         raise DerivationError(f"the profile ran with intra_op_threads={intra} but only {cores} core(s) are "
                               "available; profile again with --intra-op-threads <= cores")
     why: List[str] = []
-    if backend_overhead_ms:
-        why.append(f"latencies below include {backend_overhead_ms:g} ms of per-batch backend overhead on top of "
-                   "the profile")
+    if serving.source != "none":
+        why.append(f"latencies below are the profile's plus the {serving.describe()}")
+    round_trip = serving.round_trip_ms
+    latency_ms = slo_ms - round_trip      # what two batches and the queue delay may take
     worst_bucket = f" at the longest measured length {curve[0].length}" if curve[0].length is not None else ""
 
     first = curve[0]
-    if 2 * first.p99_ms > slo_ms:
+    if 2 * first.p99_ms + round_trip > slo_ms:
+        cost = (f" (of which {serving.batch_overhead_ms(first.batch_size):.2f} ms is serving cost outside the model)"
+                if serving.source != "none" else "")
+        trip = f" + {round_trip:.2f} ms client round trip" if round_trip else ""
         raise DerivationError(
             f"the SLO of {slo_ms:g} ms cannot hold: one request of batch size {first.batch_size} takes "
-            f"P99 {first.p99_ms:.2f} ms{worst_bucket}, and a request arriving just after a launch waits for "
-            f"that batch too (2 x {first.p99_ms:.2f} ms > {slo_ms:g} ms); relax the SLO or speed up the model")
-    feasible = [p for p in curve if 2 * p.p99_ms <= slo_ms]
+            f"P99 {first.p99_ms:.2f} ms{worst_bucket}{cost}, and a request arriving just after a launch waits for "
+            f"that batch too (2 x {first.p99_ms:.2f} ms{trip} > {slo_ms:g} ms); relax the SLO or speed up the model")
+    feasible = [p for p in curve if 2 * p.p99_ms <= latency_ms]
     top = feasible[-1]
     b, l_b = top.batch_size, top.p99_ms
     beyond = curve[curve.index(top) + 1:]
-    limit_note = (f"batch {beyond[0].batch_size} would need 2 x {beyond[0].p99_ms:.2f} ms > {slo_ms:g} ms"
+    limit_note = (f"batch {beyond[0].batch_size} would need 2 x {beyond[0].p99_ms:.2f} ms > {latency_ms:g} ms"
                   if beyond else "the largest measured batch size")
-    why.append(f"max_batch_size {b}: the largest batch with 2 x P99 l(b) within the SLO "
-               f"(2 x {l_b:.2f} ms = {2 * l_b:.2f} ms <= {slo_ms:g} ms{worst_bucket}; {limit_note})")
+    trip_note = f" less the {round_trip:.2f} ms round trip" if round_trip else ""
+    why.append(f"max_batch_size {b}: the largest batch with 2 x P99 l(b) within the SLO{trip_note} "
+               f"(2 x {l_b:.2f} ms = {2 * l_b:.2f} ms <= {latency_ms:g} ms{worst_bucket}; {limit_note})")
 
     # Instances: one per intra-op thread group that fits the cores, or as many as the rate needs.
     kind = "KIND_GPU" if use_gpu else "KIND_CPU"
@@ -174,7 +210,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     # (closed-loop clients never fill it). Waiting pays only when the arrival rate needs
     # batches larger than what forms by itself: then wait for the smallest batch b_req
     # that keeps up, as Nexus does, but never past the SLO's slack.
-    slack_us = (slo_ms - 2 * l_b) * 1000.0
+    slack_us = (latency_ms - 2 * l_b) * 1000.0
     if arrival_rate:
         keeping_up = [p for p in curve if p.batch_size <= b
                       and count * p.throughput * TARGET_UTILISATION >= arrival_rate]
@@ -187,7 +223,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
         fill_text = ("no arrival rate given: batches form from the queue that builds while instances are busy, "
                      "and waiting at an idle instance only adds latency")
     delay_us = int(max(0.0, min(slack_us, fill_us)))
-    why.append(f"max_queue_delay_microseconds {delay_us}: min(SLO slack {slo_ms:g} ms - 2 x {l_b:.2f} ms = "
+    why.append(f"max_queue_delay_microseconds {delay_us}: min(SLO slack {latency_ms:g} ms - 2 x {l_b:.2f} ms = "
                f"{slack_us:.0f} us, wait worth paying: {fill_text})")
 
     dynamic: Dict = {"max_queue_delay_microseconds": delay_us}
@@ -213,8 +249,8 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     # requests that still can (DELAY). Rejecting it instead fails whole clients on a
     # momentary stall (perf_analyzer aborts on the first rejection); REJECT is an override.
     # The queue holds no more requests than can be served within the SLO.
-    timeout_us = int((slo_ms - l_b) * 1000.0)
-    batches_in_slo = max(1, int((slo_ms - l_b) // l_b))
+    timeout_us = int((latency_ms - l_b) * 1000.0)
+    batches_in_slo = max(1, int((latency_ms - l_b) // l_b))
     queue_size = count * b * batches_in_slo
     if queue_policy:
         dynamic["default_queue_policy"] = {
@@ -242,7 +278,20 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     why.append(f"arena_bytes {arena}: peak {peak} bytes at batch <= {b}{worst_bucket}, +{ARENA_HEADROOM - 1:.0%}, "
                "rounded up to a power of two (the arena is a buddy allocator)")
 
-    worst = 2 * l_b + delay_us / 1000.0
+    worst = 2 * l_b + delay_us / 1000.0 + round_trip
+    throughput = count * per_instance
+    ceiling = serving.request_ceiling(request_bytes(profile))
+    if ceiling:
+        model_only = throughput
+        throughput = shared_host_rate([model_only, ceiling])
+        why.append(f"throughput {throughput:.0f} requests/s: the model's {model_only:.0f} rows/s and the host's "
+                   f"{ceiling:.0f} requests/s of {request_bytes(profile)} bytes for a model that computes nothing "
+                   "(calibration; client and server included) share the same cores, so their times per request add up")
+    planned = arrival_rate or throughput * TARGET_UTILISATION
+    why.append(f"planned load {planned:.0f} req/s: " + (
+        "the spec's arrival rate" if arrival_rate else
+        f"{TARGET_UTILISATION:.0%} of the {throughput:.0f} rows/s the instances serve at max_batch_size "
+        "(`latte verify` checks the SLO at this rate)"))
     return Derivation(max_batch_size=b, dynamic_batching=dynamic, instance_count=count, instance_kind=kind,
-                      parameters=parameters, worst_case_ms=worst, throughput=count * per_instance,
-                      explanation=why)
+                      parameters=parameters, worst_case_ms=worst, throughput=throughput, planned_rate=planned,
+                      slo_ms=slo_ms, explanation=why)

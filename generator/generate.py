@@ -12,8 +12,10 @@ import numpy as np
 from latte.backend.config import ThreadBudget
 from latte.backend.dtypes import TRITON_TO_NUMPY
 from latte.backend.samples import sample_values
+from latte.generator.calibrate import ServingCost, calibrate
 from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, TensorInfo, check_ensemble
 from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
+from latte.generator.operating_point import plan_operating_points, write_operating_points
 from latte.generator.profile_data import Profile
 from latte.generator.model_folder import render_model_config, write_ensemble, write_model
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
@@ -58,8 +60,12 @@ def _merge(base: Dict, extra: Dict) -> Dict:
 
 def plan_latte_model(spec: PipelineSpec, model: ModelEntry, profile: Profile) -> ModelPlan:
     doc = spec.source
-    overhead = DEFAULT_BACKEND_OVERHEAD_MS if model.backend_overhead_ms is None else model.backend_overhead_ms
-    d = derive(profile, model.slo_ms, model.arrival_rate, spec.cores, spec.gpus, model.priority_levels, overhead)
+    if model.backend_overhead_ms is not None:
+        serving = ServingCost.flat(model.backend_overhead_ms, "the spec's backend_overhead_ms")
+    else:
+        serving = profile.serving or ServingCost.flat(DEFAULT_BACKEND_OVERHEAD_MS,
+                                                      "assumed: the profile was taken without calibration")
+    d = derive(profile, model.slo_ms, model.arrival_rate, spec.cores, spec.gpus, model.priority_levels, serving)
     over = model.overrides
     max_batch = int(over.get("max_batch_size", d.max_batch_size))
     dynamic = _merge(d.dynamic_batching, over.get("dynamic_batching") or {})
@@ -186,7 +192,8 @@ def _refuse_stall(plan: ModelPlan, templates: Optional[Path]) -> None:
         raise InvalidConfig(f"{plan.name}/config.pbtxt not written: {stall}")
 
 
-def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, log: Callable[[str], None]) -> Profile:
+def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, log: Callable[[str], None],
+                    serving_cost: Callable[[], Optional[ServingCost]] = lambda: None) -> Profile:
     if model.profile is not None:
         return Profile.load(model.profile)
     from latte.generator.profile import ProfileOptions, profile_model
@@ -199,23 +206,35 @@ def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, l
     inputs = [{"name": t.name, "data_type": t.data_type, "dims": t.dims} for t in model.inputs or []]
     profile = profile_model(model.file, ProfileOptions(runtime=model.runtime, intra_op_threads=model.intra_op_threads,
                                                        inputs=inputs or None))
+    profile.serving = serving_cost()
     profiles_dir.mkdir(parents=True, exist_ok=True)
     profile.save(target)
     return profile
 
 
 def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, profiles_dir: Optional[Path] = None,
-             log: Callable[[str], None] = lambda line: None) -> List[ModelPlan]:
-    """Write a model repository for the spec at spec_path into repo and validate it."""
+             log: Callable[[str], None] = lambda line: None, install=None) -> List[ModelPlan]:
+    """Write a model repository for the spec at spec_path into repo and validate it.
+
+    A model profiled here gets this machine's serving cost, calibrated once per call on a
+    tritonserver (install, default: found as `latte tritonserver` finds it)."""
     spec = load_spec(spec_path)
     repo = Path(repo)
     profiles_dir = Path(profiles_dir) if profiles_dir else spec.directory / "profiles"
+    calibrated: List[ServingCost] = []
+
+    def serving_cost() -> ServingCost:
+        if not calibrated:
+            calibrated.append(calibrate(install, log))
+        return calibrated[0]
+
     plans = []
     for model in spec.models:
         if model.backend == "python":
             plans.append(plan_python_model(model))
         else:
-            plans.append(plan_latte_model(spec, model, load_or_profile(spec, model, profiles_dir, log)))
+            profile = load_or_profile(spec, model, profiles_dir, log, serving_cost)
+            plans.append(plan_latte_model(spec, model, profile))
         add_versions_and_cache(spec, plans[-1], model)
     interfaces = {p.name: _interface(p) for p in plans}
     ensembles = check_spec_ensembles(spec, interfaces)
@@ -226,5 +245,6 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
                     versions=plan.version_files or None)
     for context in ensembles:
         write_ensemble(repo, context, templates)
+    write_operating_points(repo, plan_operating_points(spec, plans, profiles_dir))
     validate_repository(repo)
     return plans

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from latte.generator.calibrate import ServingCost
+
 
 class ProfileError(ValueError):
     """A profile file that is missing fields or holds impossible numbers."""
@@ -42,6 +44,7 @@ class Profile:
     points: List[Point]
     wall_s: float = 0.0
     stop_reason: Dict[str, str] = field(default_factory=dict)   # bucket -> why the sweep stopped
+    serving: Optional[ServingCost] = None   # this machine's serving cost, measured by `latte profile`
 
     def buckets(self) -> List[Optional[int]]:
         lengths = {p.length for p in self.points}
@@ -61,6 +64,7 @@ class Profile:
     def to_json(self) -> dict:
         data = asdict(self)
         data["points"] = [{**asdict(p), "throughput": round(p.throughput, 3)} for p in self.points]
+        data["serving"] = self.serving.to_json() if self.serving else None
         return data
 
     def save(self, path: Path) -> Path:
@@ -90,7 +94,8 @@ class Profile:
         return cls(model_file=data["model_file"], runtime=data["runtime"], device=data.get("device", "cpu"),
                    intra_op_threads=int(data["intra_op_threads"]), inputs=list(data["inputs"]),
                    outputs=list(data["outputs"]), points=points, wall_s=float(data.get("wall_s", 0.0)),
-                   stop_reason=dict(data.get("stop_reason", {})))
+                   stop_reason=dict(data.get("stop_reason", {})),
+                   serving=ServingCost.from_json(data["serving"]) if data.get("serving") else None)
 
     @classmethod
     def load(cls, path: Path) -> "Profile":

@@ -60,11 +60,11 @@ def test_generated_ensemble_matches_the_pipeline_in_process(tmp_path):
         np.testing.assert_allclose(grpc.infer("embed_text", [request]).as_numpy("EMBEDDING"),
                                    expected["EMBEDDING"], rtol=1e-4, atol=1e-5)
 
-        # The loop closes: perf_analyzer at the derived operating point against the running server.
+        # The loop closes: perf_analyzer at the ensemble's planned rate against the running server.
+        from latte.generator.operating_point import read_operating_points
+
         report = verify(repo, "embed_text", 50, url=server.grpc_url, measurement_ms=1000)
-        config = encoder.context
-        assert report.concurrency == min(config["instance_groups"][0]["count"] * config["max_batch_size"],
-                                         config["dynamic_batching"]["default_queue_policy"]["max_queue_size"])
+        assert report.rate == read_operating_points(repo)["embed_text"].rate and report.concurrency is None
         assert report.throughput > 0 and 0 < report.p50_ms <= report.p99_ms
         assert report.slo_met == (report.p99_ms <= 50)
         assert (report.suggestion is None) == report.slo_met

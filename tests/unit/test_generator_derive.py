@@ -2,6 +2,7 @@
 
 import pytest
 
+from latte.generator.calibrate import ServingCost
 from latte.generator.derive import DerivationError, bucket_edges, derive
 from latte.generator.profile_data import Point, Profile
 
@@ -161,11 +162,67 @@ def test_bad_arguments_are_refused(kwargs, message):
 
 def test_backend_overhead_is_added_to_every_batch():
     # l(b) + 1 ms: 2 x l(32) = 18 <= 20 still, but the slack shrinks from 4 ms to 2 ms.
-    d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=3000, cores=1, backend_overhead_ms=1.0)
+    d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=3000, cores=1,
+               serving=ServingCost.flat(1.0, "spec"))
     assert d.max_batch_size == 32
     assert d.dynamic_batching["max_queue_delay_microseconds"] == 2000
     assert d.worst_case_ms == pytest.approx(20.0)
     # With 2 ms of overhead 2 x (8 + 2) = 20 still fits; with 3 ms only batch 16 does.
-    assert derive(make_profile(SATURATING), slo_ms=20, backend_overhead_ms=3.0).max_batch_size == 16
-    with pytest.raises(DerivationError, match="backend_overhead_ms must be >= 0"):
-        derive(make_profile(SATURATING), slo_ms=20, backend_overhead_ms=-1)
+    assert derive(make_profile(SATURATING), slo_ms=20, serving=ServingCost.flat(3.0, "spec")).max_batch_size == 16
+    with pytest.raises(DerivationError, match="serving costs must be >= 0"):
+        derive(make_profile(SATURATING), slo_ms=20, serving=ServingCost.flat(-1, "spec"))
+
+
+CALIBRATED = ServingCost(batch_ms=0.5, request_ms=0.05, round_trip_ms=1.0, source="calibrated")
+
+
+def test_calibrated_cost_grows_with_the_batch_and_the_round_trip_is_paid_once():
+    # l(b) = profile + 0.5 + 0.05 b: l(16) = 4 + 1.3 = 5.3, l(32) = 8 + 2.1 = 10.1.
+    # 2 x 10.1 + 1 = 21.2 > 20, 2 x 5.3 + 1 = 11.6 <= 20: batch 16.
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=1, serving=CALIBRATED)
+    assert d.max_batch_size == 16
+    assert d.worst_case_ms == pytest.approx(11.6)
+    assert "calibrated serving cost: 0.500 ms per batch + 0.050 ms per request" in d.explain()
+    # Throughput is served throughput: 16 rows per 4 + 1.3 ms.
+    assert d.throughput == pytest.approx(16 * 1000 / 5.3)
+
+
+def test_profile_carries_its_calibration_into_the_derivation():
+    profile = make_profile(SATURATING)
+    profile.serving = CALIBRATED
+    assert derive(profile, slo_ms=20, cores=1).max_batch_size == 16
+    # An explicit cost wins over the stored one.
+    assert derive(profile, slo_ms=20, cores=1, serving=ServingCost.flat(0.0, "spec")).max_batch_size == 32
+
+
+def test_an_slo_the_serving_cost_alone_breaks_says_why():
+    with pytest.raises(DerivationError) as info:
+        derive(make_profile(SATURATING), slo_ms=6, serving=ServingCost(batch_ms=0.5, request_ms=0.05, round_trip_ms=2.0, source="calibrated"))
+    message = str(info.value)
+    assert "the SLO of 6 ms cannot hold" in message
+    assert "0.55 ms is serving cost outside the model" in message
+    assert "+ 2.00 ms client round trip" in message
+
+
+def test_planned_rate_is_the_arrival_rate_else_eighty_percent_of_the_promise():
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2)
+    assert d.planned_rate == pytest.approx(0.8 * d.throughput)
+    assert derive(make_profile(SATURATING), slo_ms=20, arrival_rate=1234, cores=2).planned_rate == 1234
+
+
+def test_model_and_serving_share_the_host_so_their_times_per_request_add_up():
+    # 2 instances x 4000 rows/s = 8000/s of model, 3000/s of compute-free serving on the same cores:
+    # 1 / (1/8000 + 1/3000) = 2182 requests/s, planned at 80 %.
+    ceiling = ServingCost(batch_ms=0.0, request_ms=0.0, round_trip_ms=0.0, max_rate=3000.0, source="calibrated")
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2, serving=ceiling)
+    assert d.throughput == pytest.approx(24000 / 11) and d.planned_rate == pytest.approx(0.8 * 24000 / 11)
+    assert "the model's 8000 rows/s and the host's 3000 requests/s" in d.explain()
+
+
+def test_request_bytes_count_the_longest_measured_length():
+    from latte.generator.derive import request_bytes
+
+    assert request_bytes(make_profile(SATURATING)) == 16                      # FP32[4]
+    ragged = make_profile({1: 1.0}, length=128)
+    ragged.inputs = [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1]}]
+    assert request_bytes(ragged) == 128 * 8

@@ -86,13 +86,16 @@ def test_memory_limit_stops_the_sweep(exported):
 
 
 def test_cli_writes_profile_json_and_plot(exported, tmp_path, capsys):
+    # Without a server: the derivation then assumes the default per-batch serving cost and says so.
     code = main(["profile", str(exported["mlp"]["onnx"]), "-o", str(tmp_path), "--max-batch-size", "4",
-                 "--min-seconds", "0", "--slo-ms", "50"])
+                 "--min-seconds", "0", "--slo-ms", "50", "--no-calibrate"])
     assert code == 0
     data = json.loads((tmp_path / "profile.json").read_text())
     assert [p["batch_size"] for p in data["points"]] == [1, 2, 4]
+    assert data["serving"] is None
     assert (tmp_path / "profile.png").read_bytes()[:4] == b"\x89PNG"
-    assert "max_batch_size" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "max_batch_size" in out and "serving cost 1 ms per batch (assumed: not calibrated" in out
 
 
 def test_torch_export_shapes_come_from_the_program(tmp_path):

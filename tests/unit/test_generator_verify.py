@@ -1,7 +1,11 @@
 """The parts of `latte verify` that decide the load and the correction, on rendered configs."""
 
+import pytest
+
+from latte.generator.operating_point import OperatingPoint, write_operating_points
 from latte.generator.validate import parse_config
-from latte.generator.verify import VerifyReport, batching_config, input_samples, operating_concurrency, suggest
+from latte.generator.verify import (VerifyError, VerifyReport, batching_config, input_samples, intended_load,
+                                    operating_concurrency, suggest)
 
 CONFIG = """
 name: "enc" backend: "latte" max_batch_size: 16
@@ -20,8 +24,9 @@ ensemble_scheduling { step { model_name: "enc" model_version: -1 input_map { key
 """
 
 
-def report(p99, queue_us, compute_us, slo=20.0):
-    return VerifyReport("enc", slo, 24, p99, p99 / 2, 100.0, queue_us, compute_us, None)
+def report(p99, queue_us, compute_us, slo=20.0, p50=None):
+    return VerifyReport("enc", slo, None, p99, p99 / 2 if p50 is None else p50, 100.0, queue_us, compute_us, None,
+                        rate=300.0)
 
 
 def test_operating_point_fills_every_instance_within_the_queue_limit():
@@ -50,3 +55,52 @@ def test_samples_fill_variable_dims_and_strings():
     assert samples[0]["TEXT"].shape == (1,) and isinstance(samples[0]["TEXT"][0], str)
     tokens = input_samples(parse_config(CONFIG), length=16)[0]["tokens"]
     assert tokens.shape == (16,) and tokens.dtype.name == "int64" and tokens.min() >= 1
+
+
+def test_generated_repository_is_verified_at_its_planned_rate(tmp_path):
+    write_operating_points(tmp_path, {"enc": OperatingPoint(slo_ms=25.0, rate=480.0, rate_source="derived")})
+    load, slo = intended_load(tmp_path, parse_config(CONFIG), slo_ms=None)
+    assert (load.rate, load.concurrency, slo) == (480.0, None, 25.0)
+    assert load.perf_args() == {"request_rate": [480.0], "extra_args": ["--request-distribution", "poisson", "--async"]}
+    assert "80% of the throughput the derivation promised" in load.source
+    # Flags win over the plan.
+    assert intended_load(tmp_path, parse_config(CONFIG), 10.0, rate=50.0)[0].rate == 50.0
+    assert intended_load(tmp_path, parse_config(CONFIG), 10.0, concurrency=3)[0].perf_args() == {"concurrency": [3]}
+
+
+def test_repository_without_a_plan_is_driven_in_closed_loop_and_needs_an_slo(tmp_path):
+    load, slo = intended_load(tmp_path, parse_config(CONFIG), slo_ms=20.0)
+    assert (load.rate, load.concurrency, slo) == (None, 24, 20.0)
+    with pytest.raises(VerifyError, match="give --slo-ms"):
+        intended_load(tmp_path, parse_config(CONFIG), slo_ms=None)
+    with pytest.raises(VerifyError, match="--rate must be positive"):
+        intended_load(tmp_path, parse_config(CONFIG), slo_ms=20.0, rate=0)
+
+
+def test_time_spent_outside_the_model_is_not_blamed_on_its_batch_size():
+    # The issue's case: P99 107 ms, queue 1 us, compute 2.3 ms.
+    text = suggest(parse_config(CONFIG), report(107.0, 1, 2300, p50=60.0))
+    assert "only 2.30 ms of the P50 60.00 ms is spent in this model's queue and compute" in text
+    assert "max_batch_size" not in text
+
+
+def test_queueing_without_a_delay_asks_for_another_instance_within_the_cores():
+    config = parse_config(CONFIG.replace("max_queue_delay_microseconds: 3000", "max_queue_delay_microseconds: 0"))
+    assert "raise instance_group count to 3" in suggest(config, report(30.0, 9000, 4000), cores=4)
+    assert "the load exceeds this host" in suggest(config, report(30.0, 9000, 4000), cores=2)
+
+
+def test_report_names_the_load_and_why():
+    text = VerifyReport("enc", 20.0, None, 12.0, 6.0, 450.0, 300, 4000, None, rate=480.0,
+                        load_source="enc's planned load").text()
+    assert "load: 480 req/s Poisson (enc's planned load)" in text
+    assert "the SLO holds" in text
+
+
+def test_a_full_queue_fails_the_slo_with_its_cause():
+    from latte.generator.verify import Load, rejected_report
+
+    verdict = rejected_report("enc", parse_config(CONFIG), 20.0, Load(900.0, None, "--rate"))
+    assert not verdict.slo_met
+    assert "the server rejected requests (exceeds maximum queue size 24)" in verdict.suggestion
+    assert "load: 900 req/s Poisson (--rate)" in verdict.text()

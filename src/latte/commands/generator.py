@@ -1,4 +1,4 @@
-"""`latte profile`, `latte generate`, `latte validate`, `latte verify`: the config generator."""
+"""`latte profile`, `latte generate`, `latte validate`, `latte verify`, `latte tune`: the config generator."""
 
 from __future__ import annotations
 
@@ -18,8 +18,12 @@ Measure MODEL_FILE in this process with the runtime code the latte backend serve
 at an explicit thread budget. For each shape bucket the batch size doubles from 1 until
 throughput stops improving, memory runs short or one call passes --max-latency-ms.
 
-Writes OUT/profile.json (input to `latte generate` and the derivation) and OUT/profile.png
-(latency and throughput against batch size).
+Then, unless --no-calibrate, measures this machine's serving cost (per batch, per request,
+client round trip) on a short-lived tritonserver with an identity model (about 15 s); the
+derivation adds it to the in-process latencies.
+
+Writes OUT/profile.json (input to `latte generate` and the derivation, calibration included)
+and OUT/profile.png (latency and throughput against batch size).
 
 Input shapes come from, in order: --input flags, a config.pbtxt next to the file (or one
 folder up, as in a model repository), or the ONNX graph. A -1 dimension is variable: it is
@@ -42,8 +46,11 @@ examples:
     p.add_argument("--max-latency-ms", type=float, default=2000.0, help="stop a sweep once one call is slower")
     p.add_argument("--min-seconds", type=float, default=0.2, help="time spent measuring each point (default 0.2)")
     p.add_argument("--slo-ms", type=float, help="also derive and print the settings for this P99 SLO")
-    p.add_argument("--backend-overhead-ms", type=float, default=1.0,
-                   help="per-batch serving cost added to measured latencies when deriving (default 1.0)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="skip measuring the serving cost on tritonserver (the derivation then assumes "
+                        "--backend-overhead-ms per batch)")
+    p.add_argument("--backend-overhead-ms", type=float,
+                   help="per-batch serving cost to derive with instead of the calibrated one")
     p.add_argument("-o", "--out", default=".", help="output folder (default: current folder)")
     p.set_defaults(handler=_profile)
 
@@ -99,14 +106,18 @@ levels or a queue policy limit.""",
         "verify", formatter_class=_RAW,
         help="serve a repository and check a model's P99 SLO with perf_analyzer",
         description="""\
-Start tritonserver on REPO, drive MODEL with perf_analyzer at the operating point its config
-implies (instances x max_batch_size requests in flight), report P99 latency and throughput
-against --slo-ms, and, when the SLO does not hold, suggest the one setting to change.""",
-        epilog="example:\n  latte verify repo/ --model encoder --slo-ms 50")
+Start tritonserver on REPO and drive MODEL with perf_analyzer at the load its settings are
+for: Poisson arrivals at the rate `latte generate` planned (the spec's arrival_rate, else 80%
+of the throughput the derivation promised at the SLO; kept in REPO/latte_plan.json), or
+--rate, or a closed loop of --concurrency clients. Report P99 latency and throughput against
+the SLO and, when it does not hold, suggest the one setting to change, from where the time
+went (server queue vs compute).""",
+        epilog="examples:\n  latte verify repo/ --model encoder\n  latte verify repo/ --model embed_text --slo-ms 50 --rate 200")
     p.add_argument("repo", help="model repository folder")
     p.add_argument("--model", required=True, help="model (or ensemble) to load")
-    p.add_argument("--slo-ms", type=float, required=True, help="the P99 latency SLO in milliseconds")
-    p.add_argument("--concurrency", type=int, help="requests in flight (default: from the config)")
+    p.add_argument("--slo-ms", type=float, help="the P99 latency SLO in milliseconds (default: the planned one)")
+    p.add_argument("--rate", type=float, help="Poisson arrivals per second (default: the planned rate)")
+    p.add_argument("--concurrency", type=int, help="closed loop: requests in flight (instead of a rate)")
     p.add_argument("--length", type=int, default=16, help="length used for variable input dimensions (default 16)")
     p.add_argument("--measurement-ms", type=int, default=3000, help="perf_analyzer measurement window")
     p.add_argument("--url", metavar="HOST:PORT", help="gRPC endpoint of a tritonserver already serving REPO "
@@ -114,6 +125,30 @@ against --slo-ms, and, when the SLO does not hold, suggest the one setting to ch
     p.add_argument("--tritonserver", metavar="PATH", help="tritonserver binary or install root")
     p.add_argument("--backend-directory", metavar="DIR", help="folder holding Triton's python/ backend")
     p.set_defaults(handler=_verify)
+
+    p = sub.add_parser(
+        "tune", formatter_class=_RAW,
+        help="measure the derived config's neighbours on tritonserver and keep the best",
+        description="""\
+Start tritonserver on REPO in explicit model-control mode and measure MODEL's config and its
+neighbours, one setting changed at a time: instances +-1, max_batch_size x2 or /2, queue
+delay, preferred batch sizes, queue policy. Each candidate is driven in closed loop (its
+score: the best throughput with P99 within the SLO) and, when the repository has a plan,
+with Poisson arrivals at the planned rate (P99 must hold there too). The search moves to
+the best neighbour while it wins by more than 3% and stops otherwise; it prints a table,
+rewrites REPO/MODEL/config.pbtxt with the winner and keeps the measurements next to the
+model's profile (MODEL.tune.json).""",
+        epilog="example:\n  latte tune repo/ --model encoder --slo-ms 50")
+    p.add_argument("repo", help="model repository folder (from `latte generate`)")
+    p.add_argument("--model", required=True, help="the latte model to tune")
+    p.add_argument("--slo-ms", type=float, help="the P99 latency SLO in milliseconds (default: the planned one)")
+    p.add_argument("--length", type=int, default=16, help="length used for variable input dimensions (default 16)")
+    p.add_argument("--measurement-ms", type=int, default=1000, help="perf_analyzer measurement window")
+    p.add_argument("--max-steps", type=int, default=4, help="moves to a better neighbour at most (default 4)")
+    p.add_argument("--dry-run", action="store_true", help="measure and print, leave config.pbtxt as it is")
+    p.add_argument("--tritonserver", metavar="PATH", help="tritonserver binary or install root")
+    p.add_argument("--backend-directory", metavar="DIR", help="folder holding Triton's python/ backend")
+    p.set_defaults(handler=_tune)
 
 
 def _profile(args) -> int:
@@ -132,6 +167,10 @@ def _profile(args) -> int:
                           max_batch_size=args.max_batch_size, lengths=lengths, max_length=args.max_length,
                           max_latency_ms=args.max_latency_ms, min_seconds=args.min_seconds)
     profile = profile_model(Path(args.model_file), opts, show_progress=sys.stderr.isatty())
+    if not args.no_calibrate:
+        from latte.generator.calibrate import calibrate
+
+        profile.serving = calibrate(log=print)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     json_path = profile.save(out / "profile.json")
@@ -139,12 +178,17 @@ def _profile(args) -> int:
     _print_profile(profile)
     print(f"wrote {json_path} and {png_path} ({profile.wall_s:.1f} s)")
     if args.slo_ms:
+        from latte.generator.calibrate import ServingCost
         from latte.generator.config_summary import derivation_report
-        from latte.generator.derive import derive
         from latte.backend.config import usable_cores
+        from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, derive
 
+        if args.backend_overhead_ms is not None:
+            serving = ServingCost.flat(args.backend_overhead_ms, "--backend-overhead-ms")
+        else:
+            serving = profile.serving or ServingCost.flat(DEFAULT_BACKEND_OVERHEAD_MS, "assumed: not calibrated")
         print(derivation_report(Path(args.model_file).stem, derive(profile, args.slo_ms, cores=usable_cores(),
-                                                                    backend_overhead_ms=args.backend_overhead_ms)))
+                                                                    serving=serving)))
     return 0
 
 
@@ -201,6 +245,20 @@ def _verify(args) -> int:
 
     install = None if args.url else find_triton(args.tritonserver, args.backend_directory)
     report = verify(Path(args.repo), args.model, args.slo_ms, install=install, concurrency=args.concurrency,
-                    length=args.length, measurement_ms=args.measurement_ms, url=args.url)
+                    length=args.length, measurement_ms=args.measurement_ms, url=args.url, rate=args.rate)
     print(report.text())
     return 0 if report.slo_met else 1
+
+
+def _tune(args) -> int:
+    from latte.generator.tune import tune
+    from latte.triton import find_triton
+
+    result = tune(Path(args.repo), args.model, args.slo_ms, install=find_triton(args.tritonserver,
+                                                                               args.backend_directory),
+                  length=args.length, measurement_ms=args.measurement_ms, max_steps=args.max_steps,
+                  write=not args.dry_run, log=print)
+    print(result.table())
+    if result.best is not result.start and not args.dry_run and result.best.eligible(result.slo_ms):
+        print(f"wrote {Path(args.repo) / args.model / 'config.pbtxt'}")
+    return 0 if result.best.eligible(result.slo_ms) else 1

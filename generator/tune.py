@@ -1,0 +1,281 @@
+"""`latte tune`: start at the derived config and measure its neighbours on a real server.
+
+The derivation predicts; tuning checks the prediction where it is cheapest to be wrong.
+One tritonserver runs in explicit model-control mode and each candidate is loaded in
+place of the model with Triton's config override, then measured:
+
+- closed loop: concurrency doubles from the instance count until P99 passes the SLO or
+  throughput stops growing; the candidate's score is its best throughput within the SLO
+  (what Model Analyzer reports);
+- Poisson at the planned rate (when the repository has a plan): P99 there must hold too,
+  or the candidate is not eligible.
+
+Neighbours change one setting: instances +-1, max_batch_size x2 / /2, the queue delay,
+preferred batch sizes and the queue policy (the last three are settings Model Analyzer
+does not search). The search moves to the best neighbour while it beats the incumbent by
+more than MIN_GAIN and stops otherwise.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+# A neighbour must beat the incumbent by this factor to be moved to (measurement noise below it).
+MIN_GAIN = 1.03
+# Closed-loop concurrency doubles up to this multiple of instances x max_batch_size.
+CONCURRENCY_REACH = 4
+MAX_STEPS = 4
+PATIENCE = 2
+
+
+class TuneError(RuntimeError):
+    """The model cannot be tuned as asked."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The settings tuning varies; everything else stays as the repository has it."""
+    instances: int
+    max_batch_size: int
+    delay_us: int
+    preferred: Tuple[int, ...]
+    queue_policy: bool          # keep the config's default_queue_policy (timeout, bounded queue)
+
+    @property
+    def label(self) -> str:
+        pref = ",".join(str(b) for b in self.preferred) or "-"
+        return (f"i{self.instances} b{self.max_batch_size} d{self.delay_us} pref {pref} "
+                f"{'policy' if self.queue_policy else 'no-policy'}")
+
+    @classmethod
+    def of(cls, config) -> "Candidate":
+        db = config.dynamic_batching
+        return cls(instances=sum(g.count or 1 for g in config.instance_group) or 1,
+                   max_batch_size=config.max_batch_size, delay_us=db.max_queue_delay_microseconds,
+                   preferred=tuple(db.preferred_batch_size), queue_policy=db.HasField("default_queue_policy"))
+
+    def apply(self, config):
+        """A copy of config with these settings."""
+        out = copy.deepcopy(config)
+        out.max_batch_size = self.max_batch_size
+        del out.instance_group[1:]
+        if not out.instance_group:
+            out.instance_group.add()
+        out.instance_group[0].count = self.instances
+        db = out.dynamic_batching
+        db.max_queue_delay_microseconds = self.delay_us
+        del db.preferred_batch_size[:]
+        db.preferred_batch_size.extend(b for b in self.preferred if b <= self.max_batch_size)
+        if not self.queue_policy:
+            db.ClearField("default_queue_policy")
+        return out
+
+
+def neighbours(c: Candidate, slo_ms: float, max_instances: int) -> List[Candidate]:
+    """Candidates one setting away from c."""
+    out = []
+    for count in (c.instances - 1, c.instances + 1):
+        if 1 <= count <= max_instances:
+            out.append(replace(c, instances=count))
+    for batch in (c.max_batch_size * 2, c.max_batch_size // 2):
+        if batch >= 1:
+            out.append(replace(c, max_batch_size=batch, preferred=tuple(b for b in c.preferred if b <= batch)))
+    slo_us = int(slo_ms * 1000)
+    delays = (slo_us // 20, slo_us // 8) if c.delay_us == 0 else (0, c.delay_us // 2, c.delay_us * 2)
+    out.extend(replace(c, delay_us=int(d)) for d in delays if d != c.delay_us and d < slo_us // 2)
+    if c.preferred:
+        out.append(replace(c, preferred=()))
+    elif c.max_batch_size >= 4:
+        out.append(replace(c, preferred=(c.max_batch_size // 2,)))
+    out.append(replace(c, queue_policy=not c.queue_policy))
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class Measurement:
+    candidate: Candidate
+    score: float = 0.0                       # best closed-loop infer/s with P99 <= SLO
+    p99_ms: float = 0.0                      # P99 at that level
+    concurrency: int = 0
+    poisson_p99_ms: Optional[float] = None   # P99 at the planned rate
+    error: Optional[str] = None              # refused at load, or failed to measure
+    rows: List[dict] = field(default_factory=list)
+
+    def eligible(self, slo_ms: float) -> bool:
+        return self.error is None and self.score > 0 and (self.poisson_p99_ms is None or self.poisson_p99_ms <= slo_ms)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["candidate"] = {**asdict(self.candidate), "label": self.candidate.label}
+        return data
+
+
+def pick_next(best: Measurement, measured: List[Measurement], slo_ms: float) -> Optional[Measurement]:
+    """The neighbour to move to, or None when none beats best by more than MIN_GAIN."""
+    better = [m for m in measured if m.eligible(slo_ms) and m.score > best.score * MIN_GAIN]
+    return max(better, key=lambda m: m.score) if better else None
+
+
+@dataclass
+class TuneResult:
+    model: str
+    slo_ms: float
+    start: Measurement
+    best: Measurement
+    measurements: List[Measurement]
+    wall_s: float
+
+    def table(self) -> str:
+        lines = [f"{'candidate':<36} {'infer/s':>9} {'P99 ms':>8} {'at conc':>7} {'Poisson P99':>11}  note"]
+        for m in sorted(self.measurements, key=lambda m: -m.score):
+            poisson = "-" if m.poisson_p99_ms is None else f"{m.poisson_p99_ms:.2f}"
+            note = ("winner" if m is self.best else "start" if m is self.start else "") or \
+                (m.error or ("" if m.eligible(self.slo_ms) else "misses the SLO"))
+            lines.append(f"{m.candidate.label:<36} {m.score:>9.0f} {m.p99_ms:>8.2f} {m.concurrency:>7} "
+                         f"{poisson:>11}  {note}")
+        gain = self.best.score / self.start.score if self.start.score else float("inf")
+        lines.append(f"{self.model}: {len(self.measurements)} candidate(s) in {self.wall_s:.0f} s; winner "
+                     f"{self.best.candidate.label} at {self.best.score:.0f} infer/s ({gain:.2f}x the start)")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"model": self.model, "slo_ms": self.slo_ms, "wall_s": self.wall_s,
+                "start": self.start.candidate.label, "winner": self.best.candidate.label,
+                "measurements": [m.to_json() for m in self.measurements]}
+
+
+def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms: float, max_instances: int,
+           max_steps: int = MAX_STEPS, log: Callable[[str], None] = lambda line: None) -> Tuple[Measurement, Measurement, List[Measurement]]:
+    """Hill-climb from start; returns (start's measurement, the best, every measurement)."""
+    seen: Dict[Candidate, Measurement] = {}
+
+    def get(c: Candidate) -> Measurement:
+        if c not in seen:
+            seen[c] = measure(c)
+            m = seen[c]
+            log(f"  {c.label}: " + (m.error or f"{m.score:.0f} infer/s within {slo_ms:g} ms"))
+        return seen[c]
+
+    first = best = get(start)
+    for _ in range(max_steps):
+        step = [get(c) for c in neighbours(best.candidate, slo_ms, max_instances)]
+        if not best.eligible(slo_ms):
+            # The start itself misses: any eligible neighbour is progress.
+            best = max((m for m in step if m.eligible(slo_ms)), key=lambda m: m.score, default=best)
+            if not best.eligible(slo_ms):
+                break
+            continue
+        following = pick_next(best, step, slo_ms)
+        if following is None:
+            break
+        best = following
+    return first, best, list(seen.values())
+
+
+def _closed_loop(run, candidate: Candidate, slo_ms: float) -> Tuple[float, float, int, List[dict]]:
+    """Best throughput within the SLO as concurrency doubles; (score, its P99, its level, rows).
+
+    The scan ends when P99 passes the SLO, when the server rejects requests (a full queue),
+    or after PATIENCE doublings without a gain of MIN_GAIN (one is noise on a busy host)."""
+    from latte.triton.perf import PerfAnalyzerError
+
+    best, best_p99, best_level, rows, stale = 0.0, 0.0, 0, [], 0
+    level = candidate.instances
+    while level <= CONCURRENCY_REACH * candidate.instances * max(1, candidate.max_batch_size):
+        try:
+            point = run(concurrency=[level])
+        except PerfAnalyzerError as exc:
+            if not rows:
+                raise
+            rows.append({"concurrency": level, "error": str(exc).splitlines()[-1][:120]})
+            break
+        rows.append({"concurrency": level, "throughput": point.throughput, "p99_ms": point.p99_ms})
+        if point.p99_ms > slo_ms:
+            break
+        stale = 0 if point.throughput > best * MIN_GAIN else stale + 1
+        if point.throughput > best:
+            best, best_p99, best_level = point.throughput, point.p99_ms, level
+        if stale >= PATIENCE:
+            break
+        level *= 2
+    return best, best_p99, best_level, rows
+
+
+def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, length: int = 16,
+         measurement_ms: int = 1000, max_steps: int = MAX_STEPS, write: bool = True,
+         log: Callable[[str], None] = lambda line: None) -> TuneResult:
+    """Search MODEL's neighbourhood in REPO; write the winner's config.pbtxt when write is set."""
+    import tritonclient.grpc as grpcclient
+    from google.protobuf import json_format, text_format
+    from tritonclient.utils import InferenceServerException
+
+    from latte.generator.operating_point import read_operating_points
+    from latte.backend.config import usable_cores
+    from latte.generator.validate import validate_repository
+    from latte.generator.verify import input_samples
+    from latte.triton import TritonServer
+    from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
+
+    repo = Path(repo)
+    configs = validate_repository(repo)
+    if model not in configs:
+        raise TuneError(f"model {model!r} is not in {repo} (models: {', '.join(sorted(configs))})")
+    config = configs[model]
+    if config.platform == "ensemble" or config.backend != "latte":
+        raise TuneError(f"{model} is not a latte model; tune the latte step of an ensemble by its own name")
+    if not config.HasField("dynamic_batching") or config.max_batch_size < 1:
+        raise TuneError(f"{model} does not batch (no dynamic_batching or max_batch_size 0): nothing to tune")
+    plan = read_operating_points(repo).get(model)
+    slo_ms = slo_ms if slo_ms is not None else (plan.slo_ms if plan else None)
+    if slo_ms is None or slo_ms <= 0:
+        raise TuneError(f"give a positive --slo-ms: {repo} has no plan from `latte generate` naming {model}'s SLO")
+    cores = usable_cores()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="latte-tune-") as tmp, TritonServer(
+            repo, install=install, log_path=Path(tmp) / "tritonserver.log",
+            extra_args=["--model-control-mode=explicit", f"--load-model={model}"]) as server:
+        data = write_input_data(Path(tmp) / "inputs.json", input_samples(config, length))
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+
+        def measure(candidate: Candidate) -> Measurement:
+            m = Measurement(candidate)
+            try:
+                client.load_model(model, config=json_format.MessageToJson(candidate.apply(config),
+                                                                           preserving_proto_field_name=True))
+            except InferenceServerException as exc:
+                m.error = "refused at load: " + str(exc.message() or exc).splitlines()[0][:120]
+                return m
+
+            def run(**load):
+                # A wide stability band: a busy host must not abort a candidate; MIN_GAIN absorbs the noise.
+                return run_perf_analyzer(model, server.grpc_url, input_data=data, measurement_ms=measurement_ms,
+                                         max_trials=8, stability_percentage=100.0, **load)[0]
+            try:
+                m.score, m.p99_ms, m.concurrency, m.rows = _closed_loop(run, candidate, slo_ms)
+            except PerfAnalyzerError as exc:
+                m.error = "failed: " + str(exc).splitlines()[-1][:120]
+                return m
+            if plan is not None:
+                try:
+                    m.poisson_p99_ms = run(request_rate=[round(plan.rate, 1)],
+                                           extra_args=["--request-distribution", "poisson", "--async"]).p99_ms
+                except PerfAnalyzerError:
+                    m.poisson_p99_ms = float("inf")  # rejected at the planned rate: it cannot hold there
+            return m
+
+        first, best, measured = search(Candidate.of(config), measure, slo_ms, max_instances=2 * cores,
+                                       max_steps=max_steps, log=log)
+    result = TuneResult(model, slo_ms, first, best, measured, time.perf_counter() - started)
+    if write and best is not first and best.eligible(slo_ms):
+        (repo / model / "config.pbtxt").write_text(text_format.MessageToString(best.candidate.apply(config)))
+    record = Path(plan.profile).with_suffix(".tune.json") if plan and plan.profile else repo / f"{model}.tune.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    log(f"measurements kept in {record}")
+    return result

@@ -1,0 +1,121 @@
+"""`latte tune`'s search: neighbours one setting away, applied to real configs, and when it stops."""
+
+from latte.generator.tune import Candidate, Measurement, neighbours, pick_next, search
+from latte.generator.validate import parse_config
+
+CONFIG = """
+name: "enc" backend: "latte" max_batch_size: 16
+input { name: "tokens" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true }
+output { name: "embedding" data_type: TYPE_FP32 dims: [ 32 ] }
+dynamic_batching { max_queue_delay_microseconds: 0 preferred_batch_size: [ 8 ]
+                   default_queue_policy { max_queue_size: 24 default_timeout_microseconds: 9000 } }
+instance_group { count: 2 kind: KIND_CPU }
+parameters { key: "intra_op_threads" value: { string_value: "1" } }
+"""
+
+
+def test_candidate_reads_and_rewrites_a_config():
+    config = parse_config(CONFIG)
+    start = Candidate.of(config)
+    assert start == Candidate(instances=2, max_batch_size=16, delay_us=0, preferred=(8,), queue_policy=True)
+    changed = Candidate(instances=3, max_batch_size=4, delay_us=500, preferred=(8,), queue_policy=False).apply(config)
+    assert (changed.max_batch_size, changed.instance_group[0].count) == (4, 3)
+    assert changed.dynamic_batching.max_queue_delay_microseconds == 500
+    assert list(changed.dynamic_batching.preferred_batch_size) == []     # 8 > max_batch_size 4
+    assert not changed.dynamic_batching.HasField("default_queue_policy")
+    assert changed.parameters["intra_op_threads"].string_value == "1"    # untouched settings stay
+    assert config.max_batch_size == 16                                    # the original is not modified
+
+
+def test_neighbours_change_one_setting_including_those_model_analyzer_never_searches():
+    start = Candidate(instances=2, max_batch_size=16, delay_us=0, preferred=(8,), queue_policy=True)
+    found = neighbours(start, slo_ms=40, max_instances=2)
+    assert Candidate(1, 16, 0, (8,), True) in found and Candidate(3, 16, 0, (8,), True) not in found
+    assert Candidate(2, 32, 0, (8,), True) in found and Candidate(2, 8, 0, (8,), True) in found
+    assert Candidate(2, 16, 2000, (8,), True) in found and Candidate(2, 16, 5000, (8,), True) in found
+    assert Candidate(2, 16, 0, (), True) in found
+    assert Candidate(2, 16, 0, (8,), False) in found
+    assert all(sum(a != b for a, b in zip(vars(c).values(), vars(start).values())) == 1 for c in found)
+
+
+def scores(table):
+    """A measure function from a table of candidate -> infer/s (P99 always within the SLO)."""
+    def measure(candidate):
+        return Measurement(candidate, score=table.get(candidate, 100.0), p99_ms=5.0, concurrency=4)
+    return measure
+
+
+def test_search_climbs_while_a_neighbour_wins_by_more_than_three_percent():
+    start = Candidate(1, 8, 0, (), True)
+    two = Candidate(2, 8, 0, (), True)
+    two_big = Candidate(2, 16, 0, (), True)
+    first, best, measured = search(start, scores({two: 150.0, two_big: 200.0}), slo_ms=20, max_instances=2)
+    assert first.candidate == start and best.candidate == two_big
+    assert len({m.candidate for m in measured}) == len(measured)      # nothing measured twice
+
+
+def test_search_stops_when_no_neighbour_beats_the_best_by_three_percent():
+    start = Candidate(1, 8, 0, (), True)
+    _, best, measured = search(start, scores({Candidate(2, 8, 0, (), True): 102.0}), slo_ms=20, max_instances=2)
+    assert best.candidate == start
+    assert len(measured) == 1 + len(neighbours(start, 20, 2))
+
+
+def test_refused_or_slo_missing_candidates_never_win():
+    best = Measurement(Candidate(1, 8, 0, (), True), score=100.0)
+    refused = Measurement(Candidate(2, 8, 0, (), True), score=500.0, error="refused at load: too many threads")
+    late = Measurement(Candidate(1, 16, 0, (), True), score=400.0, poisson_p99_ms=35.0)
+    assert pick_next(best, [refused, late], slo_ms=20) is None
+
+
+def test_tune_has_help_with_an_example(capsys):
+    import pytest
+
+    from latte.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["tune", "--help"])
+    assert exit_info.value.code == 0
+    assert "latte tune repo/ --model encoder" in capsys.readouterr().out
+
+
+def test_tuning_a_model_the_repository_lacks_is_one_clear_line(tmp_path, capsys):
+    from latte.cli import main
+    from latte.generator.calibrate import write_calibration_repository
+
+    repo = write_calibration_repository(tmp_path / "repo")
+    assert main(["tune", str(repo), "--model", "encoder", "--slo-ms", "20"]) == 1
+    err = capsys.readouterr().err
+    assert "model 'encoder' is not in" in err and "identity_batched, identity_single" in err
+    assert "Traceback" not in err
+
+
+class FakePoint:
+    def __init__(self, throughput, p99_ms):
+        self.throughput, self.p99_ms = throughput, p99_ms
+
+
+def test_closed_loop_scan_keeps_its_best_level_when_the_queue_overflows():
+    from latte.generator.tune import _closed_loop
+    from latte.triton.perf import PerfAnalyzerError
+
+    curve = {2: FakePoint(100, 3.0), 4: FakePoint(180, 5.0), 8: FakePoint(175, 9.0), 16: None}
+
+    def run(concurrency):
+        point = curve[concurrency[0]]
+        if point is None:
+            raise PerfAnalyzerError("perf_analyzer failed\nExceeds maximum queue size")
+        return point
+
+    score, p99, level, rows = _closed_loop(run, Candidate(2, 8, 0, (), True), slo_ms=20)
+    # One doubling without gain (8) is noise; the rejection at 16 ends the scan.
+    assert (score, p99, level) == (180, 5.0, 4)
+    assert rows[-1] == {"concurrency": 16, "error": "Exceeds maximum queue size"}
+
+
+def test_closed_loop_scan_stops_where_p99_passes_the_slo():
+    from latte.generator.tune import _closed_loop
+
+    curve = {2: FakePoint(100, 3.0), 4: FakePoint(180, 25.0)}
+    score, _, level, rows = _closed_loop(lambda concurrency: curve[concurrency[0]], Candidate(2, 8, 0, (), True), 20)
+    assert (score, level, len(rows)) == (100, 2, 2)
