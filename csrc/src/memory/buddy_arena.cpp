@@ -53,7 +53,11 @@ BuddyArena::~BuddyArena() {
 }
 
 void* BuddyArena::try_allocate(std::size_t bytes) noexcept {
-  if (slabs_ && bytes <= SizeClassTable::kSmallLimit) return slabs_->allocate(bytes);
+  if (slabs_ && bytes <= SizeClassTable::kSmallLimit) {
+    // A new slab takes a whole slab-sized block; when none is left, the small request still
+    // fits a smaller buddy block, so the arena fails only when no free block can hold it.
+    if (void* ptr = slabs_->allocate(bytes)) return ptr;
+  }
   if (bytes > capacity_) return nullptr;
   const std::size_t units = (bytes + options_.min_block - 1) >> unit_shift_;
   std::lock_guard<std::mutex> lock(buddy_mutex_);

@@ -59,3 +59,18 @@ def test_random_sequences_keep_invariants(ops, size_classes):
     stats = arena.stats()
     assert stats["reserved"] == 0
     assert stats["largest_free_block"] == CAPACITY  # everything coalesced back
+
+
+def test_a_small_request_fits_a_free_block_smaller_than_a_slab():
+    """Found by the property above: with size classes, a small request whose slab cannot be
+    carved (no free block of a slab's size) is served from a smaller buddy block."""
+    arena = BuddyArena(CAPACITY, size_classes=True)
+    held = [arena.empty(n, np.uint8) for n in (512 << 10, 256 << 10, 128 << 10, 64 << 10, 32 << 10)]
+    stats = arena.stats()
+    assert stats["free"] == 32 << 10 and stats["largest_free_block"] == 32 << 10  # no room for a 64 KiB slab
+    small = arena.empty(193, np.uint8)
+    small[:] = 7
+    arena.check_invariants()
+    del small
+    arena.check_invariants()
+    assert arena.stats()["live"] == sum(a.nbytes for a in held)
