@@ -21,10 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from identity_model import write_identity_onnx  # noqa: E402
+from latte.generator.calibrate import write_identity_onnx
 
 
 def main(argv=None) -> int:

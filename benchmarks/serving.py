@@ -48,12 +48,10 @@ import numpy as np
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
 from latte.examples import CATALOG, Example, ExampleTensor, build_examples, model_context
+from latte.generator.calibrate import write_identity_onnx
 from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
 from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from identity_model import write_identity_onnx  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 IDENTITY = Example("identity", "FP32[64] returned as it came (ONNX Identity)",

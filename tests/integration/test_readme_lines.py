@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LATTE = Path(sys.executable).parent / "latte"
 
 # Lines that start a server or a long measurement: parsed here, run by the tests that serve.
-LONG_RUNNING = ("serve", "bench", "demo", "tritonserver", "perf-analyzer")
+LONG_RUNNING = ("serve", "bench", "demo", "tune", "tritonserver", "perf-analyzer")
 
 
 def readme_commands() -> list:
