@@ -232,7 +232,7 @@ def bench_case(case: str, work: Path, install, cost, cost_s: float, args) -> dic
         ma_repo = case_dir / "ma_repo"
         shutil.rmtree(ma_repo, ignore_errors=True)
         write_proto_model(ma_repo, "m", derived, latte["model_file"])
-        for mode in ("quick", "brute"):
+        for mode in args.model_analyzer_searches.split(","):
             print(f"{case}: Model Analyzer {mode} search", flush=True)
             ma = run_model_analyzer(binary, mode, ma_repo, "m", slo_ms, data, case_dir, install, args.quick)
             configs[f"ma_{mode}"], walls[f"ma_{mode}"], notes[f"ma_{mode}"] = ma["config"], ma["wall_s"], ma["variant"]
@@ -293,6 +293,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: short profile, one tuning step, two levels, short windows")
     parser.add_argument("--skip-model-analyzer", action="store_true", help="leave out the MA quick/brute columns")
+    parser.add_argument("--model-analyzer-searches", default="quick,brute",
+                        help="Model Analyzer's searches to run, of quick,brute (default %(default)s)")
     parser.add_argument("--model-analyzer-venv", default=str(MODEL_ANALYZER_VENV),
                         help="where Model Analyzer is installed (default %(default)s)")
     args = parser.parse_args(argv)
