@@ -191,6 +191,12 @@ def _stages(requests: int, read_s: float, engine_s: float, respond_s: float) -> 
             (_STAGE_ENGINE, engine_s * 1e6), (_STAGE_RESPOND, respond_s * 1e6)]
 
 
+def _batch(rows: int, seconds: float, increments: list, observations: list) -> None:
+    """One model call: its rows and its time inside the runtime."""
+    increments.append((_MODEL_US, seconds * 1e6))
+    observations.append((_BATCH_SIZE, rows, BATCH_BUCKETS, 1))
+
+
 class BackendMetrics:
     """The figures the backend records; cheap in-process updates only (a few per execute
     call, whatever its number of requests)."""
@@ -212,7 +218,9 @@ class BackendMetrics:
         self.aggregate.add_all(_stages(requests, read_s, engine_s, respond_s))
 
     def batch(self, rows: int, seconds: float) -> None:
-        self.aggregate.update(((_MODEL_US, seconds * 1e6),), ((_BATCH_SIZE, rows, BATCH_BUCKETS, 1),))
+        increments, observations = [], []
+        _batch(rows, seconds, increments, observations)
+        self.aggregate.update(increments, observations)
 
     def call(self, requests: int, read_s: float, engine_s: float, respond_s: float,
              answered: Sequence[Tuple[Mapping[Tuple[str, int], int], float]],
@@ -224,8 +232,7 @@ class BackendMetrics:
         for counts, seconds in answered:
             self._answered(counts, seconds, increments, observations)
         for rows, seconds in batches:
-            increments.append((_MODEL_US, seconds * 1e6))
-            observations.append((_BATCH_SIZE, rows, BATCH_BUCKETS, 1))
+            _batch(rows, seconds, increments, observations)
         self.aggregate.update(increments, observations)
 
     def _answered(self, counts, seconds: float, increments: list, observations: list) -> None:
