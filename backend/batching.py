@@ -138,10 +138,12 @@ def plan_batches(spec: ModelSpec, requests: Sequence[Item], buckets: Optional[Bu
 def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], buckets: Optional[BucketPlan] = None,
              allocate: Allocate = np.empty) -> Batch:
     members = [(pos, req.rows) for pos, req in group]
-    total = sum(rows for _, rows in members)
+    total = sum([rows for _, rows in members])
     ragged = spec.signature.ragged_inputs
     lengths = [ragged_length(spec, req) for _, req in group] if ragged else [None] * len(group)
-    if not spec.signature.batched:
+    if not spec.signature.batched or (len(group) == 1 and not ragged):
+        # One request's own arrays are the batch (a ragged one may still need padding
+        # between its inputs, below).
         return Batch(inputs=dict(group[0][1].inputs), members=members, lengths=lengths, rows=total)
     padded = None
     if ragged:
@@ -160,9 +162,12 @@ def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], bucket
         rows = total if len(parts) == len(group) else sum(p.shape[0] for p in parts)
         if t.ragged:
             inner = tuple(padded if dim == -1 else size for size, dim in zip(parts[0].shape[1:], t.dims))
-            out = allocate((rows, *inner), t.dtype)
-            # One native copy of every part, the padding written around them.
-            pack_arrays(parts, out, pad_bytes(spec.serving.pad_value, t.dtype))
+            if len(parts) == 1 and inner == parts[0].shape[1:]:
+                out = parts[0]  # a request alone at its own length: nothing to pad
+            else:
+                out = allocate((rows, *inner), t.dtype)
+                # One native copy of every part, the padding written around them.
+                pack_arrays(parts, out, pad_bytes(spec.serving.pad_value, t.dtype))
         elif len(parts) == 1:
             out = parts[0]
         else:
@@ -200,6 +205,8 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray]) -> List
     at = 0
     if not spec.signature.trimmed_outputs or batch.padded_length is None:
         # Nothing to trim: each request's share is a view of its rows.
+        if len(batch.members) == 1:
+            return [outputs]
         if total == len(batch.members):
             # One row each: numpy hands out the row views itself.
             names = list(outputs)

@@ -100,6 +100,11 @@ class BatchEngine:
         first, then the requests of each batch as it finishes, so the caller can answer early
         requests before later batches run. Every item appears exactly once, as
         (position, outputs or the exception that explains the failure)."""
+        if options is None and self.dispatcher is None and self._whole_call(items):
+            # The common call: readable requests with default options that fit one batch
+            # (nothing to order, no deadline, no session): its plan is one model call.
+            yield self._run([Work(i, item) for i, item in enumerate(items)])
+            return
         now = self.clock()
         work, refused = self._admit(items, options, now)
         if refused:
@@ -111,6 +116,17 @@ class BatchEngine:
         else:
             for group in self.order(self._groups(work)):
                 yield self._run_in_time(group)
+
+    def _whole_call(self, items) -> bool:
+        """Whether every item is a readable request and together they fit one batch."""
+        if not self._one_shape:
+            return len(items) == 1 and type(items[0]) is ParsedRequest
+        rows = 0
+        for item in items:
+            if type(item) is not ParsedRequest:
+                return False
+            rows += item.rows
+        return rows <= self.spec.signature.max_batch_size
 
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
               options: Optional[Sequence[Optional[RequestOptions]]] = None) -> List[Result]:
@@ -248,7 +264,13 @@ class BatchEngine:
 
     def _call(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         outputs = self.runtime.run(feed)
-        return {name: np.asarray(value, dtype=self._out_dtypes[name]) for name, value in outputs.items()}
+        dtypes = self._out_dtypes
+        for name, value in outputs.items():
+            # Runtimes hand back numpy arrays, mostly of the declared type already; a tensor
+            # of a framework, or another type, is converted here.
+            if type(value) is not np.ndarray or value.dtype != dtypes[name]:
+                outputs[name] = np.asarray(value, dtype=dtypes[name])
+        return outputs
 
     def _record(self, batch, requests: int, started: float, failed: bool, model_seconds: float = 0.0) -> None:
         if self.on_batch is not None:

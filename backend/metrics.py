@@ -22,6 +22,7 @@ LATENCY_BUCKETS_US = (100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 1000
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 Labels = Tuple[Tuple[str, str], ...]
+_MAX_DEFERRED = 4096  # records kept unfolded at most (the publisher folds them every second)
 
 
 class _Histogram:
@@ -43,6 +44,21 @@ class MetricsAggregate:
         self.counters: Dict[Tuple[str, Labels], float] = {}
         self.gauges: Dict[Tuple[str, Labels], float] = {}
         self.histograms: Dict[Tuple[str, Labels], _Histogram] = {}
+        # Records kept raw on the request path and folded in when read: (fold, record) pairs,
+        # fold(record) giving the record's (increments, observations). list.append is atomic.
+        self._deferred: list = []
+
+    def defer(self, fold, record) -> None:
+        """Keep `record` to be folded in at the next snapshot: the cheapest update there is,
+        for one made on every execute call."""
+        self._deferred.append((fold, record))
+        if len(self._deferred) > _MAX_DEFERRED:  # nobody has read the figures for a while
+            self._fold_deferred()
+
+    def _fold_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for fold, record in deferred:
+            self.update(*fold(record))
 
     def add(self, name: str, labels: Mapping[str, str], value: float = 1.0) -> None:
         self.add_all([((name, tuple(sorted(labels.items()))), value)])
@@ -74,6 +90,7 @@ class MetricsAggregate:
 
     def snapshot(self) -> Tuple[Dict, Dict]:
         """(cumulative counters, gauges), histograms expanded into _bucket/_sum/_count counters."""
+        self._fold_deferred()
         with self._lock:
             counters = dict(self.counters)
             gauges = dict(self.gauges)
@@ -225,15 +242,20 @@ class BackendMetrics:
     def call(self, requests: int, read_s: float, engine_s: float, respond_s: float,
              answered: Sequence[Tuple[Mapping[Tuple[str, int], int], float]],
              batches: Sequence[Tuple[int, float]]) -> None:
-        """A whole execute call in one update: its stages (as `execute`), each group of
-        answered requests with its latency (as `requests`) and each batch (as `batch`)."""
+        """A whole execute call: its stages (as `execute`), each group of answered requests
+        with its latency (as `requests`) and each batch (as `batch`); kept as it is and
+        folded in when the figures are read."""
+        self.aggregate.defer(self._fold_call, (requests, read_s, engine_s, respond_s, answered, batches))
+
+    def _fold_call(self, record) -> Tuple[list, list]:
+        requests, read_s, engine_s, respond_s, answered, batches = record
         increments = _stages(requests, read_s, engine_s, respond_s)
         observations = []
         for counts, seconds in answered:
             self._answered(counts, seconds, increments, observations)
         for rows, seconds in batches:
             _batch(rows, seconds, increments, observations)
-        self.aggregate.update(increments, observations)
+        return increments, observations
 
     def _answered(self, counts, seconds: float, increments: list, observations: list) -> None:
         us = seconds * 1e6

@@ -73,6 +73,7 @@ class RequestReader:
         self._by_name = {t.name: t for t in spec.signature.inputs}
         self._required = [t.name for t in spec.signature.inputs if not t.optional]
         self._rules = {t.name: _rule(spec, t) for t in spec.signature.inputs}
+        self._names = set(self._by_name)
 
     def read(self, request) -> ParsedRequest:
         """One request, checked; raises RequestError when it cannot be served."""
@@ -84,13 +85,19 @@ class RequestReader:
     def read_all(self, requests: Sequence, check_cancellation: bool = False) -> List[Union[ParsedRequest, Exception]]:
         """One entry per request: its checked inputs, or the exception that says why not."""
         items: List[Union[ParsedRequest, Exception]] = []
+        names = self._names
         for request in requests:
             try:
                 # Each is_cancelled() is a round trip to the server; Triton itself already drops
                 # requests cancelled while queued, so the check is opt-in.
                 if check_cancellation and request.is_cancelled():
                     raise RequestCancelled("the client cancelled this request before it ran")
-                items.append(self._collect(request))
+                arrays = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
+                if arrays.keys() != names:  # rare: an unexpected, missing or optional input
+                    self._check_names(arrays)
+                raw = request.parameters()
+                items.append(ParsedRequest(arrays, 0, NO_PARAMETERS if not raw or raw == "{}" else _parameters(raw),
+                                           request.timeout()))
             except (RequestError, RequestCancelled) as exc:
                 items.append(exc)
             except Exception as exc:  # a reader bug must still answer this request alone
@@ -98,49 +105,43 @@ class RequestReader:
         self._check(items)
         return items
 
-    def _collect(self, request) -> ParsedRequest:
-        arrays: Dict[str, np.ndarray] = {}
-        by_name = self._by_name
-        for tensor in request.inputs():
-            name = tensor.name()
-            if name not in by_name:
-                raise RequestError(f"unexpected input {name!r}; model {self.spec.signature.name!r} "
-                                   f"takes {sorted(by_name)}")
-            arrays[name] = tensor.as_numpy()
-        if len(arrays) < len(self._required):
-            missing = [name for name in self._required if name not in arrays]
+    def _check_names(self, arrays: Mapping[str, np.ndarray]) -> None:
+        unexpected = [name for name in arrays if name not in self._by_name]
+        if unexpected:
+            raise RequestError(f"unexpected input {unexpected[0]!r}; model {self.spec.signature.name!r} "
+                               f"takes {sorted(self._by_name)}")
+        missing = [name for name in self._required if name not in arrays]
+        if missing:
             raise RequestError(f"missing input(s) {missing}; model {self.spec.signature.name!r} "
-                               f"takes {sorted(by_name)}")
-        timeout = getattr(request, "timeout", None)
-        return ParsedRequest(inputs=arrays, rows=0, parameters=_parameters(request),
-                             timeout_us=int(timeout()) if timeout is not None else 0)
+                               f"takes {sorted(self._by_name)}")
 
     def _check(self, items: List[Union[ParsedRequest, Exception]]) -> None:
         """Fill in rows and length of every readable request; replace the refused ones with
         their RequestError."""
         for spec in self.spec.signature.inputs:
-            positions = [i for i, item in enumerate(items)
-                         if not isinstance(item, Exception) and spec.name in item.inputs]
+            name = spec.name
+            positions = [i for i, item in enumerate(items) if type(item) is ParsedRequest and name in item.inputs]
             if not positions:
                 continue
-            rows, lengths, problems = inspect_arrays(self._rules[spec.name], [items[i].inputs[spec.name] for i in positions])
+            rows, lengths, problems = inspect_arrays(self._rules[name], [items[i].inputs[name] for i in positions])
             for index, problem, detail in problems:
                 i = positions[index]
-                items[i] = RequestError(self._message(spec, items[i].inputs[spec.name], BATCH_PROBLEMS[problem], detail))
+                items[i] = RequestError(self._message(spec, items[i].inputs[name], BATCH_PROBLEMS[problem], detail))
+            ragged = spec.ragged
             for i, r, n in zip(positions, rows, lengths):
                 item = items[i]
-                if isinstance(item, Exception):
+                if type(item) is not ParsedRequest:
                     continue  # refused just above
                 if item.rows == 0:  # the first of its inputs checked
-                    item.rows, item.length = r, (n if spec.ragged else None)
-                    continue
-                if r != item.rows:
-                    items[i] = RequestError(f"inputs disagree on the batch size: {spec.name!r} has {r} rows, "
+                    item.rows = r
+                    item.length = n if ragged else None
+                elif r != item.rows:
+                    items[i] = RequestError(f"inputs disagree on the batch size: {name!r} has {r} rows, "
                                             f"others {item.rows}")
-                elif spec.ragged and (item.length is None or n > item.length):
+                elif ragged and (item.length is None or n > item.length):
                     item.length = n
         for item in items:
-            if not isinstance(item, Exception) and item.rows == 0:
+            if type(item) is ParsedRequest and item.rows == 0:
                 item.rows = 1  # only optional inputs were sent, and none of them
 
     def _message(self, spec: TensorSpec, array: np.ndarray, problem: str, detail: int) -> str:
@@ -169,13 +170,8 @@ class RequestReader:
         return f"input {spec.name!r}: refused ({problem})"
 
 
-def _parameters(request) -> Mapping[str, object]:
-    getter = getattr(request, "parameters", None)
-    if getter is None:
-        return NO_PARAMETERS
-    raw = getter()
-    if not raw or raw == "{}":
-        return NO_PARAMETERS
+def _parameters(raw) -> Mapping[str, object]:
+    """A request's parameters from the JSON text the stub gives (or a mapping)."""
     try:
         value = json.loads(raw) if isinstance(raw, str) else dict(raw)
     except (ValueError, TypeError):

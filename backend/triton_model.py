@@ -18,7 +18,7 @@ from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
 from latte.backend.options import read_options
 from latte.backend.precision import load_at_precision
-from latte.backend.requests import RequestError, RequestReader
+from latte.backend.requests import NO_PARAMETERS, ParsedRequest, RequestError, RequestReader
 from latte.backend.responses import EarlyAnswers, ResponseBuilder
 from latte.backend.sessions import SessionStore
 from latte.backend.warmup import measure_cost_model, warmup_requests, warmup_shapes
@@ -28,14 +28,19 @@ from latte.memory import BuddyArena
 _UNANSWERED = object()  # a request of the running execute call with no outcome yet
 _SENT = object()        # one already answered through its response sender
 _LAST = float("inf")    # the outbox key that sorts after every priority
+_SUCCESS = ("success", 0)  # the tally key of a request answered with outputs at default priority
 
 
 def _top_priority(outcomes, options) -> int:
+    if options is None:
+        return 0
     return max((options[p].priority if options[p] is not None else 0) for p, _ in outcomes)
 
 
 def _lowest_waiting(results, options) -> int:
     """The lowest priority among the call's requests still to run."""
+    if options is None:
+        return 0
     return min((o.priority if o is not None else 0) for o, r in zip(options, results) if r is _UNANSWERED)
 
 
@@ -167,7 +172,7 @@ class LatteModel:
             for position, _ in failed:
                 results[position] = failure
         ran = time.perf_counter()
-        responses = [None if r is _SENT else self.responses.build(r) for r in results]
+        responses = self.responses.build_all(results, _SENT)
         # The early sends happened inside the engine's time; the final responses after it.
         engine_s = ran - read - responding
         responding += time.perf_counter() - ran
@@ -185,9 +190,13 @@ class LatteModel:
         self.early.sent(len(outcomes), took)
         return took
 
-    def _options(self, items) -> List:
+    def _options(self, items) -> Optional[List]:
         """Each readable request's options (read_options gives the shared defaults to one that
-        sends no parameters); a request whose parameters are wrong becomes its RequestError."""
+        sends no parameters); a request whose parameters are wrong becomes its RequestError.
+        None when no request carries a parameter or a timeout: all run with the defaults."""
+        if all(type(item) is not ParsedRequest or (item.parameters is NO_PARAMETERS and item.timeout_us <= 0)
+               for item in items):
+            return None
         options = []
         for i, item in enumerate(items):
             if isinstance(item, Exception):
@@ -249,12 +258,15 @@ class LatteModel:
         failure's whole text (the client got one line of it) goes to the server log."""
         counts = {}
         for position, outcome in outcomes:
-            opts = options[position]
             if isinstance(outcome, Exception):
+                opts = options[position] if options is not None else None
                 key = (outcome_label(outcome), opts.priority if opts is not None else 0)
                 if isinstance(outcome, ModelError) and outcome.detail:
                     self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: {outcome}\n{outcome.detail}")
+            elif options is None:
+                key = _SUCCESS
             else:
+                opts = options[position]
                 key = ("success", opts.priority if opts is not None else 0)
             counts[key] = counts.get(key, 0) + 1
         return counts

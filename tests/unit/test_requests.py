@@ -30,6 +30,9 @@ class Request:
     def parameters(self):
         return self._parameters
 
+    def timeout(self):
+        return 0
+
 
 SPEC = ModelSpec(
     ModelSignature(name="seq", inputs=(TensorSpec("tokens", np.dtype(np.int64), (-1,), ragged=True),
