@@ -9,8 +9,13 @@ cost says so:
     cost(batch) = fixed_s + per_row_s(edge) x rows
 
 Requests sorted by length are cut into contiguous runs by dynamic programming. A request
-alone in its batch is not padded, so a run of one costs fixed_s + per_row_s(its own
-length) x rows: the plan never costs more than one call per request. With one row per
+alone in its batch is not padded, so a run of one costs what one call of its own length
+costs: measured one-row calls (single_s) where the model has them, else fixed_s +
+per_row_s(its own length) x rows. The line is fitted to batches of several rows, and a
+runtime's one-row call is often cheaper than the line's intercept says (measured on the
+sequence encoder: ~55 us against a 75-110 us intercept), which made merging look cheaper
+than one call per request when it was not; so the plan never costs more than one call
+per request, by the model's own measurements. With one row per
 request a contiguous partition is optimal among all partitions (a batch's cost depends
 only on its longest member and its row count, and a lone request's grows with its length,
 so handing the longest requests to the batch with the longest edge never costs more); with
@@ -39,6 +44,7 @@ class CostModel:
 
     fixed_s: float
     per_row_s: Mapping[int, float]     # bucket edge -> seconds per row padded to it
+    single_s: Optional[Mapping[int, float]] = None  # bucket edge -> seconds of a one-row call at that length
 
     def __post_init__(self) -> None:
         if not self.per_row_s:
@@ -51,6 +57,16 @@ class CostModel:
             # The planner's optimality rests on a longer padding never being cheaper per row.
             raise ValueError(f"per-row costs must not decrease with the bucket edge, got {dict(self.per_row_s)}")
         object.__setattr__(self, "_edges", edges)
+        if self.single_s is not None:
+            if not self.single_s or any(v < 0 for v in self.single_s.values()):
+                raise ValueError(f"one-row costs must be >= 0 seconds, got {dict(self.single_s)}")
+            # Kept non-decreasing in the length, like the per-row costs: the plan's optimality
+            # needs a lone request's cost to grow with its length.
+            single, floor = {}, 0.0
+            for edge in sorted(self.single_s):
+                floor = max(floor, self.single_s[edge])
+                single[edge] = floor
+            object.__setattr__(self, "single_s", single)
 
     @classmethod
     def default(cls, edges: Sequence[int]) -> "CostModel":
@@ -66,8 +82,16 @@ class CostModel:
         make a longer padding look cheaper."""
         if not timings:
             raise ValueError("no timings to fit a cost model to")
-        slopes, intercepts = {}, []
+        slopes, intercepts, single = {}, [], {}
         for edge, points in sorted(timings.items()):
+            ones = [seconds for rows, seconds in points if rows == 1]
+            if ones:
+                single[edge] = min(ones)
+            # The line describes batches; one-row calls are kept apart (single_s) where there
+            # are batches of two or more row counts to fit it to.
+            several = [(rows, seconds) for rows, seconds in points if rows >= 2]
+            if len({rows for rows, _ in several}) >= 2:
+                points = several
             xs = [float(rows) for rows, _ in points]
             if len(set(xs)) < 2:
                 raise ValueError(f"edge {edge}: need timings of at least two row counts, got {sorted(set(xs))}")
@@ -83,7 +107,7 @@ class CostModel:
         for edge in sorted(slopes):
             floor = max(floor, slopes[edge])
             per_row[edge] = floor
-        return cls(fixed, per_row)
+        return cls(fixed, per_row, single or None)
 
     def row_cost(self, edge: int) -> float:
         """Per-row seconds at `edge`: measured edges as measured; others scaled from the
@@ -101,9 +125,31 @@ class CostModel:
     def batch_cost(self, edge: int, rows: int) -> float:
         return self.fixed_s + self.row_cost(edge) * rows
 
+    def alone_cost(self, length: int, rows: int) -> float:
+        """One request alone in its call, at its own length."""
+        if rows != 1 or not self.single_s:
+            return self.fixed_s + self.row_cost(length) * rows
+        edges = sorted(self.single_s)
+        costs = [self.single_s[e] for e in edges]
+        i = bisect.bisect_left(edges, length)
+        if i < len(edges) and edges[i] == length:
+            return costs[i]
+        if i == len(edges):  # past the last measured length: in proportion to the length
+            return costs[-1] * length / edges[-1]
+        if i == 0:  # below the first: along the line through the first two, at least in proportion
+            if len(edges) == 1:
+                return costs[0] * length / edges[0]
+            slope = (costs[1] - costs[0]) / (edges[1] - edges[0])
+            return max(costs[0] * length / edges[0], costs[0] - slope * (edges[0] - length))
+        low, high = edges[i - 1], edges[i]
+        return costs[i - 1] + (costs[i] - costs[i - 1]) * (length - low) / (high - low)
+
     def describe(self) -> str:
         rows = ", ".join(f"{e}: {v * 1e6:.1f}" for e, v in sorted(self.per_row_s.items()))
-        return f"fixed {self.fixed_s * 1e6:.1f} us + per row (edge: us) {{{rows}}}"
+        text = f"fixed {self.fixed_s * 1e6:.1f} us + per row (edge: us) {{{rows}}}"
+        if self.single_s:
+            text += "; one row (length: us) {" + ", ".join(f"{e}: {v * 1e6:.1f}" for e, v in sorted(self.single_s.items())) + "}"
+        return text
 
 
 def partition(lengths: Sequence[int], rows: Sequence[int], edge_for: Callable[[int], int],
@@ -124,7 +170,7 @@ def partition(lengths: Sequence[int], rows: Sequence[int], edge_for: Callable[[i
     fixed = cost.fixed_s
     row_cost = [cost.row_cost(edge_for(length)) for length in lengths]
     # A request alone in its batch is not padded (see batching.assemble): its own length.
-    alone_cost = [cost.row_cost(length) for length in lengths]
+    alone_cost = [cost.alone_cost(length, r) for length, r in zip(lengths, rows)]
     for j in range(1, n + 1):
         per_row = row_cost[j - 1]  # the run ending at j pads to item j-1's edge, its longest
         taken = 0
@@ -132,7 +178,7 @@ def partition(lengths: Sequence[int], rows: Sequence[int], edge_for: Callable[[i
             taken += rows[i]
             if taken > max_rows and i < j - 1:
                 break
-            candidate = best[i] + fixed + (alone_cost[i] if i == j - 1 else per_row) * taken
+            candidate = best[i] + (alone_cost[i] if i == j - 1 else fixed + per_row * taken)
             if candidate < best[j]:
                 best[j], cut[j] = candidate, i
     runs = []

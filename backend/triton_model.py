@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import queue
 import threading
@@ -120,6 +121,10 @@ class LatteModel:
         planning = serving.batch_planning
         if self.engine.cost_model is not None:
             planning += f" ({'measured' if serving.warmup else 'default'}: {self.engine.cost_model.describe()})"
+        # Everything loaded so far (runtime, modules, warmup) lives as long as the model: out of
+        # the collector's sight, a full collection no longer walks it (~15 ms pauses in the
+        # request path, measured in process with onnxruntime loaded).
+        gc.freeze()
         pb.Logger.log_info(
             f"latte: {signature.name} ready ({signature.runtime}, {signature.model_path.name}, max_batch_size={signature.max_batch_size}, "
             f"intra_op_threads={serving.intra_op_threads}, scheduler={serving.scheduler}, lanes={serving.lanes}, buckets={list(serving.bucket_edges or [])}, "

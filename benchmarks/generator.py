@@ -2,8 +2,11 @@
 
 For each case (example model x P99 SLO):
 
-- latte derived: `latte profile` (in process) + the serving-cost calibration, then the
-  derivation; wall time = profile + calibration.
+- latte derived: `latte profile` (in process) with this machine's serving cost, then the
+  derivation; wall time = profile + whatever the calibration cost in this run: nothing when
+  the machine's calibration is kept from an earlier run (it is taken once per machine and
+  kept a week, see latte.generator.calibrate), ~20 s when it is measured. The table prints
+  which; --recalibrate measures it afresh.
 - latte tuned: `latte tune` from the derived config; wall time = derived + tune.
 - MA quick / MA brute: Triton Model Analyzer (installed by this script in its own venv,
   MODEL_ANALYZER_VENV, because its pins differ from latte's) in remote mode against a
@@ -290,6 +293,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--cases", default=",".join(CASES), help="MODEL:SLO_MS pairs (default %(default)s)")
     parser.add_argument("--out", default=".latte/bench-generator")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"interleaved rounds (default {ROUNDS})")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="measure this machine's serving cost again instead of using the kept one")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: short profile, one tuning step, two levels, short windows")
     parser.add_argument("--skip-model-analyzer", action="store_true", help="leave out the MA quick/brute columns")
@@ -298,7 +303,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--model-analyzer-venv", default=str(MODEL_ANALYZER_VENV),
                         help="where Model Analyzer is installed (default %(default)s)")
     args = parser.parse_args(argv)
-    from latte.generator.calibrate import calibrate
+    from latte.generator.calibrate import machine_serving_cost
     from latte.triton import find_triton
 
     # SIGTERM unwinds like Ctrl-C, so the tritonservers started below are stopped on the way out.
@@ -307,8 +312,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     install = find_triton()
     started = time.perf_counter()
-    cost = calibrate(install, log=print)
+    cost = machine_serving_cost(install, log=print, refresh=args.recalibrate)
     cost_s = time.perf_counter() - started
+    print(f"serving cost: {'measured in this run' if cost_s > 1.0 else 'kept from an earlier run'} "
+          f"({cost_s:.1f} s, counted in the derived wall time)", flush=True)
     rows = [bench_case(case, work, install, cost, cost_s, args) for case in args.cases.split(",")]
     (work / "results.json").write_text(json.dumps(rows, indent=2))
     print_table(rows)

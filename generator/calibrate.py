@@ -15,11 +15,16 @@ an ONNX Identity model, whose own compute is nil:
 - the same with requests LARGE_WIDTH floats wide: the ceiling falls with the bytes each
   request carries (copies through gRPC and the stub's shared memory), per KiB.
 
-Two points, one line. The result is stored with the profile (`Profile.serving`).
+Two points, one line. The result is stored with the profile (`Profile.serving`), and
+kept per machine (`machine_serving_cost`): it describes the host, the server and the
+backend, not the model, so later profiles on the same machine reuse it for a week.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -184,4 +189,65 @@ def calibrate(install=None, log: Callable[[str], None] = lambda line: None) -> S
     cost = fit(single.compute_us / 1000.0, batched.compute_us / 1000.0, batch, round_trip, batched.throughput,
                wide.throughput)
     log(f"{cost.describe()} (average batch {batch:.1f}; {time.perf_counter() - started:.0f} s)")
+    return cost
+
+
+# A calibration describes the host and the serving stack; after this long it is taken again.
+CACHE_MAX_AGE_S = 7 * 24 * 3600
+
+
+def calibration_cache_dir() -> Path:
+    """Where machine calibrations are kept: $LATTE_CACHE_DIR, else $XDG_CACHE_HOME/latte, else ~/.cache/latte."""
+    if os.environ.get("LATTE_CACHE_DIR"):
+        return Path(os.environ["LATTE_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "latte"
+
+
+def machine_key(install) -> dict:
+    """What a calibration depends on: the host's CPU and usable cores, the tritonserver
+    binary and the latte version. Any change means a new calibration."""
+    from latte import __version__
+    from latte.backend.config import usable_cores
+
+    server = Path(install.server)
+    stat = server.stat() if server.exists() else None
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor()
+    return {"host": platform.node(), "cpu": cpu, "cores": usable_cores(), "tritonserver": str(server),
+            "tritonserver_bytes": stat.st_size if stat else 0, "latte": __version__}
+
+
+def machine_serving_cost(install=None, log: Callable[[str], None] = lambda line: None,
+                         refresh: bool = False, cache_dir: Optional[Path] = None) -> ServingCost:
+    """This machine's serving cost: the kept calibration when one matches the machine and
+    is under a week old (unless `refresh`), else a new one (`calibrate`), kept for next time."""
+    from latte.triton import find_triton
+
+    install = install or find_triton()
+    key = machine_key(install)
+    path = (cache_dir or calibration_cache_dir()) / "serving-cost.json"
+    if not refresh:
+        try:
+            kept = json.loads(path.read_text())
+            age = time.time() - float(kept["measured_at"])
+            if kept["machine"] == key and 0 <= age < CACHE_MAX_AGE_S:
+                cost = ServingCost.from_json(kept["cost"])
+                log(f"{cost.describe()} (kept from {age / 3600:.1f} h ago in {path}; --recalibrate measures again)")
+                return cost
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # none kept, unreadable, or of another format: measure
+    cost = calibrate(install, log)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"machine": key, "measured_at": time.time(), "cost": cost.to_json()}, indent=2))
+        tmp.replace(path)
+    except OSError as exc:  # a read-only home still gets its calibration, just not kept
+        log(f"could not keep the calibration in {path}: {exc}")
     return cost

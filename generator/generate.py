@@ -12,7 +12,7 @@ import numpy as np
 from latte.backend.config import ThreadBudget
 from latte.backend.dtypes import TRITON_TO_NUMPY
 from latte.backend.samples import sample_values
-from latte.generator.calibrate import ServingCost, calibrate
+from latte.generator.calibrate import ServingCost, machine_serving_cost
 from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, TensorInfo, check_ensemble
 from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
 from latte.generator.operating_point import plan_operating_points, write_operating_points
@@ -213,11 +213,12 @@ def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, l
 
 
 def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, profiles_dir: Optional[Path] = None,
-             log: Callable[[str], None] = lambda line: None, install=None) -> List[ModelPlan]:
+             log: Callable[[str], None] = lambda line: None, install=None, recalibrate: bool = False) -> List[ModelPlan]:
     """Write a model repository for the spec at spec_path into repo and validate it.
 
-    A model profiled here gets this machine's serving cost, calibrated once per call on a
-    tritonserver (install, default: found as `latte tritonserver` finds it)."""
+    A model profiled here gets this machine's serving cost: calibrated on a tritonserver
+    (install, default: found as `latte tritonserver` finds it) once per machine and kept
+    (calibrate.machine_serving_cost), or measured again with `recalibrate`."""
     spec = load_spec(spec_path)
     repo = Path(repo)
     profiles_dir = Path(profiles_dir) if profiles_dir else spec.directory / "profiles"
@@ -225,7 +226,7 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
 
     def serving_cost() -> ServingCost:
         if not calibrated:
-            calibrated.append(calibrate(install, log))
+            calibrated.append(machine_serving_cost(install, log, refresh=recalibrate))
         return calibrated[0]
 
     plans = []

@@ -71,14 +71,19 @@ def set_partitions(items):
 
 def plan_cost(batches, lengths, rows, cost):
     """A batch pads to its longest member's edge; a request alone runs at its own length."""
-    return sum(cost.batch_cost(lengths[b[0]] if len(b) == 1 else BUCKETS.edge_for(max(lengths[i] for i in b)),
-                               sum(rows[i] for i in b))
+    return sum(cost.alone_cost(lengths[b[0]], rows[b[0]]) if len(b) == 1
+               else cost.batch_cost(BUCKETS.edge_for(max(lengths[i] for i in b)), sum(rows[i] for i in b))
                for b in batches)
 
 
 def random_cost_model(rng):
+    """A cost line per edge and, half the time, measured one-row calls beside it."""
     per_row = np.cumsum(rng.uniform(0.0, 3.0, size=len(BUCKETS.edges)))
-    return CostModel(float(rng.uniform(0.0, 20.0)), dict(zip(BUCKETS.edges, per_row.tolist())))
+    fixed = float(rng.uniform(0.0, 20.0))
+    single = None
+    if rng.random() < 0.5:
+        single = dict(zip(BUCKETS.edges, (fixed * rng.uniform(0.2, 1.2) + per_row).tolist()))
+    return CostModel(fixed, dict(zip(BUCKETS.edges, per_row.tolist())), single)
 
 
 def test_the_plan_is_the_cheapest_of_all_partitions_for_one_row_requests():
@@ -152,6 +157,28 @@ def test_fitting_takes_a_least_squares_line_per_edge():
     assert model.row_cost(256) == pytest.approx(4 * model.per_row_s[64])  # past the last edge: scaled by length
     with pytest.raises(ValueError, match="at least two row counts"):
         CostModel.fit({16: [(4, 0.001), (4, 0.002)]})
+
+
+def test_measured_one_row_calls_keep_requests_apart_when_one_call_each_is_cheaper():
+    # The line through batches of 8..32 rows says 100 us per call; one-row calls measured 40-60 us.
+    line = {16: 10.0, 32: 20.0, 64: 40.0, 128: 80.0}
+    lengths, rows = [10, 12, 30], [1, 1, 1]
+    by_line = CostModel(100.0, line)
+    assert plan_by_cost(lengths, rows, BUCKETS.edge_for, by_line, 32) == [[0, 1, 2]]
+    measured = CostModel(100.0, line, {16: 40.0, 32: 55.0, 64: 80.0, 128: 140.0})
+    # Alone: ~40 + ~40 + ~55 = 135 us; together at 32: 100 + 3 x 20 = 160 us.
+    assert plan_by_cost(lengths, rows, BUCKETS.edge_for, measured, 32) == [[0], [1], [2]]
+    assert measured.alone_cost(24, 1) == pytest.approx(47.5)  # between the 16 and 32 measurements
+    assert measured.alone_cost(256, 1) == pytest.approx(280.0)  # past the last: in proportion
+    assert measured.alone_cost(24, 2) == by_line.alone_cost(24, 2)  # two rows: the line
+
+
+def test_fitting_keeps_one_row_calls_apart_from_the_batch_line():
+    model = CostModel.fit({16: [(1, 40e-6), (8, 180e-6), (16, 260e-6), (32, 420e-6)],
+                           32: [(1, 55e-6), (8, 260e-6), (16, 420e-6), (32, 740e-6)]})
+    assert model.single_s == {16: pytest.approx(40e-6), 32: pytest.approx(55e-6)}
+    assert model.per_row_s[16] == pytest.approx(10e-6) and model.per_row_s[32] == pytest.approx(20e-6)
+    assert model.fixed_s == pytest.approx(100e-6, rel=0.01)
 
 
 def test_planned_batches_pad_to_the_edge_of_their_longest_member_and_split_back_unpadded():

@@ -51,3 +51,57 @@ def test_larger_requests_lower_the_hosts_request_ceiling():
     assert cost.request_ceiling(256) == pytest.approx(3000.0)
     assert cost.request_ceiling(256 + 15.75 * 1024) == pytest.approx(2000.0)
     assert ServingCost().request_ceiling(1 << 20) == 0.0      # not measured: no ceiling
+
+
+class _Install:
+    def __init__(self, server):
+        self.server = server
+
+
+def test_a_machine_calibrates_once_and_reuses_it_until_asked_or_changed(tmp_path, monkeypatch):
+    import latte.generator.calibrate as calibrate_module
+
+    measured = []
+
+    def fake_calibrate(install, log):
+        measured.append(install.server)
+        return ServingCost(batch_ms=0.4 + len(measured), request_ms=0.02, round_trip_ms=0.8, source="calibrated")
+
+    monkeypatch.setattr(calibrate_module, "calibrate", fake_calibrate)
+    server = tmp_path / "tritonserver"
+    server.write_bytes(b"binary")
+    install, cache = _Install(server), tmp_path / "cache"
+    lines = []
+
+    first = calibrate_module.machine_serving_cost(install, cache_dir=cache)
+    again = calibrate_module.machine_serving_cost(install, log=lines.append, cache_dir=cache)
+    assert again == first and len(measured) == 1
+    assert "kept from" in lines[0] and "--recalibrate" in lines[0]
+
+    fresh = calibrate_module.machine_serving_cost(install, cache_dir=cache, refresh=True)
+    assert len(measured) == 2 and fresh.batch_ms == pytest.approx(2.4)
+
+    server.write_bytes(b"another tritonserver build")  # the serving stack changed: measure again
+    calibrate_module.machine_serving_cost(install, cache_dir=cache)
+    assert len(measured) == 3
+
+
+def test_an_old_or_unreadable_calibration_is_measured_again(tmp_path, monkeypatch):
+    import json
+    import latte.generator.calibrate as calibrate_module
+
+    calls = []
+    monkeypatch.setattr(calibrate_module, "calibrate",
+                        lambda install, log: calls.append(1) or ServingCost(batch_ms=0.5, source="calibrated"))
+    server = tmp_path / "tritonserver"
+    server.write_bytes(b"binary")
+    install, cache = _Install(server), tmp_path / "cache"
+    calibrate_module.machine_serving_cost(install, cache_dir=cache)
+    kept = cache / "serving-cost.json"
+    data = json.loads(kept.read_text())
+    data["measured_at"] -= calibrate_module.CACHE_MAX_AGE_S + 1
+    kept.write_text(json.dumps(data))
+    calibrate_module.machine_serving_cost(install, cache_dir=cache)
+    kept.write_text("{not json")
+    calibrate_module.machine_serving_cost(install, cache_dir=cache)
+    assert len(calls) == 3

@@ -18,9 +18,10 @@ Measure MODEL_FILE in this process with the runtime code the latte backend serve
 at an explicit thread budget. For each shape bucket the batch size doubles from 1 until
 throughput stops improving, memory runs short or one call passes --max-latency-ms.
 
-Then, unless --no-calibrate, measures this machine's serving cost (per batch, per request,
-client round trip) on a short-lived tritonserver with an identity model (about 15 s); the
-derivation adds it to the in-process latencies.
+Then, unless --no-calibrate, takes this machine's serving cost (per batch, per request,
+client round trip), measured on a short-lived tritonserver with an identity model (about
+15 s) once per machine and kept a week in ~/.cache/latte (--recalibrate measures again);
+the derivation adds it to the in-process latencies.
 
 Writes OUT/profile.json (input to `latte generate` and the derivation, calibration included)
 and OUT/profile.png (latency and throughput against batch size).
@@ -49,6 +50,9 @@ examples:
     p.add_argument("--no-calibrate", action="store_true",
                    help="skip measuring the serving cost on tritonserver (the derivation then assumes "
                         "--backend-overhead-ms per batch)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure the serving cost again (it is kept for a week, per machine: host, cores, "
+                        "tritonserver, latte version)")
     p.add_argument("--backend-overhead-ms", type=float,
                    help="per-batch serving cost to derive with instead of the calibrated one")
     p.add_argument("-o", "--out", default=".", help="output folder (default: current folder)")
@@ -85,6 +89,8 @@ examples:
                    "(config.pbtxt.j2 for models, ensemble.pbtxt.j2 for ensembles)")
     p.add_argument("--profiles", metavar="DIR", help="where profiles made during generate are kept "
                    "(default: profiles/ next to the spec)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure this machine's serving cost again (it is kept for a week, per machine)")
     p.set_defaults(handler=_generate)
 
     p = sub.add_parser(
@@ -168,9 +174,9 @@ def _profile(args) -> int:
                           max_latency_ms=args.max_latency_ms, min_seconds=args.min_seconds)
     profile = profile_model(Path(args.model_file), opts, show_progress=sys.stderr.isatty())
     if not args.no_calibrate:
-        from latte.generator.calibrate import calibrate
+        from latte.generator.calibrate import machine_serving_cost
 
-        profile.serving = calibrate(log=print)
+        profile.serving = machine_serving_cost(log=print, refresh=args.recalibrate)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     json_path = profile.save(out / "profile.json")
@@ -213,7 +219,7 @@ def _generate(args) -> int:
     from latte.generator.generate import generate
 
     plans = generate(Path(args.spec), Path(args.out), Path(args.templates) if args.templates else None,
-                     Path(args.profiles) if args.profiles else None, log=print)
+                     Path(args.profiles) if args.profiles else None, log=print, recalibrate=args.recalibrate)
     for plan in plans:
         if plan.derivation is not None:
             print(derivation_report(plan.name, plan.derivation))
