@@ -302,6 +302,7 @@ class LatteModel:
             self.metrics.sessions(s.live, s.started, s.ended, s.expired)
 
     def finalize(self) -> None:
+        gc.unfreeze()  # what the model held can be collected again once it is gone
         self.publisher.close()
         if self.dispatcher is not None:
             self.dispatcher.close()
