@@ -67,6 +67,8 @@ class CostModel:
                 floor = max(floor, self.single_s[edge])
                 single[edge] = floor
             object.__setattr__(self, "single_s", single)
+            object.__setattr__(self, "_single_edges", sorted(single))
+            object.__setattr__(self, "_single_costs", [single[e] for e in sorted(single)])
 
     @classmethod
     def default(cls, edges: Sequence[int]) -> "CostModel":
@@ -129,8 +131,7 @@ class CostModel:
         """One request alone in its call, at its own length."""
         if rows != 1 or not self.single_s:
             return self.fixed_s + self.row_cost(length) * rows
-        edges = sorted(self.single_s)
-        costs = [self.single_s[e] for e in edges]
+        edges, costs = self._single_edges, self._single_costs  # type: ignore[attr-defined]
         i = bisect.bisect_left(edges, length)
         if i < len(edges) and edges[i] == length:
             return costs[i]
