@@ -2,9 +2,10 @@
 
 The stock Python backend runs requests one at a time even when Triton's dynamic
 batcher hands it many; here every compatible request goes into one call and the
-outputs are split back by rows. Ragged inputs are padded to their shape bucket's edge,
-so the model sees a few recurring shapes; which requests share a batch is either their
-bucket alone or, with a cost model, the cheapest plan (latte.backend.planning).
+outputs are split back by rows. Ragged inputs are padded to the batch's longest member
+(`pad_to: longest`, the default) or to its shape bucket's edge (`pad_to: edge`, so the model
+sees a few recurring shapes, as TensorRT's profiles want); which requests share a batch is
+either their bucket alone or, with a cost model, the cheapest plan (latte.backend.planning).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def plan_batches(spec: ModelSpec, requests: Sequence[Item], buckets: Optional[Bu
 
     Without `cost` (or without buckets) a batch holds requests of one bucket. With it,
     requests of one shape key may share a batch across buckets, as the cost model's
-    cheapest plan says; padding still goes to a bucket edge.
+    cheapest plan says; padding goes to the batch's longest member or its bucket's edge (pad_to).
     """
     if not spec.signature.batched:
         return [[item] for item in requests]
@@ -129,10 +130,16 @@ def plan_batches(spec: ModelSpec, requests: Sequence[Item], buckets: Optional[Bu
         if not planned or None in lengths:
             batches.extend(chunk_by_rows(items, [req.rows for _, req in items], spec.signature.max_batch_size))
             continue
-        for indices in plan_by_cost(lengths, [req.rows for _, req in items], buckets.edge_for, cost,
+        padded_to = buckets.edge_for if spec.serving.pad_to == "edge" else _own_length
+        for indices in plan_by_cost(lengths, [req.rows for _, req in items], padded_to, cost,
                                     spec.signature.max_batch_size):
             batches.append([items[i] for i in indices])
     return batches
+
+
+def _own_length(length: int) -> int:
+    """What a batch whose longest member has `length` is padded to, with pad_to: longest."""
+    return length
 
 
 def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], buckets: Optional[BucketPlan] = None,
@@ -152,7 +159,7 @@ def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], bucket
             padded = max(known)
             # A request alone in its batch runs at its own length, as it would one at a time:
             # padding it to its bucket's edge buys no batching.
-            if buckets is not None and len(group) > 1:
+            if buckets is not None and len(group) > 1 and spec.serving.pad_to == "edge":
                 padded = buckets.edge_for(padded)
     inputs: Dict[str, np.ndarray] = {}
     for t in spec.signature.inputs:

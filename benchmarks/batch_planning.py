@@ -17,7 +17,9 @@ concurrency; ratios are medians of per-round ratios.
 
 Variants:
   bucket        shape buckets 16,32,64,128; a batch holds one bucket (batch_planning: bucket)
-  cost          the same buckets; the planner's cheapest plan under the warmup-measured cost model
+  cost          the same buckets; the planner's cheapest plan under the warmup-measured cost model,
+                each batch padded to its longest request (pad_to: longest, the default)
+  cost-edge     as cost, each batch padded to its bucket's edge (pad_to: edge)
   cost-default  as cost, with the default cost model (what runs when warmup is off)
   no-buckets    bucket_edges: none; one batch per call padded to its longest request
 """
@@ -53,6 +55,7 @@ from latte.memory import BuddyArena
 VARIANTS = {
     "bucket": {"batch_planning": "bucket"},
     "cost": {"batch_planning": "cost"},
+    "cost-edge": {"batch_planning": "cost", "pad_to": "edge"},
     "cost-default": {"batch_planning": "cost", "warmup": "false"},
     "no-buckets": {"bucket_edges": "none"},
 }
@@ -258,6 +261,7 @@ def main(argv=None) -> int:
         print(f"{name:<14}{statistics.median(values):>16.0f}{f'{min(values):.0f}..{max(values):.0f}':>18}"
               f"{calls:>15.2f}{padded:>16.1f}{planning[name]:>21.1f}")
     ratios = {"cost / bucket": ratio("cost", "bucket"), "cost / no-buckets": ratio("cost", "no-buckets"),
+              "cost / cost-edge": ratio("cost", "cost-edge"),
               "cost-default / bucket": ratio("cost-default", "bucket"),
               "no-buckets / bucket": ratio("no-buckets", "bucket")}
     for label, value in ratios.items():

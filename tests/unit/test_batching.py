@@ -11,12 +11,12 @@ from latte.backend.planning import CostModel, partition, plan_by_cost
 from latte.backend.requests import ParsedRequest
 
 
-def spec(max_batch_size=8, ragged=True, pad_value=0.0):
+def spec(max_batch_size=8, ragged=True, pad_value=0.0, pad_to="edge"):
     signature = ModelSignature(
         name="seq", inputs=(TensorSpec("tokens", np.dtype(np.int64), (-1,), ragged=ragged),),
         outputs=(TensorSpec("y", np.dtype(np.float32), (2,)),), max_batch_size=max_batch_size, runtime="onnx",
         model_path=None)
-    return ModelSpec(signature, ServingOptions(pad_value=pad_value))
+    return ModelSpec(signature, ServingOptions(pad_value=pad_value, pad_to=pad_to))
 
 
 def req(rows, length, fill):
@@ -236,3 +236,14 @@ def test_a_request_alone_in_its_batch_is_not_padded_to_its_bucket():
     assert alone.inputs["tokens"].shape == (2, 20)
     together = assemble(spec(), [(0, req(1, 20, 1)), (1, req(1, 3, 1))], BUCKETS)
     assert together.inputs["tokens"].shape == (2, 32)
+
+
+def test_with_pad_to_longest_a_planned_batch_pads_to_its_longest_member_and_is_priced_so():
+    s = spec(max_batch_size=8, pad_to="longest")
+    items = [(0, req(1, 3, 7)), (1, req(1, 20, 8)), (2, req(1, 40, 9))]
+    merge_all = CostModel(1000.0, {16: 1.0, 32: 2.0, 64: 4.0, 128: 8.0})
+    (group,) = plan_batches(s, items, BUCKETS, merge_all)
+    batch = assemble(s, group, BUCKETS)
+    assert batch.padded_length == 40 and batch.inputs["tokens"].shape == (3, 40)
+    # Priced at the longest member's length: 40/64 of the 64 edge's 4.0 per row.
+    assert merge_all.batch_cost(40, 3) == pytest.approx(1000.0 + 3 * 2.5)

@@ -81,7 +81,7 @@ class PerToken(torch.nn.Module):
         return torch.cat([t, t * 10.0], dim=-1)
 
 
-def per_token_engine(tmp_path, planning="cost", **kwargs):
+def per_token_engine(tmp_path, planning="cost", pad_to="edge", **kwargs):
     model_dir = tmp_path / "per_token"
     (model_dir / "1").mkdir(parents=True)
     torch.jit.script(PerToken()).save(str(model_dir / "1" / "model.pt"))
@@ -89,7 +89,8 @@ def per_token_engine(tmp_path, planning="cost", **kwargs):
               "input": [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1], "allow_ragged_batch": True}],
               "output": [{"name": "vectors", "data_type": "TYPE_FP32", "dims": [-1, 2]}],
               "parameters": {"max_sequence_length": {"string_value": "64"},
-                             "batch_planning": {"string_value": planning}}}
+                             "batch_planning": {"string_value": planning},
+                             "pad_to": {"string_value": pad_to}}}
     spec = parse_model_config(config, model_dir, "1")
     runtime = load_runtime("torchscript", spec.signature.model_path, ["tokens"], ["vectors"], 1, 1)
     return BatchEngine(spec, runtime, buckets=BucketPlan(spec.serving.bucket_edges), **kwargs)
@@ -105,6 +106,23 @@ def test_ragged_inputs_pad_to_their_bucket_and_per_token_outputs_come_back_unpad
         assert result["vectors"].shape == (1, n, 2)
         np.testing.assert_array_equal(result["vectors"][0, :, 0], np.arange(1, n + 1))
     assert sorted((r.rows, r.padded_length) for r in records) == [(1, 20), (2, 16)]
+
+
+def test_by_default_a_ragged_batch_pads_to_its_longest_member_not_its_bucket(tmp_path):
+    records = []
+    engine = per_token_engine(tmp_path, planning="bucket", pad_to="longest", on_batch=records.append)
+    lengths = (3, 5, 20)  # buckets 16, 16, 32: the first two share a batch, padded to 5 (not 16)
+    requests = [ParsedRequest(inputs={"tokens": np.arange(1, n + 1, dtype=np.int64)[None]}, rows=1) for n in lengths]
+    results = engine.infer(requests)
+    for n, result in zip(lengths, results):
+        assert result["vectors"].shape == (1, n, 2)
+        np.testing.assert_array_equal(result["vectors"][0, :, 0], np.arange(1, n + 1))
+    assert sorted((r.rows, r.padded_length) for r in records) == [(1, 20), (2, 5)]
+    default = parse_model_config({"name": "m", "max_batch_size": 8, "input": [{"name": "tokens", "data_type": "TYPE_INT64",
+                                  "dims": [-1], "allow_ragged_batch": True}],
+                                  "output": [{"name": "vectors", "data_type": "TYPE_FP32", "dims": [-1, 2]}]},
+                                 tmp_path / "per_token", "1")
+    assert default.serving.pad_to == "longest"
 
 
 def test_a_request_past_its_timeout_fails_without_running(tmp_path):
