@@ -29,6 +29,8 @@ import bisect
 from dataclasses import dataclass
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
+from latte._native import partition_runs
+
 PLANNINGS = ("cost", "bucket")
 
 # Without measurements (warmup off): one model call costs as much as 64 padded positions
@@ -156,7 +158,7 @@ class CostModel:
 def partition(lengths: Sequence[int], rows: Sequence[int], edge_for: Callable[[int], int],
               cost: CostModel, max_rows: int) -> List[Tuple[int, int]]:
     """Cut items sorted by length (ascending) into [start, end) runs of at most max_rows rows
-    each, minimising the summed cost of the runs. O(n x max_rows) time."""
+    each, minimising the summed cost of the runs (latte._native.partition_runs)."""
     n = len(lengths)
     if len(rows) != n:
         raise ValueError(f"got {n} lengths but {len(rows)} row counts")
@@ -165,30 +167,12 @@ def partition(lengths: Sequence[int], rows: Sequence[int], edge_for: Callable[[i
     for i in range(1, n):
         if lengths[i] < lengths[i - 1]:
             raise ValueError("lengths must be sorted ascending")
-    # best[j]: cheapest plan for the first j items; cut[j]: where its last run starts.
-    best = [0.0] + [float("inf")] * n
-    cut = [0] * (n + 1)
-    fixed = cost.fixed_s
-    row_cost = [cost.row_cost(edge_for(length)) for length in lengths]
+    # The per-request costs here; the dynamic program over them natively (it is O(n x
+    # max_rows) and runs every call).
+    pad_row_cost = [cost.row_cost(edge_for(length)) for length in lengths]  # a run pads to its last member
     # A request alone in its batch is not padded (see batching.assemble): its own length.
     alone_cost = [cost.alone_cost(length, r) for length, r in zip(lengths, rows)]
-    for j in range(1, n + 1):
-        per_row = row_cost[j - 1]  # the run ending at j pads to item j-1's edge, its longest
-        taken = 0
-        for i in range(j - 1, -1, -1):
-            taken += rows[i]
-            if taken > max_rows and i < j - 1:
-                break
-            candidate = best[i] + (alone_cost[i] if i == j - 1 else fixed + per_row * taken)
-            if candidate < best[j]:
-                best[j], cut[j] = candidate, i
-    runs = []
-    j = n
-    while j > 0:
-        runs.append((cut[j], j))
-        j = cut[j]
-    runs.reverse()
-    return runs
+    return partition_runs(pad_row_cost, alone_cost, list(rows), cost.fixed_s, max_rows)
 
 
 def plan_by_cost(lengths: Sequence[int], rows: Sequence[int], edge_for: Callable[[int], int],

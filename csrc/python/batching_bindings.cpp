@@ -4,12 +4,14 @@
 #include <vector>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
 #include "numpy_api.hpp"
 
 #include "bindings.hpp"
 #include "latte/batching/gather.hpp"
+#include "latte/batching/partition.hpp"
 #include "latte/error.hpp"
 
 namespace nb = nanobind;
@@ -144,6 +146,9 @@ void bind_batching(nb::module_& m) {
         "Check each array against the rule: (rows, lengths, [(index, problem, detail)]).");
   m.def("pack_arrays", &pack_arrays, nb::arg("arrays"), nb::arg("out"), nb::arg("pad"),
         "Copy the arrays row after row into out, padding what they do not cover with pad.");
+  m.def("partition_runs", &batching::partition, nb::arg("pad_row_cost"), nb::arg("alone_cost"), nb::arg("rows"),
+        nb::arg("fixed"), nb::arg("max_rows"),
+        "The cheapest cut of length-sorted requests into runs of at most max_rows rows: [(start, end)].");
   nb::list problems;
   for (const char* name : {"none", "dtype", "shape", "rows", "too_long", "empty", "nonfinite", "out_of_range"}) problems.append(name);
   m.attr("BATCH_PROBLEMS") = nb::tuple(problems);
