@@ -32,7 +32,10 @@ def generated(tmp_path_factory):
         export(EXAMPLES[name], work / name)
     spec.write_text(spec.read_text().replace("models:\n", "models:\n" + SINGLE_MODELS, 1))
     repo = work / "repo"
-    plans = generate(spec, repo, log=print)
+    # Measured afresh, not taken from the run's kept calibration: the verification below runs
+    # minutes later on the same shared box, and a calibration kept from a quieter moment of
+    # the test run promised more than the box then held (mlp: P99 63 ms against 50).
+    plans = generate(spec, repo, log=print, recalibrate=True)
     return repo, {p.name: p for p in plans}
 
 
