@@ -33,8 +33,8 @@ def generated(tmp_path_factory):
     spec.write_text(spec.read_text().replace("models:\n", "models:\n" + SINGLE_MODELS, 1))
     repo = work / "repo"
     # Measured afresh, not taken from the run's kept calibration: the verification below runs
-    # minutes later on the same shared box, and a calibration kept from a quieter moment of
-    # the test run promised more than the box then held (mlp: P99 63 ms against 50).
+    # right after on the same shared box, while one kept from earlier in the test run can
+    # describe another load (in one full run, mlp's planned rate then gave P99 63 ms against 50).
     plans = generate(spec, repo, log=print, recalibrate=True)
     return repo, {p.name: p for p in plans}
 
