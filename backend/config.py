@@ -275,6 +275,17 @@ def usable_cores() -> int:
     return len(usable_core_ids())
 
 
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it ("" where it does not)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def parse_signature(config: Mapping, params: Mapping[str, str], model_dir: Path, version: str) -> ModelSignature:
     """The model's tensors, max_batch_size and file; the parameters add valid ranges, the file and runtime."""
     name = config.get("name") or model_dir.name

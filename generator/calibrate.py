@@ -207,19 +207,12 @@ def machine_key(install) -> dict:
     """What a calibration depends on: the host's CPU and usable cores, the tritonserver
     binary and the latte version. Any change means a new calibration."""
     from latte import __version__
-    from latte.backend.config import usable_cores
+    from latte.backend.config import cpu_model, usable_cores
 
     server = Path(install.server)
     stat = server.stat() if server.exists() else None
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        cpu = platform.processor()
-    return {"host": platform.node(), "cpu": cpu, "cores": usable_cores(), "tritonserver": str(server),
+    return {"host": platform.node(), "cpu": cpu_model() or platform.processor(), "cores": usable_cores(),
+            "tritonserver": str(server),
             "tritonserver_bytes": stat.st_size if stat else 0, "latte": __version__}
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-from latte.backend.config import usable_cores
+from latte.backend.config import cpu_model, usable_cores
 from latte.bench.inputs import fetch_model_inputs, write_perf_input_data
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import MetricsSampler, Sample
@@ -52,14 +52,7 @@ ProgressHook = Callable[[str], None]
 
 def machine_description() -> str:
     cores = usable_cores()
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     return f"{platform.system()} {platform.machine()}, {cores} cores{', ' + cpu if cpu else ''}"
 
 
