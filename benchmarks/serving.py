@@ -229,7 +229,8 @@ def run_model(name: str, args, work: Path) -> dict:
     points: Dict[str, Dict[int, list]] = {role: {level: [] for level in levels} for role in names}
     decomposed: List[dict] = []
     top = max(levels)
-    with TritonServer(repo, log_path=work / f"{name}-tritonserver.log") as server:
+    extra = [f"--backend-config={value}" for value in args.backend_config]
+    with TritonServer(repo, log_path=work / f"{name}-tritonserver.log", extra_args=extra) as server:
         for round_ in range(args.rounds):
             order = ["latte", "stock"] if round_ % 2 == 0 else ["stock", "latte"]
             ablations = [role for role in names if role.startswith("latte_")]
@@ -323,6 +324,9 @@ def main(argv=None) -> int:
     parser.add_argument("--ablation", action="store_true",
                         help=f"also measure latte with one setting changed at a time ({', '.join(ABLATIONS)})")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE",
+                        help="passed to tritonserver as --backend-config, e.g. python,shm-default-byte-size=16777216 "
+                             "(repeatable; applies to every contender)")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     unknown = [m for m in models if m not in SETTINGS]
