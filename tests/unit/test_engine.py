@@ -96,33 +96,33 @@ def per_token_engine(tmp_path, planning="cost", pad_to="edge", **kwargs):
     return BatchEngine(spec, runtime, buckets=BucketPlan(spec.serving.bucket_edges), **kwargs)
 
 
-def test_ragged_inputs_pad_to_their_bucket_and_per_token_outputs_come_back_unpadded(tmp_path):
+@pytest.mark.parametrize("pad_to, shared_batch", [("edge", (2, 16)), ("longest", (2, 5))])
+def test_ragged_inputs_pad_to_their_batch_and_per_token_outputs_come_back_unpadded(tmp_path, pad_to, shared_batch):
     records = []
-    engine = per_token_engine(tmp_path, planning="bucket", on_batch=records.append)
-    lengths = (3, 5, 20)  # buckets 16, 16, 32; alone in its bucket, 20 runs at its own length
+    engine = per_token_engine(tmp_path, planning="bucket", pad_to=pad_to, on_batch=records.append)
+    # Buckets 16, 16, 32: the first two share a batch, padded to their bucket's edge (16) or to
+    # the longer of them (5); 20, alone in its bucket, runs at its own length either way.
+    lengths = (3, 5, 20)
     requests = [ParsedRequest(inputs={"tokens": np.arange(1, n + 1, dtype=np.int64)[None]}, rows=1) for n in lengths]
     results = engine.infer(requests)
     for n, result in zip(lengths, results):
         assert result["vectors"].shape == (1, n, 2)
         np.testing.assert_array_equal(result["vectors"][0, :, 0], np.arange(1, n + 1))
-    assert sorted((r.rows, r.padded_length) for r in records) == [(1, 20), (2, 16)]
+    assert sorted((r.rows, r.padded_length) for r in records) == [(1, 20), shared_batch]
 
 
-def test_by_default_a_ragged_batch_pads_to_its_longest_member_not_its_bucket(tmp_path):
-    records = []
-    engine = per_token_engine(tmp_path, planning="bucket", pad_to="longest", on_batch=records.append)
-    lengths = (3, 5, 20)  # buckets 16, 16, 32: the first two share a batch, padded to 5 (not 16)
-    requests = [ParsedRequest(inputs={"tokens": np.arange(1, n + 1, dtype=np.int64)[None]}, rows=1) for n in lengths]
-    results = engine.infer(requests)
-    for n, result in zip(lengths, results):
-        assert result["vectors"].shape == (1, n, 2)
-        np.testing.assert_array_equal(result["vectors"][0, :, 0], np.arange(1, n + 1))
-    assert sorted((r.rows, r.padded_length) for r in records) == [(1, 20), (2, 5)]
-    default = parse_model_config({"name": "m", "max_batch_size": 8, "input": [{"name": "tokens", "data_type": "TYPE_INT64",
-                                  "dims": [-1], "allow_ragged_batch": True}],
-                                  "output": [{"name": "vectors", "data_type": "TYPE_FP32", "dims": [-1, 2]}]},
-                                 tmp_path / "per_token", "1")
-    assert default.serving.pad_to == "longest"
+def test_a_ragged_batch_pads_to_its_longest_member_unless_the_runtime_wants_its_bucket_edge(tmp_path):
+    def pad_to(runtime):
+        config = {"name": "m", "max_batch_size": 8,
+                  "input": [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1], "allow_ragged_batch": True}],
+                  "output": [{"name": "vectors", "data_type": "TYPE_FP32", "dims": [-1, 2]}],
+                  "parameters": {"runtime": {"string_value": runtime}}}
+        return parse_model_config(config, tmp_path / "per_token", "1").serving.pad_to
+
+    (tmp_path / "per_token" / "1").mkdir(parents=True)
+    (tmp_path / "per_token" / "1" / "model.onnx").write_bytes(b"")
+    assert pad_to("onnx") == "longest"
+    assert pad_to("tensorrt") == "edge"
 
 
 def test_a_request_past_its_timeout_fails_without_running(tmp_path):
