@@ -375,9 +375,9 @@ def _batching(name: str, params: Mapping[str, str], signature: ModelSignature) -
         batch_planning = parse_planning(params.get("batch_planning"))
     except ValueError as exc:
         raise ConfigError(f"model {name!r}: parameters[\"batch_planning\"]: {exc}") from None
-    # Runtimes that take any length run a batch padded to its longest member ~22 % faster than
-    # one padded to its bucket's edge (onnxruntime, the sequence encoder, batches of 2-8);
-    # TensorRT engines are built for shape profiles, so there the edge stays.
+    # Runtimes that take any length serve more padded to a batch's longest member than to its
+    # bucket's edge (1.07-1.08x rows/s, onnxruntime, the sequence encoder: docs/benchmarks.md,
+    # "Batch planning"); TensorRT engines are built for shape profiles, so there the edge stays.
     pad_to = _choice_param(name, params, "pad_to", ("edge", "longest") if signature.runtime == "tensorrt"
                            else ("longest", "edge"))
     return {"pad_value": _float_param(name, params, "pad_value", DEFAULTS.pad_value), "max_sequence_length": max_len,

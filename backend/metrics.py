@@ -13,6 +13,7 @@ that does not grow with the request rate.
 from __future__ import annotations
 
 import bisect
+import collections
 import threading
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
@@ -45,8 +46,10 @@ class MetricsAggregate:
         self.gauges: Dict[Tuple[str, Labels], float] = {}
         self.histograms: Dict[Tuple[str, Labels], _Histogram] = {}
         # Records kept raw on the request path and folded in when read: (fold, record) pairs,
-        # fold(record) giving the record's (increments, observations). list.append is atomic.
-        self._deferred: list = []
+        # fold(record) giving the record's (increments, observations). A deque, because its
+        # append and popleft are atomic: a record appended while another thread folds is
+        # folded then or at the next read, never lost.
+        self._deferred: "collections.deque" = collections.deque()
 
     def defer(self, fold, record) -> None:
         """Keep `record` to be folded in at the next snapshot: the cheapest update there is,
@@ -56,8 +59,12 @@ class MetricsAggregate:
             self._fold_deferred()
 
     def _fold_deferred(self) -> None:
-        deferred, self._deferred = self._deferred, []
-        for fold, record in deferred:
+        deferred = self._deferred
+        while True:
+            try:
+                fold, record = deferred.popleft()
+            except IndexError:
+                return
             self.update(*fold(record))
 
     def add(self, name: str, labels: Mapping[str, str], value: float = 1.0) -> None:

@@ -69,8 +69,8 @@ class CostModel:
                 floor = max(floor, self.single_s[edge])
                 single[edge] = floor
             object.__setattr__(self, "single_s", single)
-            object.__setattr__(self, "_single_edges", sorted(single))
-            object.__setattr__(self, "_single_costs", [single[e] for e in sorted(single)])
+            object.__setattr__(self, "_single_edges", list(single))  # built in ascending order
+            object.__setattr__(self, "_single_costs", list(single.values()))
 
     @classmethod
     def default(cls, edges: Sequence[int]) -> "CostModel":

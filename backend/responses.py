@@ -36,20 +36,7 @@ class ResponseBuilder:
 
     def build_all(self, outcomes, skip) -> list:
         """The responses of a call, in order; None for an outcome that is `skip` (already sent)."""
-        Tensor, InferenceResponse = self.pb.Tensor, self.pb.InferenceResponse
-        names = self.output_names
-        responses = []
-        for outcome in outcomes:
-            if outcome is skip:
-                responses.append(None)
-            elif type(outcome) is dict:
-                try:
-                    responses.append(InferenceResponse(output_tensors=[Tensor(name, outcome[name]) for name in names]))
-                except Exception as exc:  # an output Triton cannot carry fails this request alone
-                    responses.append(self.error(RuntimeError(f"could not build the response: {exc}")))
-            else:
-                responses.append(self.build(outcome))
-        return responses
+        return [None if outcome is skip else self.build(outcome) for outcome in outcomes]
 
     def build(self, outcome):
         """The response for one outcome: its outputs, or its error."""

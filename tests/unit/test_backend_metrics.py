@@ -28,3 +28,38 @@ def test_execute_stages_add_up_per_call():
     assert counters[("latte_execute_requests_total", ())] == 12
     stages = {stage: counters[("latte_execute_us_total", (("stage", stage),))] for stage in ("read", "engine", "respond")}
     assert stages == pytest.approx({"read": 30.0, "engine": 75.0, "respond": 45.0})
+
+
+def test_calls_recorded_while_another_thread_reads_the_figures_are_all_counted():
+    import sys
+    import threading
+
+    metrics = BackendMetrics()
+    calls_per_thread, threads = 5000, 4
+    done = threading.Event()
+
+    def record():
+        for _ in range(calls_per_thread):
+            metrics.call(1, 1e-6, 1e-6, 1e-6, [({("success", 0): 1}, 1e-5)], [(1, 1e-6)])
+
+    def read():  # the publisher's reads, as often as they can come
+        while not done.is_set():
+            metrics.aggregate.snapshot()
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over as often as possible, to interleave the two sides
+    try:
+        reader = threading.Thread(target=read)
+        writers = [threading.Thread(target=record) for _ in range(threads)]
+        reader.start()
+        for w in writers:
+            w.start()
+        for w in writers:
+            w.join()
+        done.set()
+        reader.join()
+    finally:
+        sys.setswitchinterval(switch)
+    counters, _ = metrics.aggregate.snapshot()
+    assert counters[("latte_execute_calls_total", ())] == calls_per_thread * threads
+    assert counters[("latte_requests_total", (("outcome", "success"),))] == calls_per_thread * threads
