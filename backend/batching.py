@@ -27,7 +27,7 @@ Allocate = Callable[[tuple, np.dtype], np.ndarray]
 @dataclass
 class Batch:
     inputs: Dict[str, np.ndarray]
-    members: List[Tuple[int, int]]        # (position in execute's request list, rows)
+    member_rows: List[int]                # each member's rows, in the order of the requests
     lengths: List[Optional[int]]          # each member's own ragged length (None when not ragged)
     padded_length: Optional[int] = None   # the ragged length the batch was padded to
     rows: int = 0                         # all members' rows together
@@ -142,16 +142,20 @@ def _own_length(length: int) -> int:
     return length
 
 
-def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], buckets: Optional[BucketPlan] = None,
+def assemble(spec: ModelSpec, group: Sequence[ParsedRequest], buckets: Optional[BucketPlan] = None,
              allocate: Allocate = np.empty) -> Batch:
-    members = [(pos, req.rows) for pos, req in group]
-    total = sum([rows for _, rows in members])
+    """The requests of one planned batch as the model's inputs: one native copy per input."""
     ragged = spec.signature.ragged_inputs
-    lengths = [ragged_length(spec, req) for _, req in group] if ragged else [None] * len(group)
-    if not spec.signature.batched or (len(group) == 1 and not ragged):
+    if len(group) == 1 and not ragged:
         # One request's own arrays are the batch (a ragged one may still need padding
         # between its inputs, below).
-        return Batch(inputs=dict(group[0][1].inputs), members=members, lengths=lengths, rows=total)
+        rows = group[0].rows
+        return Batch(inputs=group[0].inputs, member_rows=[rows], lengths=[None], rows=rows)
+    member_rows = [req.rows for req in group]
+    total = sum(member_rows)
+    lengths = [ragged_length(spec, req) for req in group] if ragged else [None] * len(group)
+    if not spec.signature.batched:
+        return Batch(inputs=group[0].inputs, member_rows=member_rows, lengths=lengths, rows=total)
     padded = None
     if ragged:
         known = [n for n in lengths if n is not None]
@@ -163,7 +167,7 @@ def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], bucket
                 padded = buckets.edge_for(padded)
     inputs: Dict[str, np.ndarray] = {}
     for t in spec.signature.inputs:
-        parts = [req.inputs[t.name] for _, req in group if t.name in req.inputs]
+        parts = [req.inputs[t.name] for req in group if t.name in req.inputs]
         if not parts:
             continue
         rows = total if len(parts) == len(group) else sum(p.shape[0] for p in parts)
@@ -181,7 +185,7 @@ def assemble(spec: ModelSpec, group: Sequence[Tuple[int, ParsedRequest]], bucket
             out = allocate((rows, *parts[0].shape[1:]), t.dtype)
             pack_arrays(parts, out, pad_bytes(spec.serving.pad_value, t.dtype))  # nothing to pad: a copy, ~4x np.concatenate's speed
         inputs[t.name] = out
-    return Batch(inputs=inputs, members=members, lengths=lengths, padded_length=padded, rows=total)
+    return Batch(inputs=inputs, member_rows=member_rows, lengths=lengths, padded_length=padded, rows=total)
 
 
 _PAD_BYTES: Dict[Tuple[float, np.dtype], bytes] = {}
@@ -197,7 +201,7 @@ def pad_bytes(value: float, dtype: np.dtype) -> bytes:
 
 
 def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray]) -> List[Dict[str, np.ndarray]]:
-    """Per-request outputs, in the order of batch.members.
+    """Per-request outputs, in the order of the batch's requests.
 
     An output dimension declared -1 whose size equals the padded length is cut back to
     each request's own length, so per-token outputs come back un-padded.
@@ -212,21 +216,21 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray]) -> List
     at = 0
     if not spec.signature.trimmed_outputs or batch.padded_length is None:
         # Nothing to trim: each request's share is a view of its rows.
-        if len(batch.members) == 1:
+        if len(batch.member_rows) == 1:
             return [outputs]
-        if total == len(batch.members):
+        if total == len(batch.member_rows):
             # One row each: numpy hands out the row views itself.
             names = list(outputs)
             columns = [outputs[name][:, None] for name in names]
             if len(names) == 1:
                 return [{names[0]: view} for view in columns[0]]
             return [dict(zip(names, views)) for views in zip(*columns)]
-        for _, rows in batch.members:
+        for rows in batch.member_rows:
             results.append({name: array[at:at + rows] for name, array in outputs.items()})
             at += rows
         return results
     declared = {t.name: t.dims for t in spec.signature.outputs}
-    for (_, rows), length in zip(batch.members, batch.lengths):
+    for rows, length in zip(batch.member_rows, batch.lengths):
         per_request = {}
         for name, array in outputs.items():
             index = [slice(at, at + rows)]

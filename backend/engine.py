@@ -100,10 +100,8 @@ class BatchEngine:
         first, then the requests of each batch as it finishes, so the caller can answer early
         requests before later batches run. Every item appears exactly once, as
         (position, outputs or the exception that explains the failure)."""
-        if options is None and self.dispatcher is None and self._whole_call(items):
-            # The common call: readable requests with default options that fit one batch
-            # (nothing to order, no deadline, no session): its plan is one model call.
-            yield self._run([Work(i, item) for i, item in enumerate(items)])
+        if options is None and self.dispatcher is None and self.whole_call(items):
+            yield list(enumerate(self.run_whole(items)))
             return
         now = self.clock()
         work, refused = self._admit(items, options, now)
@@ -117,8 +115,10 @@ class BatchEngine:
             for group in self.order(self._groups(work)):
                 yield self._run_in_time(group)
 
-    def _whole_call(self, items) -> bool:
-        """Whether every item is a readable request and together they fit one batch."""
+    def whole_call(self, items) -> bool:
+        """Whether every item is a readable request and together they fit one batch: with
+        default options (nothing to order, no deadline, no session), the call's plan is one
+        model call (run_whole)."""
         if not self._one_shape:
             return len(items) == 1 and type(items[0]) is ParsedRequest
         rows = 0
@@ -127,6 +127,12 @@ class BatchEngine:
                 return False
             rows += item.rows
         return rows <= self.spec.signature.max_batch_size
+
+    def run_whole(self, requests: Sequence[ParsedRequest]) -> List[Result]:
+        """The results of a call that whole_call accepts, in order."""
+        if self.dispatcher is not None:
+            raise RuntimeError("run_whole runs inline; a call with scheduler lanes goes through answers")
+        return self._run_requests(requests)
 
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
               options: Optional[Sequence[Optional[RequestOptions]]] = None) -> List[Result]:
@@ -210,8 +216,7 @@ class BatchEngine:
     def run_batch(self, requests: Sequence[ParsedRequest]) -> List[Result]:
         """Run the requests as one model call, as a plan would (no ordering, no deadlines):
         what the cost model's timings measure."""
-        outcomes = dict(self._run([Work(i, r) for i, r in enumerate(requests)]))
-        return [outcomes[i] for i in range(len(requests))]
+        return self._run_requests(requests)
 
     def _run_in_time(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
         """Run one planned batch, failing the requests whose deadline has already passed;
@@ -232,35 +237,39 @@ class BatchEngine:
         return outcomes
 
     def _run(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
+        results = self._run_requests([w.request for w in group])
+        if self.sessions is not None:
+            for w, result in zip(group, results):
+                if not isinstance(result, Exception):
+                    self._commit_session(w)
+        return [(w.position, result) for w, result in zip(group, results)]
+
+    def _run_requests(self, requests: Sequence[ParsedRequest]) -> List[Result]:
+        """One model call for the requests, a result for each in order; a model failure is
+        retried request by request so one bad request does not fail its neighbours."""
         started = self.clock()
         batch = None
         called = 0.0
         try:
-            batch = assemble(self.spec, [(w.position, w.request) for w in group], self.buckets, self.allocate)
+            batch = assemble(self.spec, requests, self.buckets, self.allocate)
             called = self.clock()
             outputs = self._call(batch.inputs)
             called = self.clock() - called
             parts = split(self.spec, batch, outputs)
-            self._record(batch, len(group), started, failed=False, model_seconds=called)
+            self._record(batch, len(requests), started, failed=False, model_seconds=called)
+            return parts
         except MemoryError as exc:
             # Not the model's fault and not the request's: the arena is full right now.
             full = exc if isinstance(exc, OutOfMemory) else OutOfMemory(str(exc))
-            return [(w.position, full) for w in group]
+            return [full] * len(requests)
         except Exception as exc:
             if batch is not None:
-                self._record(batch, len(group), started, failed=True)
-            if len(group) == 1:
-                return [(group[0].position, model_failure(self.spec.signature.name, exc))]
-            outcomes = []
-            for w in group:
-                outcomes.extend(self._run([w]))
-            return outcomes
+                self._record(batch, len(requests), started, failed=True)
+            if len(requests) == 1:
+                return [model_failure(self.spec.signature.name, exc)]
+            return [result for request in requests for result in self._run_requests([request])]
         finally:
             del batch  # arena-backed input buffers go back as soon as the call is over
-        if self.sessions is not None:
-            for w in group:
-                self._commit_session(w)
-        return [(w.position, part) for w, part in zip(group, parts)]
 
     def _call(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         outputs = self.runtime.run(feed)

@@ -34,8 +34,10 @@ class ResponseBuilder:
             return TritonError(message)
         return TritonError(message, code)
 
-    def build_all(self, outcomes, skip) -> list:
+    def build_all(self, outcomes, skip=None) -> list:
         """The responses of a call, in order; None for an outcome that is `skip` (already sent)."""
+        if skip is None:
+            return [self.build(outcome) for outcome in outcomes]
         return [None if outcome is skip else self.build(outcome) for outcome in outcomes]
 
     def build(self, outcome):

@@ -154,6 +154,17 @@ class LatteModel:
             self.metrics.execute(len(requests), read - started, time.perf_counter() - read, 0.0)
             return None
 
+        if options is None and self.dispatcher is None and self.engine.whole_call(items):
+            # The common call, one model call for all (see BatchEngine.whole_call): nothing to
+            # answer early, so it goes straight from the engine to the responses.
+            results = self.engine.run_whole(items)
+            ran = time.perf_counter()
+            responses = self.responses.build_all(results)
+            answered = [(self._tally(enumerate(results), None), ran - started)]
+            batches, self._batches = self._batches, []
+            self.metrics.call(len(requests), read - started, ran - read, time.perf_counter() - ran, answered, batches)
+            return responses
+
         # Each request's outcome as the engine yields it; _SENT once answered through its
         # sender (early), which leaves None in execute's return value.
         results = [_UNANSWERED] * len(requests)
@@ -177,7 +188,7 @@ class LatteModel:
             for position, _ in failed:
                 results[position] = failure
         ran = time.perf_counter()
-        responses = self.responses.build_all(results, _SENT)
+        responses = self.responses.build_all(results, skip=_SENT)
         # The early sends happened inside the engine's time; the final responses after it.
         engine_s = ran - read - responding
         responding += time.perf_counter() - ran

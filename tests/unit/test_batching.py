@@ -27,10 +27,10 @@ def test_ragged_requests_share_one_batch_padded_to_the_longest():
     items = [(0, req(1, 3, 7)), (1, req(2, 5, 9))]
     groups = plan_batches(spec(pad_value=0), items)
     assert len(groups) == 1
-    batch = assemble(spec(pad_value=0), groups[0])
+    batch = assemble(spec(pad_value=0), [r for _, r in groups[0]])
     expected = np.array([[7, 7, 7, 0, 0], [9] * 5, [9] * 5])
     np.testing.assert_array_equal(batch.inputs["tokens"], expected)
-    assert batch.members == [(0, 1), (1, 2)]
+    assert batch.member_rows == [1, 2]
 
 
 def test_fixed_shape_inputs_batch_only_with_the_same_shape():
@@ -47,7 +47,7 @@ def test_batches_never_exceed_max_batch_size():
 
 def test_split_returns_each_request_its_own_rows():
     items = [(4, req(1, 2, 0)), (9, req(2, 2, 0))]
-    batch = assemble(spec(), items)
+    batch = assemble(spec(), [r for _, r in items])
     outputs = {"y": np.arange(6, dtype=np.float32).reshape(3, 2)}
     first, second = split(spec(), batch, outputs)
     np.testing.assert_array_equal(first["y"], [[0, 1]])
@@ -187,7 +187,7 @@ def test_planned_batches_pad_to_the_edge_of_their_longest_member_and_split_back_
     merge_all = CostModel(1000.0, {16: 1.0, 32: 2.0, 64: 4.0, 128: 8.0})
     groups = plan_batches(s, items, BUCKETS, merge_all)
     assert [[pos for pos, _ in g] for g in groups] == [[0, 1, 2]]
-    batch = assemble(s, groups[0], BUCKETS)
+    batch = assemble(s, [r for _, r in groups[0]], BUCKETS)
     assert batch.padded_length == 64 and batch.inputs["tokens"].shape == (3, 64)
     np.testing.assert_array_equal(batch.inputs["tokens"][0], [7] * 3 + [0] * 61)
     per_token = replace(s, signature=replace(s.signature, outputs=(TensorSpec("y", np.dtype(np.float32), (-1,)),)))
@@ -232,9 +232,9 @@ def test_a_plan_never_costs_more_than_one_call_per_request():
 
 
 def test_a_request_alone_in_its_batch_is_not_padded_to_its_bucket():
-    alone = assemble(spec(), [(0, req(2, 20, 1))], BUCKETS)
+    alone = assemble(spec(), [req(2, 20, 1)], BUCKETS)
     assert alone.inputs["tokens"].shape == (2, 20)
-    together = assemble(spec(), [(0, req(1, 20, 1)), (1, req(1, 3, 1))], BUCKETS)
+    together = assemble(spec(), [req(1, 20, 1), req(1, 3, 1)], BUCKETS)
     assert together.inputs["tokens"].shape == (2, 32)
 
 
@@ -243,7 +243,7 @@ def test_with_pad_to_longest_a_planned_batch_pads_to_its_longest_member_and_is_p
     items = [(0, req(1, 3, 7)), (1, req(1, 20, 8)), (2, req(1, 40, 9))]
     merge_all = CostModel(1000.0, {16: 1.0, 32: 2.0, 64: 4.0, 128: 8.0})
     (group,) = plan_batches(s, items, BUCKETS, merge_all)
-    batch = assemble(s, group, BUCKETS)
+    batch = assemble(s, [r for _, r in group], BUCKETS)
     assert batch.padded_length == 40 and batch.inputs["tokens"].shape == (3, 40)
     # Priced at the longest member's length: 40/64 of the 64 edge's 4.0 per row.
     assert merge_all.batch_cost(40, 3) == pytest.approx(1000.0 + 3 * 2.5)
