@@ -167,7 +167,8 @@ def assemble(spec: ModelSpec, group: Sequence[ParsedRequest], buckets: Optional[
                 padded = buckets.edge_for(padded)
     inputs: Dict[str, np.ndarray] = {}
     for t in spec.signature.inputs:
-        parts = [req.inputs[t.name] for req in group if t.name in req.inputs]
+        name = t.name
+        parts = [req.inputs[name] for req in group if name in req.inputs]
         if not parts:
             continue
         rows = total if len(parts) == len(group) else sum(p.shape[0] for p in parts)

@@ -100,7 +100,7 @@ class BatchEngine:
         first, then the requests of each batch as it finishes, so the caller can answer early
         requests before later batches run. Every item appears exactly once, as
         (position, outputs or the exception that explains the failure)."""
-        if options is None and self.dispatcher is None and self.whole_call(items):
+        if options is None and self.whole_call(items):
             yield list(enumerate(self.run_whole(items)))
             return
         now = self.clock()
@@ -119,14 +119,19 @@ class BatchEngine:
         """Whether every item is a readable request and together they fit one batch: with
         default options (nothing to order, no deadline, no session), the call's plan is one
         model call (run_whole)."""
-        if not self._one_shape:
-            return len(items) == 1 and type(items[0]) is ParsedRequest
         rows = 0
         for item in items:
             if type(item) is not ParsedRequest:
                 return False
             rows += item.rows
-        return rows <= self.spec.signature.max_batch_size
+        return self.fits_one_batch(len(items), rows)
+
+    def fits_one_batch(self, requests: int, rows: int) -> bool:
+        """Whether `requests` readable requests of `rows` rows together are one batch, run
+        inline: requests of one shape up to max_batch_size rows; otherwise one request."""
+        if self.dispatcher is not None:
+            return False
+        return rows <= self.spec.signature.max_batch_size if self._one_shape else requests == 1
 
     def run_whole(self, requests: Sequence[ParsedRequest]) -> List[Result]:
         """The results of a call that whole_call accepts, in order."""

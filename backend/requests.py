@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from types import MappingProxyType
-from typing import Dict, List, Mapping, Optional, Sequence, Union
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -67,6 +67,16 @@ def _rule(spec: ModelSpec, t: TensorSpec) -> InputRule:
                      int_signed=t.dtype.kind == "i", low=low, high=high)
 
 
+class CallRead(NamedTuple):
+    """An execute call's requests as read: one entry per request (a ParsedRequest, or the
+    exception that says why it cannot be served); `plain` when every one is readable and
+    carries no parameters and no timeout (all run with the default options); `rows`, the
+    call's rows when plain."""
+    items: List[Union[ParsedRequest, Exception]]
+    plain: bool
+    rows: int
+
+
 class RequestReader:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
@@ -84,8 +94,15 @@ class RequestReader:
 
     def read_all(self, requests: Sequence, check_cancellation: bool = False) -> List[Union[ParsedRequest, Exception]]:
         """One entry per request: its checked inputs, or the exception that says why not."""
+        return self.read_call(requests, check_cancellation).items
+
+    def read_call(self, requests: Sequence, check_cancellation: bool = False) -> "CallRead":
+        """The call's requests, read and checked, with what the rest of the call needs to know
+        about them as a whole."""
         items: List[Union[ParsedRequest, Exception]] = []
         names = self._names
+        every = True     # every request readable so far, each with every input
+        defaults = True  # and none with parameters or a timeout
         for request in requests:
             try:
                 # Each is_cancelled() is a round trip to the server; Triton itself already drops
@@ -94,16 +111,26 @@ class RequestReader:
                     raise RequestCancelled("the client cancelled this request before it ran")
                 arrays = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
                 if arrays.keys() != names:  # rare: an unexpected, missing or optional input
+                    every = False
                     self._check_names(arrays)
                 raw = request.parameters()
-                items.append(ParsedRequest(arrays, 0, NO_PARAMETERS if not raw or raw == "{}" else _parameters(raw),
-                                           request.timeout()))
+                timeout_us = request.timeout()
+                if not raw or raw == "{}":
+                    parameters = NO_PARAMETERS
+                else:
+                    parameters = _parameters(raw)
+                    defaults = defaults and parameters is NO_PARAMETERS
+                if timeout_us > 0:
+                    defaults = False
+                items.append(ParsedRequest(arrays, 0, parameters, timeout_us, None))
             except (RequestError, RequestCancelled) as exc:
+                every = False
                 items.append(exc)
             except Exception as exc:  # a reader bug must still answer this request alone
+                every = False
                 items.append(RequestError(f"could not read request: {type(exc).__name__}: {exc}"))
-        self._check(items)
-        return items
+        rows = self._check(items, every)
+        return CallRead(items, defaults and rows is not None, rows or 0)
 
     def _check_names(self, arrays: Mapping[str, np.ndarray]) -> None:
         unexpected = [name for name in arrays if name not in self._by_name]
@@ -115,19 +142,41 @@ class RequestReader:
             raise RequestError(f"missing input(s) {missing}; model {self.spec.signature.name!r} "
                                f"takes {sorted(self._by_name)}")
 
-    def _check(self, items: List[Union[ParsedRequest, Exception]]) -> None:
+    def _check(self, items: List[Union[ParsedRequest, Exception]], every: bool = False) -> Optional[int]:
         """Fill in rows and length of every readable request; replace the refused ones with
-        their RequestError."""
-        for spec in self.spec.signature.inputs:
+        their RequestError. `every`: each item is a ParsedRequest holding every input.
+        The call's rows when every request passed, else None."""
+        complete = every
+        total = None
+        inputs = self.spec.signature.inputs
+        first = inputs[0] if inputs else None
+        for spec in inputs:
             name = spec.name
-            positions = [i for i, item in enumerate(items) if type(item) is ParsedRequest and name in item.inputs]
-            if not positions:
-                continue
-            rows, lengths, problems = inspect_arrays(self._rules[name], [items[i].inputs[name] for i in positions])
+            if every:
+                positions = range(len(items))
+                arrays = [item.inputs[name] for item in items]
+            else:
+                positions = [i for i, item in enumerate(items) if type(item) is ParsedRequest and name in item.inputs]
+                if not positions:
+                    continue
+                arrays = [items[i].inputs[name] for i in positions]
+            rows, lengths, problems = inspect_arrays(self._rules[name], arrays)
+            if total is None and every and not problems:
+                total = sum(rows)
             for index, problem, detail in problems:
                 i = positions[index]
                 items[i] = RequestError(self._message(spec, items[i].inputs[name], BATCH_PROBLEMS[problem], detail))
+                every = False  # the next input's arrays are the readable requests' only
             ragged = spec.ragged
+            if every and total is not None and spec is first:
+                # The common case, the first input of requests that all passed: each gets its rows.
+                if ragged:
+                    for item, r, n in zip(items, rows, lengths):
+                        item.rows, item.length = r, n
+                else:
+                    for item, r in zip(items, rows):
+                        item.rows = r
+                continue
             for i, r, n in zip(positions, rows, lengths):
                 item = items[i]
                 if type(item) is not ParsedRequest:
@@ -138,11 +187,15 @@ class RequestReader:
                 elif r != item.rows:
                     items[i] = RequestError(f"inputs disagree on the batch size: {name!r} has {r} rows, "
                                             f"others {item.rows}")
+                    every = False
                 elif ragged and (item.length is None or n > item.length):
                     item.length = n
+        if complete:
+            return total if every else None  # every request sent every input: each has its rows
         for item in items:
             if type(item) is ParsedRequest and item.rows == 0:
                 item.rows = 1  # only optional inputs were sent, and none of them
+        return None
 
     def _message(self, spec: TensorSpec, array: np.ndarray, problem: str, detail: int) -> str:
         shape = list(array.shape)

@@ -40,6 +40,19 @@ class ResponseBuilder:
             return [self.build(outcome) for outcome in outcomes]
         return [None if outcome is skip else self.build(outcome) for outcome in outcomes]
 
+    def successes(self, outcomes) -> list:
+        """The responses of a call whose outcomes are all outputs, in order."""
+        Tensor, InferenceResponse = self.pb.Tensor, self.pb.InferenceResponse
+        names = self.output_names
+        try:
+            if len(names) == 1:
+                (name,) = names
+                return [InferenceResponse(output_tensors=[Tensor(name, outputs[name])]) for outputs in outcomes]
+            return [InferenceResponse(output_tensors=[Tensor(name, outputs[name]) for name in names])
+                    for outputs in outcomes]
+        except Exception:  # an output Triton cannot carry: each request gets its own answer
+            return [self.build(outcome) for outcome in outcomes]
+
     def build(self, outcome):
         """The response for one outcome: its outputs, or its error."""
         if isinstance(outcome, Exception):

@@ -70,6 +70,8 @@ class LatteModel:
         config, model_dir, version = parse_args(args)
         self.spec = spec = parse_model_config(config, model_dir, version, device=instance_device(args))
         signature, serving = spec.signature, spec.serving
+        self._pipeline = serving.pipeline  # asked on every call
+        self._check_cancellation = serving.check_cancellation
         oversubscribed = thread_budget_warning(spec)
         if oversubscribed is not None:
             pb.Logger.log_warn(f"latte: {oversubscribed}")
@@ -146,24 +148,35 @@ class LatteModel:
 
     def execute(self, requests) -> List:
         started = time.perf_counter()
-        items = self.reader.read_all(requests, self.spec.serving.check_cancellation)
-        options = self._options(items)
+        call = self.reader.read_call(requests, self._check_cancellation)
+        items = call.items
+        if call.plain and not self._pipeline and self.engine.fits_one_batch(len(items), call.rows):
+            # The common call, one model call for all (see BatchEngine.run_whole): nothing to
+            # order or answer early, so it goes straight from the engine to the responses.
+            read = time.perf_counter()
+            results = self.engine.run_whole(items)
+            ran = time.perf_counter()
+            # Outputs come as dicts; anything else is tallied one by one (errors, mostly).
+            others = [(i, r) for i, r in enumerate(results) if type(r) is not dict]
+            if others:
+                responses = self.responses.build_all(results)
+                counts = self._tally(others, None)
+            else:
+                responses = self.responses.successes(results)
+                counts = {}
+            if len(others) < len(results):
+                counts[_SUCCESS] = counts.get(_SUCCESS, 0) + len(results) - len(others)
+            batches, self._batches = self._batches, []
+            self.metrics.call(len(requests), read - started, ran - read, time.perf_counter() - ran,
+                              [(counts, ran - started)], batches)
+            return responses
+
+        options = None if call.plain else self._options(items)
         read = time.perf_counter()
-        if self.spec.serving.pipeline:
+        if self._pipeline:
             self._submit(requests, items, options, started)
             self.metrics.execute(len(requests), read - started, time.perf_counter() - read, 0.0)
             return None
-
-        if options is None and self.dispatcher is None and self.engine.whole_call(items):
-            # The common call, one model call for all (see BatchEngine.whole_call): nothing to
-            # answer early, so it goes straight from the engine to the responses.
-            results = self.engine.run_whole(items)
-            ran = time.perf_counter()
-            responses = self.responses.build_all(results)
-            answered = [(self._tally(enumerate(results), None), ran - started)]
-            batches, self._batches = self._batches, []
-            self.metrics.call(len(requests), read - started, ran - read, time.perf_counter() - ran, answered, batches)
-            return responses
 
         # Each request's outcome as the engine yields it; _SENT once answered through its
         # sender (early), which leaves None in execute's return value.
@@ -210,8 +223,10 @@ class LatteModel:
         """Each readable request's options (read_options gives the shared defaults to one that
         sends no parameters); a request whose parameters are wrong becomes its RequestError.
         None when no request carries a parameter or a timeout: all run with the defaults."""
-        if all(type(item) is not ParsedRequest or (item.parameters is NO_PARAMETERS and item.timeout_us <= 0)
-               for item in items):
+        for item in items:
+            if type(item) is ParsedRequest and (item.parameters is not NO_PARAMETERS or item.timeout_us > 0):
+                break
+        else:
             return None
         options = []
         for i, item in enumerate(items):
@@ -295,7 +310,7 @@ class LatteModel:
             self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: could not send a response: {exc}")
 
     def _on_batch(self, record: BatchRecord) -> None:
-        if self.spec.serving.pipeline:
+        if self._pipeline:
             self.metrics.batch(record.rows, record.model_seconds)
         else:
             # Counted with the rest of its execute call, under one lock; lanes running the

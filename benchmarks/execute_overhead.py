@@ -2,6 +2,7 @@
 a model call, with stand-in stub objects (no tritonserver), so the figure is latte's alone.
 
     .venv/bin/python benchmarks/execute_overhead.py [--requests 1,16] [--calls 1000] [--floor]
+    .venv/bin/python benchmarks/execute_overhead.py --instructions [--requests 1,16]
 
 Serves the ONNX Identity model on FP32[64] (the model call is ~5 us) through
 `LatteModel.execute` with N requests per call; prints the best of 7 runs of `--calls` calls:
@@ -13,12 +14,20 @@ and one native pack of the batch, the same ONNX call, one Tensor and InferenceRe
 request; and prints latte / floor (the median of the interleaved runs' ratios).
 The stand-ins cost far less than the stub's pybind11 objects, so this is a floor for the
 served figure, and a way to compare two versions of the backend on one machine.
+
+--instructions counts, under valgrind's callgrind, the instructions one call of latte and of
+the floor executes (each load run twice, with 100 and 600 calls, and differenced): a figure
+that, unlike a timing, does not move with the machine's load (~1 minute per contender and size).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,23 +43,23 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", default="1,16", help="requests per execute call, comma-separated (default: %(default)s)")
     parser.add_argument("--calls", type=int, default=1000, help="calls per timed run (default: %(default)s)")
     parser.add_argument("--floor", action="store_true", help="also time the least a batching backend can do per call")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per call under valgrind (latte and the floor) instead of timing")
+    parser.add_argument("--run-calls", nargs=3, metavar=("CONTENDER", "REQUESTS", "CALLS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.run_calls:
+        contender, n, calls = args.run_calls
+        run_calls(contender, int(n), int(calls))
+        return 0
+    if args.instructions:
+        return count_instructions([int(x) for x in args.requests.split(",")])
     from latte.backend.standin_stub import InferenceRequest, StandinStub
-    from latte.backend.triton_model import LatteModel
 
-    model_dir = Path(tempfile.mkdtemp(prefix="latte-overhead-")) / "identity"
-    write_identity_onnx(model_dir / "1" / "model.onnx")
-    config = {"name": "identity", "backend": "latte", "max_batch_size": 32,
-              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [64]}],
-              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [64]}],
-              "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
-              "parameters": {"intra_op_threads": {"string_value": "1"}}}
     rng = np.random.default_rng(1)
     print(f"{'requests/call':>13} {'us/call':>8} {'us/request':>10} {'read':>6} {'engine':>7} {'respond':>8}  (us per request)"
           + ("   floor us/call  latte/floor" if args.floor else ""))
     for n in [int(x) for x in args.requests.split(",")]:
-        model = LatteModel({"model_config": json.dumps(config), "model_repository": str(model_dir),
-                            "model_version": "1"}, StandinStub)
+        model = identity_model()
         requests = [InferenceRequest({"INPUT0": rng.random((1, 64), dtype=np.float32)}) for _ in range(n)]
         floor = least_call(model, StandinStub)
         contenders = [model.execute] + ([floor] if args.floor else [])
@@ -75,6 +84,68 @@ def main(argv=None) -> int:
             line += f"   {min(runs[floor]) * 1e6:>14.1f}  {ratios[len(ratios) // 2]:>11.2f}x"
         print(line)
         model.finalize()
+    return 0
+
+
+def identity_model():
+    """The ONNX Identity model on FP32[64], loaded by LatteModel with stand-in stub objects."""
+    from latte.backend.standin_stub import StandinStub
+    from latte.backend.triton_model import LatteModel
+
+    model_dir = Path(tempfile.mkdtemp(prefix="latte-overhead-")) / "identity"
+    write_identity_onnx(model_dir / "1" / "model.onnx")
+    config = {"name": "identity", "backend": "latte", "max_batch_size": 32,
+              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [64]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [64]}],
+              "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+              "parameters": {"intra_op_threads": {"string_value": "1"}}}
+    return LatteModel({"model_config": json.dumps(config), "model_repository": str(model_dir),
+                       "model_version": "1"}, StandinStub)
+
+
+# Instruction counts do not move with the machine's load the way timings do (±20 % here): a
+# run of FEW calls and one of FEW + COUNTED calls, both under callgrind, differ by the
+# counted calls' instructions alone.
+_FEW, _COUNTED = 100, 500
+
+
+def run_calls(contender: str, n: int, calls: int) -> None:
+    """What --instructions counts: load, warm up, then `calls` calls of one contender."""
+    from latte.backend.standin_stub import InferenceRequest, StandinStub
+
+    model = identity_model()
+    model.publisher.close()  # a thread that wakes by the clock would count more the slower the run
+    requests = [InferenceRequest({"INPUT0": np.ones((1, 64), np.float32)}) for _ in range(n)]
+    call = model.execute if contender == "latte" else least_call(model, StandinStub)
+    for _ in range(50 + calls):
+        call(requests)
+    model.finalize()
+
+
+def count_instructions(sizes) -> int:
+    if shutil.which("valgrind") is None:
+        print("--instructions needs valgrind (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    # Idle math-library threads spin by the clock as well; one thread each keeps the count
+    # a property of the code.
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+    def collected(contender: str, n: int, calls: int) -> int:
+        done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                               __file__, "--run-calls", contender, str(n), str(calls)],
+                              env=env, capture_output=True, text=True, check=True)
+        match = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
+        if match is None:
+            raise RuntimeError(f"valgrind printed no instruction count: {done.stderr[-500:]}")
+        return int(match.group(1))
+
+    print(f"{'requests/call':>13} {'latte instr/call':>17} {'floor instr/call':>17} {'latte/floor':>12}")
+    for n in sizes:
+        per_call = {}
+        for contender in ("latte", "floor"):
+            per_call[contender] = (collected(contender, n, _FEW + _COUNTED) - collected(contender, n, _FEW)) / _COUNTED
+        print(f"{n:>13} {per_call['latte']:>17,.0f} {per_call['floor']:>17,.0f} "
+              f"{per_call['latte'] / per_call['floor']:>11.2f}x", flush=True)
     return 0
 
 
