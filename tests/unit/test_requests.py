@@ -114,3 +114,30 @@ def test_integer_values_outside_the_declared_range_are_refused_with_the_range():
                                            r"valid range 0\.\.999"):
         RequestReader(ranged).read(request)
     assert RequestReader(SPEC).read(request).rows == 2  # no range declared: any id passes
+
+
+def test_a_call_of_readable_requests_without_parameters_runs_with_the_defaults():
+    call = RequestReader(SPEC).read_call([good(rows=1), good(rows=2)])
+    assert call.plain and call.rows == 3
+    assert [item.rows for item in call.items] == [1, 2]
+
+
+@pytest.mark.parametrize("odd", [
+    Request(parameters='{"priority_level": 1}', tokens=np.ones((1, 3), np.int64), scale=np.ones((1, 1), np.float32)),
+    Request(tokens=np.ones((1, 3), np.int32), scale=np.ones((1, 1), np.float32)),
+    Request(tokens=np.ones((1, 3), np.int64)),
+], ids=["parameters", "refused", "missing-input"])
+def test_one_request_with_parameters_or_refused_makes_the_call_not_plain(odd):
+    call = RequestReader(SPEC).read_call([good(), odd])
+    assert not call.plain
+    assert call.items[0].rows == 2  # the good one is read all the same
+
+
+def test_a_timeout_makes_the_call_not_plain():
+    class Timed(Request):
+        def timeout(self):
+            return 5000
+
+    timed = Timed(tokens=np.ones((1, 3), np.int64), scale=np.ones((1, 1), np.float32))
+    call = RequestReader(SPEC).read_call([good(), timed])
+    assert not call.plain and call.items[1].timeout_us == 5000

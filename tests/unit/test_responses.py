@@ -48,3 +48,30 @@ def test_a_stub_without_the_code_still_answers_with_its_default_code():
 
     error = ResponseBuilder(OldPb(), ["y"]).triton_error(RequestCancelled("the client cancelled"))
     assert error.code is None and error.message == "the client cancelled"
+
+
+def test_a_call_of_outputs_becomes_one_response_each_and_an_output_triton_cannot_carry_fails_alone():
+    import numpy as np
+
+    class Tensor:
+        def __init__(self, name, array):
+            if array.dtype == np.complex64:
+                raise TypeError("unsupported dtype complex64")
+            self.name, self.array = name, array
+
+    class InferenceResponse:
+        def __init__(self, output_tensors, error=None):
+            self.output_tensors, self.error = output_tensors, error
+
+    class Pb:
+        TritonError = FakeTritonError
+
+    Pb.Tensor, Pb.InferenceResponse = Tensor, InferenceResponse
+    builder = ResponseBuilder(Pb, ["y", "z"])
+    fine = {"y": np.zeros(2, np.float32), "z": np.ones(1, np.int64)}
+    odd = {"y": np.zeros(2, np.complex64), "z": np.ones(1, np.int64)}
+    first, second = builder.successes([fine, fine])
+    assert [t.name for t in first.output_tensors] == ["y", "z"] and second.error is None
+    ok, failed = builder.successes([fine, odd])
+    assert ok.error is None and [t.name for t in ok.output_tensors] == ["y", "z"]
+    assert failed.output_tensors == [] and "could not build the response" in failed.error.message
