@@ -100,8 +100,17 @@ class BatchEngine:
         first, then the requests of each batch as it finishes, so the caller can answer early
         requests before later batches run. Every item appears exactly once, as
         (position, outputs or the exception that explains the failure)."""
-        if options is None and self.whole_call(items):
-            yield list(enumerate(self.run_whole(items)))
+        if options is None and self.dispatcher is None:
+            # Default options throughout: no session, no deadline, one priority, so the plan's
+            # batches run as planned, with no work to order.
+            if self.whole_call(items):
+                yield list(enumerate(self.run_whole(items)))
+                return
+            readable = [(i, item) for i, item in enumerate(items) if type(item) is ParsedRequest]
+            if len(readable) < len(items):
+                yield [(i, item) for i, item in enumerate(items) if type(item) is not ParsedRequest]
+            for group in self._plan(readable):
+                yield list(zip([position for position, _ in group], self._run_requests([r for _, r in group])))
             return
         now = self.clock()
         work, refused = self._admit(items, options, now)
@@ -181,13 +190,16 @@ class BatchEngine:
         return work, refused
 
     def _groups(self, work: Sequence[Work]) -> List[List[Work]]:
-        if self._one_shape:
-            # Every request fits every batch: cut the call's requests by rows, in order.
-            return chunk_by_rows(work, [w.request.rows for w in work], self.spec.signature.max_batch_size)
         by_position = {w.position: w for w in work}
-        return [[by_position[pos] for pos, _ in group]
-                for group in plan_batches(self.spec, [(w.position, w.request) for w in work], self.buckets,
-                                          self.cost_model)]
+        return [[by_position[pos] for pos, _ in group] for group in self._plan([(w.position, w.request) for w in work])]
+
+    def _plan(self, pairs: Sequence[Tuple[int, ParsedRequest]]) -> List[List[Tuple[int, ParsedRequest]]]:
+        """(position, request) pairs in batches: when every request has one shape, every
+        request fits every batch and the call is cut by rows, in order; otherwise the
+        planner's batches (planning.py)."""
+        if self._one_shape:
+            return chunk_by_rows(pairs, [r.rows for _, r in pairs], self.spec.signature.max_batch_size)
+        return plan_batches(self.spec, pairs, self.buckets, self.cost_model)
 
     def planned_keys(self, work: Sequence[Work]) -> Dict[int, tuple]:
         """Each request's affinity key under this call's plan: the bucket edge of the batch it

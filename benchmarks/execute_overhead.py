@@ -16,7 +16,7 @@ The stand-ins cost far less than the stub's pybind11 objects, so this is a floor
 served figure, and a way to compare two versions of the backend on one machine.
 
 --instructions counts, under valgrind's callgrind, the instructions one call of latte and of
-the floor executes (each load run twice, with 100 and 600 calls, and differenced): a figure
+the floor executes (each load run twice, with 100 and 2,100 calls, and differenced): a figure
 that, unlike a timing, does not move with the machine's load (~1 minute per contender and size).
 """
 
@@ -106,7 +106,7 @@ def identity_model():
 # Instruction counts do not move with the machine's load the way timings do (±20 % here): a
 # run of FEW calls and one of FEW + COUNTED calls, both under callgrind, differ by the
 # counted calls' instructions alone.
-_FEW, _COUNTED = 100, 500
+_FEW, _COUNTED = 100, 2000
 
 
 def run_calls(contender: str, n: int, calls: int) -> None:

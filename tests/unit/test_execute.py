@@ -73,10 +73,10 @@ def test_a_call_is_counted_once_with_its_batches_and_outcomes(mlp):
 def test_a_fault_outside_any_batch_answers_every_request_with_one_line(example_repo):
     model = load(example_repo, "mlp_onnx")
     try:
-        def broken(work):
+        def broken(pairs):
             raise KeyError("plan lost")
 
-        model.engine._groups = broken
+        model.engine._plan = broken
         rng = np.random.default_rng(5)
         bad = InferenceRequest({"features": np.ones((1, 16), np.int32)})
         responses = model.execute([InferenceRequest(EXAMPLES["mlp"].sample(1, rng)), bad])
