@@ -59,6 +59,9 @@ class CostModel:
             # The planner's optimality rests on a longer padding never being cheaper per row.
             raise ValueError(f"per-row costs must not decrease with the bucket edge, got {dict(self.per_row_s)}")
         object.__setattr__(self, "_edges", edges)
+        # Every call prices each of its requests: lengths repeat, so their costs are kept.
+        object.__setattr__(self, "_row_costs", {})
+        object.__setattr__(self, "_alone_costs", {})
         if self.single_s is not None:
             if not self.single_s or any(v < 0 for v in self.single_s.values()):
                 raise ValueError(f"one-row costs must be >= 0 seconds, got {dict(self.single_s)}")
@@ -117,6 +120,12 @@ class CostModel:
         """Per-row seconds at `edge`: measured edges as measured; others scaled from the
         nearest measured edge at or above (or the last one), in proportion to the length, and
         never below the nearest measured edge under it, so the cost grows with the length."""
+        cost = self._row_costs.get(edge)  # type: ignore[attr-defined]
+        if cost is None:
+            cost = _remember(self._row_costs, edge, self._row_cost(edge))  # type: ignore[attr-defined]
+        return cost
+
+    def _row_cost(self, edge: int) -> float:
         cost = self.per_row_s.get(edge)
         if cost is not None:
             return cost
@@ -133,6 +142,12 @@ class CostModel:
         """One request alone in its call, at its own length."""
         if rows != 1 or not self.single_s:
             return self.fixed_s + self.row_cost(length) * rows
+        cost = self._alone_costs.get(length)  # type: ignore[attr-defined]
+        if cost is None:
+            cost = _remember(self._alone_costs, length, self._one_row_cost(length))  # type: ignore[attr-defined]
+        return cost
+
+    def _one_row_cost(self, length: int) -> float:
         edges, costs = self._single_edges, self._single_costs  # type: ignore[attr-defined]
         i = bisect.bisect_left(edges, length)
         if i < len(edges) and edges[i] == length:
@@ -153,6 +168,15 @@ class CostModel:
         if self.single_s:
             text += "; one row (length: us) {" + ", ".join(f"{e}: {v * 1e6:.1f}" for e, v in sorted(self.single_s.items())) + "}"
         return text
+
+
+_MAX_REMEMBERED = 4096  # distinct lengths whose costs are kept, so odd traffic cannot grow them
+
+
+def _remember(costs: dict, key: int, cost: float) -> float:
+    if len(costs) < _MAX_REMEMBERED:
+        costs[key] = cost
+    return cost
 
 
 def partition(lengths: Sequence[int], rows: Sequence[int], edge_for: Callable[[int], int],
