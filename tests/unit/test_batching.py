@@ -247,3 +247,16 @@ def test_with_pad_to_longest_a_planned_batch_pads_to_its_longest_member_and_is_p
     assert batch.padded_length == 40 and batch.inputs["tokens"].shape == (3, 40)
     # Priced at the longest member's length: 40/64 of the 64 edge's 4.0 per row.
     assert merge_all.batch_cost(40, 3) == pytest.approx(1000.0 + 3 * 2.5)
+
+
+def test_a_cost_model_prices_a_length_the_same_each_time_and_keeps_a_bounded_number_of_them():
+    model = CostModel(100e-6, {16: 10e-6, 128: 80e-6}, single_s={16: 50e-6, 128: 200e-6})
+    first = [model.alone_cost(n, 1) for n in range(1, 200)] + [model.row_cost(n) for n in range(1, 200)]
+    again = [model.alone_cost(n, 1) for n in range(1, 200)] + [model.row_cost(n) for n in range(1, 200)]
+    assert first == again
+    assert model.alone_cost(72, 1) == pytest.approx(50e-6 + 150e-6 * (72 - 16) / 112)
+    for n in range(1, 10_000):  # a client sending every length there is
+        model.alone_cost(n, 1)
+        model.row_cost(n)
+    assert len(model._alone_costs) <= 4096 and len(model._row_costs) <= 4096
+    assert model.alone_cost(9_999, 1) == pytest.approx(200e-6 * 9_999 / 128)  # priced all the same
