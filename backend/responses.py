@@ -3,7 +3,7 @@ triton_python_backend_utils, passed in."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 import numpy as np
 
