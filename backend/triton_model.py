@@ -154,7 +154,10 @@ class LatteModel:
             # The common call, one model call for all (see BatchEngine.run_whole): nothing to
             # order or answer early, so it goes straight from the engine to the responses.
             read = time.perf_counter()
-            results = self.engine.run_whole(items)
+            try:
+                results = self.engine.run_whole(items)
+            except Exception as exc:  # a fault outside the batch: every request gets this error
+                results = [model_failure(self.spec.signature.name, exc)] * len(items)
             ran = time.perf_counter()
             # Outputs come as dicts; anything else is tallied one by one (errors, mostly).
             others = [(i, r) for i, r in enumerate(results) if type(r) is not dict]

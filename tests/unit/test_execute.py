@@ -148,3 +148,20 @@ def test_pipelined_answers_leave_highest_priority_first(example_repo):
     finally:
         gate.set()
         model.finalize()
+
+
+def test_a_fault_outside_the_one_batch_of_a_plain_call_answers_every_request_with_one_line(example_repo):
+    model = load(example_repo, "mlp_onnx")
+    try:
+        def broken(items):
+            raise KeyError("batch lost")
+
+        model.engine.run_whole = broken
+        rng = np.random.default_rng(6)
+        responses = model.execute([InferenceRequest(EXAMPLES["mlp"].sample(1, rng)) for _ in range(3)])
+        assert len(responses) == 3
+        for response in responses:
+            assert response.error().code() == TritonError.INTERNAL
+            assert response.error().message() == "model 'mlp_onnx' failed: KeyError: 'batch lost'"
+    finally:
+        model.finalize()
