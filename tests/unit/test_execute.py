@@ -70,21 +70,26 @@ def test_a_call_is_counted_once_with_its_batches_and_outcomes(mlp):
     assert counter(mlp, "latte_requests_total", outcome="bad_request") == bad_before + 1
 
 
-def test_a_fault_outside_any_batch_answers_every_request_with_one_line(example_repo):
+@pytest.mark.parametrize("step, with_a_bad_request", [("_plan", True), ("run_whole", False)],
+                         ids=["planning", "the-plain-call's-batch"])
+def test_a_fault_outside_any_batch_answers_every_request_with_one_line(example_repo, step, with_a_bad_request):
     model = load(example_repo, "mlp_onnx")
     try:
-        def broken(pairs):
-            raise KeyError("plan lost")
+        def broken(*_):
+            raise KeyError("batch lost")
 
-        model.engine._plan = broken
+        setattr(model.engine, step, broken)
         rng = np.random.default_rng(5)
-        bad = InferenceRequest({"features": np.ones((1, 16), np.int32)})
-        responses = model.execute([InferenceRequest(EXAMPLES["mlp"].sample(1, rng)), bad])
-        assert len(responses) == 2
-        assert responses[0].error().code() == TritonError.INTERNAL
-        assert responses[0].error().message() == "model 'mlp_onnx' failed: KeyError: 'plan lost'"
-        # The request refused before the fault keeps its own answer.
-        assert responses[1].error().code() == TritonError.INVALID_ARG
+        requests = [InferenceRequest(EXAMPLES["mlp"].sample(1, rng)) for _ in range(2)]
+        if with_a_bad_request:  # then the call is not plain: it is planned
+            requests.append(InferenceRequest({"features": np.ones((1, 16), np.int32)}))
+        responses = model.execute(requests)
+        assert len(responses) == len(requests)
+        for response in responses[:2]:
+            assert response.error().code() == TritonError.INTERNAL
+            assert response.error().message() == "model 'mlp_onnx' failed: KeyError: 'batch lost'"
+        if with_a_bad_request:  # the request refused before the fault keeps its own answer
+            assert responses[2].error().code() == TritonError.INVALID_ARG
     finally:
         model.finalize()
 
@@ -149,19 +154,3 @@ def test_pipelined_answers_leave_highest_priority_first(example_repo):
         gate.set()
         model.finalize()
 
-
-def test_a_fault_outside_the_one_batch_of_a_plain_call_answers_every_request_with_one_line(example_repo):
-    model = load(example_repo, "mlp_onnx")
-    try:
-        def broken(items):
-            raise KeyError("batch lost")
-
-        model.engine.run_whole = broken
-        rng = np.random.default_rng(6)
-        responses = model.execute([InferenceRequest(EXAMPLES["mlp"].sample(1, rng)) for _ in range(3)])
-        assert len(responses) == 3
-        for response in responses:
-            assert response.error().code() == TritonError.INTERNAL
-            assert response.error().message() == "model 'mlp_onnx' failed: KeyError: 'batch lost'"
-    finally:
-        model.finalize()
