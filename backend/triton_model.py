@@ -159,16 +159,14 @@ class LatteModel:
             except Exception as exc:  # a fault outside the batch: every request gets this error
                 results = [model_failure(self.spec.signature.name, exc)] * len(items)
             ran = time.perf_counter()
-            # Outputs come as dicts; anything else is tallied one by one (errors, mostly).
-            others = [(i, r) for i, r in enumerate(results) if type(r) is not dict]
-            if others:
-                responses = self.responses.build_all(results)
-                counts = self._tally(others, None)
-            else:
+            # Outputs come as dicts; a call with anything else (errors) is answered and
+            # tallied one outcome at a time.
+            if all(type(r) is dict for r in results):
                 responses = self.responses.successes(results)
-                counts = {}
-            if len(others) < len(results):
-                counts[_SUCCESS] = counts.get(_SUCCESS, 0) + len(results) - len(others)
+                counts = {_SUCCESS: len(results)}
+            else:
+                responses = self.responses.build_all(results)
+                counts = self._tally(enumerate(results), None)
             batches, self._batches = self._batches, []
             self.metrics.call(len(requests), read - started, ran - read, time.perf_counter() - ran,
                               [(counts, ran - started)], batches)
