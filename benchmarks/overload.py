@@ -13,10 +13,13 @@ starts tritonserver on it and reports per-priority P99, shed rate, that every re
 one answer, and whether memory returned to its pre-step baseline. Writes .latte/overload/<model>.json.
 
 --compare-queues runs another variant: a closed-loop flood of --concurrency default-priority
-requests while a probe sends one request at a time, alternating blocks of high and default
-priority, first against Triton's priority queue (the config above) and then against latte's own
-(`pipeline: true` and `max_queue_size`, no Triton priority levels); it prints each queue's
-high-priority P99 against its default P99 and writes .latte/overload/<model>-queues.json.
+requests while a probe, in a process of its own, sends one high-priority request at a time (until
+--probe-requests answers or --probe-s seconds), first against Triton's priority queue (the
+config above) and then against latte's own (`pipeline: true` and `max_queue_size`, no Triton
+priority levels); a second probe sends the same requests to an idle copy of the model at the same
+time (what the machine alone adds under the flood). It prints each queue's high-priority P99
+against the flood's (the default class) and the idle copy's, and writes
+.latte/overload/<model>-queues.json.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import sys
 from pathlib import Path
 
 from latte.bench.lengths import LengthDistribution
-from latte.bench.overload import (LATTE_QUEUE, TRITON_QUEUE, OverloadSettings, QueueFloodSettings, run_overload,
+from latte.bench.overload import (IDLE, LATTE_QUEUE, TRITON_QUEUE, OverloadSettings, QueueFloodSettings, run_overload,
                                   run_queue_flood, write_overload_repository, write_queue_flood_repository)
 from latte.bench.runner import machine_description
 from latte.bench.target import start_or_attach
@@ -47,7 +50,9 @@ def main() -> int:
     parser.add_argument("--compare-queues", action="store_true",
                         help="flood Triton's priority queue and latte's own instead of the overload step")
     parser.add_argument("--concurrency", type=int, default=512, help="--compare-queues: the flood's requests in flight")
-    parser.add_argument("--probe-s", type=float, default=20.0, help="--compare-queues: probe time per queue")
+    parser.add_argument("--probe-s", type=float, default=20.0, help="--compare-queues: the most probe time per queue")
+    parser.add_argument("--probe-requests", type=int, default=10_000,
+                        help="--compare-queues: high-priority answers after which the probe stops")
     args = parser.parse_args()
     out = Path(args.out)
     examples = out / "examples"
@@ -87,26 +92,27 @@ def main() -> int:
 
 def compare_queues(args, examples: Path, out: Path) -> int:
     settings = QueueFloodSettings(args.model, concurrency=args.concurrency, duration_s=args.probe_s,
-                                  lengths=LengthDistribution.parse(args.lengths))
+                                  probe_requests=args.probe_requests, lengths=LengthDistribution.parse(args.lengths))
     names = write_queue_flood_repository(examples, args.model, out / "queues-repository", settings.max_queue_size)
     results = {}
     with start_or_attach(out / "queues-repository", log_path=out / "tritonserver-queues.log") as target:
         for variant in (TRITON_QUEUE, LATTE_QUEUE):
-            results[variant] = run_queue_flood(target, names[variant], variant, settings,
+            results[variant] = run_queue_flood(target, names[variant], variant, settings, names[IDLE],
                                                lambda message: print(message, flush=True))
     results["machine"] = machine_description()
     path = out / f"{args.model}-queues.json"
     path.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"\nflood of {args.concurrency} default-priority requests, probe {args.probe_s:g} s per queue "
-          f"on {results['machine']}")
+    print(f"\nflood of {args.concurrency} default-priority requests on {results['machine']}")
     ok = True
     for variant in (TRITON_QUEUE, LATTE_QUEUE):
         r = results[variant]
-        high, default = r["probe"]["high"], r["probe"]["default"]
-        print(f"  {variant}: high P99 {high['p99_ms']} ms (P50 {high['p50_ms']}, {high['over_100_ms']} over 100 ms "
-              f"of {high['answered']}), default P99 {default['p99_ms']} ms (P50 {default['p50_ms']}); "
-              f"high/default P99 {r['high_vs_default_p99']}; probe failures high {high['failed']}, "
-              f"default {default['failed']}; flood answered once: {r['every_flood_request_answered_once']}")
+        high, idle, flood = r["high"], r[IDLE], r["flood"]
+        print(f"  {variant}: high P99 {high['p99_ms']} ms (P50 {high['p50_ms']}, max {high['max_ms']}, "
+              f"{high['over_100_ms']} over 100 ms of {high['answered']}, {high['failed']} failed); "
+              f"the idle copy at the same time P99 {idle['p99_ms']} ms (P50 {idle['p50_ms']}, max {idle['max_ms']}, "
+              f"{idle['over_100_ms']} over 100 ms of {idle['answered']}); "
+              f"default (the flood) P99 {flood['p99_ms']} ms (P50 {flood['p50_ms']}, {flood['shed_rate']:.0%} shed); "
+              f"high/default P99 {r['high_vs_default_p99']}; flood answered once: {r['every_flood_request_answered_once']}")
         ok = ok and r["every_flood_request_answered_once"] and high["failed"] == 0
     print(f"details: {path}")
     return 0 if ok else 1

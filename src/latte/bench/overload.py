@@ -303,25 +303,26 @@ def _server_ready(http_url: str) -> bool:
 
 # -- whose queue: Triton's priority queue against latte's own (pipeline: true) ---------------
 
-TRITON_QUEUE, LATTE_QUEUE = "triton_queue", "latte_queue"
+TRITON_QUEUE, LATTE_QUEUE, IDLE = "triton_queue", "latte_queue", "idle"
 
 
 @dataclass
 class QueueFloodSettings:
-    """A closed-loop flood of default-priority requests and a probe that sends one request at a
-    time, alternating blocks of high and default priority, against each queue in turn."""
+    """A closed-loop flood of default-priority requests and a probe, in a process of its own,
+    that sends one high-priority request at a time, against each queue in turn. The default
+    class's figures are the flood's own requests (all of default priority)."""
     model: str                       # the example model both variants serve
     concurrency: int = 512           # default-priority requests the flood keeps in flight
-    duration_s: float = 20.0         # probe time per variant
-    block: int = 20                  # probe requests per block of one priority
+    duration_s: float = 20.0         # the most probe time per variant
+    probe_requests: int = 10_000     # the probe stops after this many high-priority answers
     max_queue_size: int = 64         # both queues' bound (Triton's default_queue_policy, latte's parameter)
     queue_timeout_us: int = 100_000  # Triton's default-priority queue timeout (the overload variant's)
     lengths: LengthDistribution = field(default_factory=lambda: LengthDistribution.parse("fixed:length=64"))
     seed: int = 0
 
     def validate(self) -> None:
-        if self.concurrency < 1 or self.block < 1 or self.max_queue_size < 1:
-            raise ValueError("the flood's concurrency, the probe's block and the queue size must each be >= 1")
+        if self.concurrency < 1 or self.probe_requests < 1 or self.max_queue_size < 1:
+            raise ValueError("the flood's concurrency, the probe's requests and the queue size must each be >= 1")
         if self.duration_s <= 0:
             raise ValueError(f"the probe needs a duration > 0 s, got {self.duration_s}")
 
@@ -339,12 +340,13 @@ def latte_queue_context(context: dict, max_queue_size: int) -> dict:
 
 def write_queue_flood_repository(example_repo: Path, model: str, out: Path, max_queue_size: int = 64,
                                  queue_timeout_us: int = 100_000) -> Dict[str, str]:
-    """`model` twice: behind Triton's priority queue (the overload variant, two instances) and
-    behind latte's (latte_queue_context). Returns {variant: served model name}."""
+    """`model` three times: behind Triton's priority queue (the overload variant, two instances),
+    behind latte's (latte_queue_context), and as the example serves it, left idle: the probe's
+    twin measures what the machine itself adds under the flood. Returns {variant: served model name}."""
     from latte.generator.model_folder import write_model
 
     context, model_file = _example_model(example_repo, model)
-    names = {TRITON_QUEUE: f"{model}_{TRITON_QUEUE}", LATTE_QUEUE: f"{model}_{LATTE_QUEUE}"}
+    names = {TRITON_QUEUE: f"{model}_{TRITON_QUEUE}", LATTE_QUEUE: f"{model}_{LATTE_QUEUE}", IDLE: f"{model}_{IDLE}"}
     if out.exists():
         shutil.rmtree(out)
     triton = {**overload_variant_context(context, queue_timeout_us, max_queue_size), "name": names[TRITON_QUEUE]}
@@ -352,22 +354,50 @@ def write_queue_flood_repository(example_repo: Path, model: str, out: Path, max_
     config.write_text(with_high_priority_policy(config.read_text(), f"{names[TRITON_QUEUE]}/config.pbtxt"))
     write_model(out, {**latte_queue_context(context, max_queue_size), "name": names[LATTE_QUEUE]},
                 {model_file.name: model_file})
+    write_model(out, {**context, "name": names[IDLE]}, {model_file.name: model_file})
     return names
 
 
-def _probe_report(latencies: List[float], failures: Counter) -> dict:
+def _probe_report(latencies: List[float], failures: Dict[str, int]) -> dict:
     return {"answered": len(latencies), "failed": sum(failures.values()), "errors": dict(failures),
             "p50_ms": round(percentile(latencies, 50), 2), "p99_ms": round(percentile(latencies, 99), 2),
             "max_ms": round(max(latencies), 2) if latencies else float("nan"),
             "over_100_ms": sum(1 for ms in latencies if ms > 100.0)}
 
 
-def run_queue_flood(target: Target, served_model: str, variant: str, settings: QueueFloodSettings,
-                    progress: Optional[Callable[[str], None]] = None) -> dict:
-    """Flood `served_model` with default-priority requests while the probe measures high and
-    default priority. High priority is Triton's `priority` for Triton's queue and latte's
-    `priority_level` for latte's."""
+def _probe(grpc_url: str, served_model: str, feeds: List[Dict[str, np.ndarray]], high: dict, duration_s: float,
+           count: int, results) -> None:
+    """The high-priority probe, run in a process of its own: in the flood's process its timings
+    would include waits for the interpreter lock behind the flood's own callbacks."""
     import tritonclient.grpc as grpcclient
+
+    probe = grpcclient.InferenceServerClient(grpc_url)
+    latencies, failures = [], Counter()
+    started = time.perf_counter()
+    sent = 0
+    try:
+        while sent < count and time.perf_counter() - started < duration_s:
+            begun = time.perf_counter()
+            try:
+                probe.infer(served_model, grpc_inputs(feeds[sent % len(feeds)]), client_timeout=60, **high)
+                latencies.append((time.perf_counter() - begun) * 1000)
+            except Exception as exc:  # counted under its cause; the probe goes on
+                failures[error_kind(str(exc))] += 1
+            sent += 1
+    finally:
+        probe.close()
+        results.put((latencies, dict(failures)))
+
+
+def run_queue_flood(target: Target, served_model: str, variant: str, settings: QueueFloodSettings,
+                    idle_model: Optional[str] = None, progress: Optional[Callable[[str], None]] = None) -> dict:
+    """Flood `served_model` with default-priority requests while the probe measures high
+    priority: Triton's `priority` for Triton's queue, latte's `priority_level` for latte's.
+
+    With `idle_model` (an unflooded copy of the model), a second probe sends it the same requests
+    at the same time: what one request costs on this machine under this flood, whatever the queue.
+    """
+    import multiprocessing
 
     settings.validate()
     say = progress or (lambda message: None)
@@ -393,34 +423,37 @@ def run_queue_flood(target: Target, served_model: str, variant: str, settings: Q
 
     flooder = threading.Thread(target=keep_flooding, name="flood", daemon=True)
     flooder.start()
-    say(f"{variant}: flood of {settings.concurrency} default-priority requests, probing for {settings.duration_s:g} s")
-    probe = grpcclient.InferenceServerClient(target.grpc_url)
-    latencies = {"high": [], "default": []}
-    failures = {"high": Counter(), "default": Counter()}
-    started = time.perf_counter()
-    sent = 0
+    say(f"{variant}: flood of {settings.concurrency} default-priority requests; probing until "
+        f"{settings.probe_requests} high-priority answers or {settings.duration_s:g} s")
+    spawn = multiprocessing.get_context("spawn")
+    probes = {"high": (served_model, high)}
+    if idle_model is not None:
+        probes[IDLE] = (idle_model, {})
+    queues = {name: spawn.Queue() for name in probes}
+    processes = {name: spawn.Process(target=_probe, name=f"probe-{name}", daemon=True,
+                                     args=(target.grpc_url, model, feeds, options, settings.duration_s,
+                                           settings.probe_requests, queues[name]))
+                 for name, (model, options) in probes.items()}
+    measured = {}
     try:
-        while time.perf_counter() - started < settings.duration_s:
-            cls = "high" if (sent // settings.block) % 2 == 0 else "default"
-            begun = time.perf_counter()
-            try:
-                probe.infer(served_model, grpc_inputs(feeds[sent % len(feeds)]), client_timeout=60,
-                            **(high if cls == "high" else {}))
-                latencies[cls].append((time.perf_counter() - begun) * 1000)
-            except Exception as exc:  # counted under its cause; the probe goes on
-                failures[cls][error_kind(exc)] += 1
-            sent += 1
+        for process in processes.values():
+            process.start()
+        for name, process in processes.items():
+            measured[name] = queues[name].get(timeout=settings.duration_s + 120)
+            process.join(30)
     finally:
         stop.set()
-        probe.close()
+        for process in processes.values():
+            if process.is_alive():
+                process.kill()
     flooder.join(60)
     drained = flood.drain(120)
     flood.close()
     flood_report = _class_report(flood_outcomes)
-    report = {"variant": variant, "model": served_model, "probe": {cls: _probe_report(latencies[cls], failures[cls])
-                                                                   for cls in ("high", "default")},
+    report = {"variant": variant, "model": served_model,
+              **{name: _probe_report(*measured[name]) for name in probes},
               "flood": flood_report,
               "every_flood_request_answered_once": drained and flood_report["answered"] == flood_report["sent"]}
-    h, d = report["probe"]["high"]["p99_ms"], report["probe"]["default"]["p99_ms"]
+    h, d = report["high"]["p99_ms"], flood_report["p99_ms"]
     report["high_vs_default_p99"] = round(h / d, 3) if d and d == d and h == h else None
     return report
