@@ -53,6 +53,10 @@ def main() -> int:
     parser.add_argument("--probe-s", type=float, default=20.0, help="--compare-queues: the most probe time per queue")
     parser.add_argument("--probe-requests", type=int, default=10_000,
                         help="--compare-queues: high-priority answers after which the probe stops")
+    parser.add_argument("--queues", default=f"{TRITON_QUEUE},{LATTE_QUEUE}",
+                        help="--compare-queues: which queues to flood, in order (default: %(default)s)")
+    parser.add_argument("--no-idle-copy", action="store_true",
+                        help="--compare-queues: no second probe of an idle copy (one probe alone, as a lone client sees it)")
     args = parser.parse_args()
     out = Path(args.out)
     examples = out / "examples"
@@ -91,26 +95,32 @@ def main() -> int:
 
 
 def compare_queues(args, examples: Path, out: Path) -> int:
+    variants = [v.strip() for v in args.queues.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in (TRITON_QUEUE, LATTE_QUEUE)]
+    if unknown or not variants:
+        print(f"--queues takes {TRITON_QUEUE} and/or {LATTE_QUEUE}, got {args.queues!r}", file=sys.stderr)
+        return 2
     settings = QueueFloodSettings(args.model, concurrency=args.concurrency, duration_s=args.probe_s,
                                   probe_requests=args.probe_requests, lengths=LengthDistribution.parse(args.lengths))
     names = write_queue_flood_repository(examples, args.model, out / "queues-repository", settings.max_queue_size)
     results = {}
     with start_or_attach(out / "queues-repository", log_path=out / "tritonserver-queues.log") as target:
-        for variant in (TRITON_QUEUE, LATTE_QUEUE):
-            results[variant] = run_queue_flood(target, names[variant], variant, settings, names[IDLE],
+        for variant in variants:
+            results[variant] = run_queue_flood(target, names[variant], variant, settings,
+                                               None if args.no_idle_copy else names[IDLE],
                                                lambda message: print(message, flush=True))
     results["machine"] = machine_description()
     path = out / f"{args.model}-queues.json"
     path.write_text(json.dumps(results, indent=1) + "\n")
     print(f"\nflood of {args.concurrency} default-priority requests on {results['machine']}")
     ok = True
-    for variant in (TRITON_QUEUE, LATTE_QUEUE):
+    for variant in variants:
         r = results[variant]
-        high, idle, flood = r["high"], r[IDLE], r["flood"]
+        high, idle, flood = r["high"], r.get(IDLE), r["flood"]
+        beside = (f"the idle copy at the same time P99 {idle['p99_ms']} ms (P50 {idle['p50_ms']}, max {idle['max_ms']}, "
+                  f"{idle['over_100_ms']} over 100 ms of {idle['answered']}); ") if idle else ""
         print(f"  {variant}: high P99 {high['p99_ms']} ms (P50 {high['p50_ms']}, max {high['max_ms']}, "
-              f"{high['over_100_ms']} over 100 ms of {high['answered']}, {high['failed']} failed); "
-              f"the idle copy at the same time P99 {idle['p99_ms']} ms (P50 {idle['p50_ms']}, max {idle['max_ms']}, "
-              f"{idle['over_100_ms']} over 100 ms of {idle['answered']}); "
+              f"{high['over_100_ms']} over 100 ms of {high['answered']}, {high['failed']} failed); {beside}"
               f"default (the flood) P99 {flood['p99_ms']} ms (P50 {flood['p50_ms']}, {flood['shed_rate']:.0%} shed); "
               f"high/default P99 {r['high_vs_default_p99']}; flood answered once: {r['every_flood_request_answered_once']}")
         ok = ok and r["every_flood_request_answered_once"] and high["failed"] == 0

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from latte._native import PRIORITY_LEVELS
 from latte.generator.calibrate import ServingCost
 from latte.generator.profile_data import Point, Profile
 from latte.generator.validate import STALL_FREE_INSTANCES
@@ -37,6 +38,13 @@ MIN_ARENA_BYTES = 1 << 20
 # profile.json): about 1 ms per batch on the 2-core reference box, from served vs
 # in-process latency of the example MLP.
 DEFAULT_BACKEND_OVERHEAD_MS = 1.0
+# Whose queue holds a spec's priority classes. latte's: `pipeline: true` hands every request to
+# latte's scheduler at once, which runs the higher priority_level first and sheds the lowest when
+# full. Triton's: the dynamic batcher's priority levels, which turn its prefetching off and so
+# stall (docs/backend.md, "Priorities"); under a 512-request flood its generated two-instance
+# config left 1-2 % of high-priority requests ~500 ms behind (docs/benchmarks.md).
+PRIORITY_QUEUES = ("latte", "triton")
+DEFAULT_PRIORITY_QUEUE = "latte"
 
 
 class DerivationError(ValueError):
@@ -120,11 +128,13 @@ def bucket_edges(profile: Profile, batch_size: int) -> List[int]:
 
 
 def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None, cores: int = 1,
-           gpus: int = 0, priority_levels: int = 0, serving: Optional[ServingCost] = None) -> Derivation:
+           gpus: int = 0, priority_levels: int = 0, serving: Optional[ServingCost] = None,
+           priority_queue: str = DEFAULT_PRIORITY_QUEUE) -> Derivation:
     """Choose batching, queueing, instance and arena settings that keep P99 within slo_ms.
 
     serving is the cost outside the model (per batch, per request, round trip) that an
     in-process profile does not see; by default the one stored with the profile, else none.
+    priority_queue says whose queue holds priority_levels > 1 (PRIORITY_QUEUES).
     """
     serving = serving or profile.serving or ServingCost()
     if min(serving.batch_ms, serving.request_ms, serving.round_trip_ms) < 0:
@@ -141,6 +151,12 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
         raise DerivationError(f"the arrival rate must be positive (requests/s), got {arrival_rate}")
     if cores < 1:
         raise DerivationError(f"cores must be >= 1, got {cores}")
+    if priority_queue not in PRIORITY_QUEUES:
+        raise DerivationError(f"priority_queue must be one of {', '.join(PRIORITY_QUEUES)}, got {priority_queue!r}")
+    latte_queue = priority_levels > 1 and priority_queue == "latte"
+    if latte_queue and priority_levels > PRIORITY_LEVELS:
+        raise DerivationError(f"latte's queue has {PRIORITY_LEVELS} priority levels, and priority_levels asks for "
+                              f"{priority_levels}")
     intra = profile.intra_op_threads
     use_gpu = gpus > 0 and profile.device.startswith("cuda")
     if not use_gpu and intra > cores:
@@ -194,16 +210,18 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
 
     # Triton 2.51 stalls a lone instance up to 500 ms behind a queue policy or priority levels
     # (docs/backend.md, Priorities); a second instance, when the budget has room, makes it rare.
-    if count < STALL_FREE_INSTANCES <= budget:
+    # latte's queue needs neither: Triton's queue then has no policy and passes requests on at once.
+    if not latte_queue and count < STALL_FREE_INSTANCES <= budget:
         count = STALL_FREE_INSTANCES
         why.append(f"instance count raised to {count}: with one instance Triton 2.51's batcher can sit idle "
                    "up to 500 ms behind the queue policy below; a second instance makes that rare")
-    queue_policy = count >= STALL_FREE_INSTANCES
-    if priority_levels > 1 and not queue_policy:
+    queue_policy = not latte_queue and count >= STALL_FREE_INSTANCES
+    if priority_levels > 1 and not latte_queue and not queue_policy:
         raise DerivationError(
-            f"priority_levels {priority_levels} need {STALL_FREE_INSTANCES} instances (one instance behind "
-            "Triton 2.51's priority queue stalls up to 500 ms), but the thread budget allows "
-            f"{budget} ({budget_text}); give the model more cores or profile with fewer intra_op_threads")
+            f"priority_levels {priority_levels} in Triton's queue need {STALL_FREE_INSTANCES} instances (one "
+            "instance behind Triton 2.51's priority queue stalls up to 500 ms), but the thread budget allows "
+            f"{budget} ({budget_text}); let latte hold the queue (priority_queue: latte), give the model more "
+            "cores, or profile with fewer intra_op_threads")
 
     # Queue delay. While every instance is busy the queue fills by itself, so the delay only
     # acts when an instance idles; there, a batch that cannot fill waits the whole delay
@@ -223,21 +241,31 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
         fill_text = ("no arrival rate given: batches form from the queue that builds while instances are busy, "
                      "and waiting at an idle instance only adds latency")
     delay_us = int(max(0.0, min(slack_us, fill_us)))
-    why.append(f"max_queue_delay_microseconds {delay_us}: min(SLO slack {latency_ms:g} ms - 2 x {l_b:.2f} ms = "
-               f"{slack_us:.0f} us, wait worth paying: {fill_text})")
-
-    dynamic: Dict = {"max_queue_delay_microseconds": delay_us}
-    knee = _knee(curve, b)
-    if knee.batch_size < b and knee.throughput >= top.throughput / SATURATION_GAIN:
-        dynamic["preferred_batch_size"] = [knee.batch_size]
-        why.append(f"preferred_batch_size [{knee.batch_size}]: throughput saturates there "
-                   f"({knee.throughput:.0f} vs {top.throughput:.0f} rows/s at {b}), so launching it at once "
-                   "cuts latency at no cost in throughput")
+    delay_text = f"min(SLO slack {latency_ms:g} ms - 2 x {l_b:.2f} ms = {slack_us:.0f} us, wait worth paying: {fill_text})"
+    if latte_queue:
+        # Batches form in latte's queue, so latte's window is the delay; Triton's passes requests on.
+        dynamic: Dict = {"max_queue_delay_microseconds": 0}
+        why.append(f"batch_window_us {delay_us}: {delay_text}; max_queue_delay_microseconds 0, so Triton hands "
+                   "each request to latte's queue at once")
     else:
-        why.append("preferred_batch_size: not set; throughput keeps improving up to max_batch_size, "
-                   "so batches should grow as large as the delay allows")
+        dynamic = {"max_queue_delay_microseconds": delay_us}
+        why.append(f"max_queue_delay_microseconds {delay_us}: {delay_text}")
+        knee = _knee(curve, b)
+        if knee.batch_size < b and knee.throughput >= top.throughput / SATURATION_GAIN:
+            dynamic["preferred_batch_size"] = [knee.batch_size]
+            why.append(f"preferred_batch_size [{knee.batch_size}]: throughput saturates there "
+                       f"({knee.throughput:.0f} vs {top.throughput:.0f} rows/s at {b}), so launching it at once "
+                       "cuts latency at no cost in throughput")
+        else:
+            why.append("preferred_batch_size: not set; throughput keeps improving up to max_batch_size, "
+                       "so batches should grow as large as the delay allows")
 
-    if priority_levels > 1:
+    if latte_queue:
+        why.append(f"priority_levels {priority_levels} in latte's queue (pipeline: true): a request's parameter "
+                   f"priority_level 0..{priority_levels - 1} (unmarked: 0, the lowest) decides which queued "
+                   "request runs first; Triton's own priority levels would turn its prefetching off, which stalls "
+                   "instances up to 500 ms in Triton 2.51")
+    elif priority_levels > 1:
         dynamic["priority_levels"] = priority_levels
         dynamic["default_priority_level"] = priority_levels
         why.append(f"priority_levels {priority_levels}: requests without a priority get the lowest level "
@@ -262,11 +290,16 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
         why.append(f"default_queue_policy: timeout {timeout_us} us (SLO - l(b): a request queued longer cannot "
                    f"finish in time, so it yields to requests that still can); max_queue_size {queue_size} = "
                    f"{count} instance(s) x batch {b} x {batches_in_slo} batch(es) that fit in the SLO after the first")
-    else:
+    elif not latte_queue:
         why.append("warning: default_queue_policy not set: one instance behind a queue policy stalls up to 500 ms "
                    "in Triton 2.51 (docs/backend.md, Priorities), so the queue is unbounded; overload is not shed")
 
     parameters = {"intra_op_threads": str(intra), "inter_op_threads": "1"}
+    if latte_queue:
+        parameters.update(pipeline="true", batch_window_us=str(delay_us), max_queue_size=str(b * batches_in_slo))
+        why.append(f"max_queue_size {b * batches_in_slo}: latte's queue per instance holds batch {b} x "
+                   f"{batches_in_slo} batch(es) that fit in the SLO after the first; a request that finds it full "
+                   "takes the place of a lower priority_level's, else it is refused (UNAVAILABLE)")
     edges = bucket_edges(profile, b)
     if edges:
         parameters["bucket_edges"] = ",".join(str(e) for e in edges)

@@ -65,7 +65,8 @@ def plan_latte_model(spec: PipelineSpec, model: ModelEntry, profile: Profile) ->
     else:
         serving = profile.serving or ServingCost.flat(DEFAULT_BACKEND_OVERHEAD_MS,
                                                       "assumed: the profile was taken without calibration")
-    d = derive(profile, model.slo_ms, model.arrival_rate, spec.cores, spec.gpus, model.priority_levels, serving)
+    d = derive(profile, model.slo_ms, model.arrival_rate, spec.cores, spec.gpus, model.priority_levels, serving,
+               model.priority_queue)
     over = model.overrides
     max_batch = int(over.get("max_batch_size", d.max_batch_size))
     dynamic = _merge(d.dynamic_batching, over.get("dynamic_batching") or {})

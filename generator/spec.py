@@ -12,6 +12,8 @@
         file: models/sequence.onnx
         slo_ms: 50
         arrival_rate: 200                   # optional, requests/s
+        priority_levels: 2                  # optional; clients send the parameter priority_level 0 or 1
+        priority_queue: latte               # optional; whose queue holds them: latte (default) or triton
         profile: profiles/encoder.json      # optional; profiled during generate when absent
         overrides: {max_batch_size: 8}      # optional; wins over the derived values
         versions:                           # optional, instead of `file`: one file per version folder
@@ -42,11 +44,12 @@ from latte.backend.config import RUNTIME_BY_EXTENSION, RUNTIMES, usable_cores
 from latte.backend.dtypes import TRITON_TYPES
 # A step of a spec is the wiring the DAG check verifies, so both use one type.
 from latte.generator.dag import StepWiring as Step
+from latte.generator.derive import DEFAULT_PRIORITY_QUEUE, PRIORITY_QUEUES
 from latte.generator.yaml_lines import KeyPath, Located, SpecError, load
 
 BACKENDS = ("latte", "python")
 PYTHON_DEFAULT_MAX_BATCH = 16
-MODEL_KEYS = {"name", "file", "backend", "runtime", "slo_ms", "arrival_rate", "priority_levels", "profile",
+MODEL_KEYS = {"name", "file", "backend", "runtime", "slo_ms", "arrival_rate", "priority_levels", "priority_queue", "profile",
               "overrides", "inputs", "outputs", "max_batch_size", "instance_count", "intra_op_threads",
               "backend_overhead_ms", "versions", "version_policy", "response_cache"}
 VERSION_KEYS = {"version", "file"}
@@ -80,6 +83,7 @@ class ModelEntry:
     slo_ms: Optional[float] = None
     arrival_rate: Optional[float] = None
     priority_levels: int = 0
+    priority_queue: str = DEFAULT_PRIORITY_QUEUE   # whose queue holds the priority levels
     profile: Optional[Path] = None
     overrides: Dict[str, Any] = field(default_factory=dict)
     inputs: Optional[List[Tensor]] = None
@@ -223,7 +227,7 @@ def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
         for key in ("inputs", "outputs"):
             if key not in raw:
                 raise doc.error(path + (key,), "missing; a python model declares its inputs and outputs")
-        for key in ("slo_ms", "profile", "runtime", "arrival_rate", "overrides", "backend_overhead_ms"):
+        for key in ("slo_ms", "profile", "runtime", "arrival_rate", "overrides", "backend_overhead_ms", "priority_queue"):
             if key in raw:
                 raise doc.error(path + (key,), "only latte models are profiled and derived; remove it")
         if entry.max_batch_size is None:
@@ -240,6 +244,14 @@ def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
     rate = reader.optional(raw, path, "arrival_rate", reader.number, minimum=0.001)
     entry.arrival_rate = float(rate) if rate is not None else None
     entry.priority_levels = reader.optional(raw, path, "priority_levels", reader.number, integer=True) or 0
+    if "priority_queue" in raw:
+        queue = reader.string(path + ("priority_queue",))
+        if queue not in PRIORITY_QUEUES:
+            raise doc.error(path + ("priority_queue",), f"expected one of {', '.join(PRIORITY_QUEUES)}, got {queue!r}")
+        if entry.priority_levels < 2:
+            raise doc.error(path + ("priority_queue",), "says whose queue holds priority_levels; set "
+                            "priority_levels: 2 or more, or remove it")
+        entry.priority_queue = queue
     entry.intra_op_threads = reader.optional(raw, path, "intra_op_threads", reader.number, integer=True,
                                              minimum=1) or 1
     overhead = reader.optional(raw, path, "backend_overhead_ms", reader.number)

@@ -46,12 +46,13 @@ HAND_WRITTEN = "hand_written_priorities"
 RENDERED = "rendered_priorities"
 
 
-def rendered_context() -> dict:
-    """What `latte generate` renders for a two-priority model with a 50 ms SLO on 2 cores."""
+def rendered_context(priority_queue: str = "triton") -> dict:
+    """What `latte generate` renders for a two-priority model with a 50 ms SLO on 2 cores, with
+    the priorities in Triton's queue (`priority_queue: triton`; latte's queue is the default)."""
     points = [Point(b, None, 1.0, 1.0, 1.0, 1000 * b) for b in (1, 2, 4, 8)]
     profile = Profile("echo.onnx", "onnx", "cpu", 1, [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
                       [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}], points)
-    d = derive(profile, slo_ms=50, cores=2, priority_levels=2)
+    d = derive(profile, slo_ms=50, cores=2, priority_levels=2, priority_queue=priority_queue)
     return {"name": RENDERED, "backend": "python", "max_batch_size": d.max_batch_size,
             "inputs": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
             "outputs": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}],
@@ -119,6 +120,9 @@ def test_validate_flags_the_hand_written_config_and_not_the_rendered_one():
     rendered = parse_config(render_model_config(rendered_context()))
     assert rendered.dynamic_batching.priority_levels == 2      # the rendered config does use priorities
     assert batcher_stall(rendered) is None
+    in_lattes_queue = parse_config(render_model_config(rendered_context("latte")))
+    assert in_lattes_queue.dynamic_batching.priority_levels == 0  # Triton's queue holds no priorities
+    assert batcher_stall(in_lattes_queue) is None
 
 
 def test_one_instance_behind_priority_levels_stalls_500_ms(stall_server):

@@ -98,22 +98,55 @@ def test_queue_policy_delays_requests_that_cannot_make_the_slo():
 
 
 def test_priority_levels_only_when_asked():
-    assert "priority_levels" not in derive(make_profile(SATURATING), slo_ms=20, cores=2).dynamic_batching
+    plain = derive(make_profile(SATURATING), slo_ms=20, cores=2)
+    assert "priority_levels" not in plain.dynamic_batching and "pipeline" not in plain.parameters
+
+
+def test_priority_levels_live_in_lattes_queue_by_default():
     d = derive(make_profile(SATURATING), slo_ms=20, cores=2, priority_levels=3)
+    # Triton's queue passes requests on at once and holds no priorities or policy that would
+    # turn its prefetching off; latte's queue is bounded and batches for as long as the delay.
+    assert d.dynamic_batching == {"max_queue_delay_microseconds": 0}
+    assert d.parameters["pipeline"] == "true"
+    assert d.parameters["max_queue_size"] == str(32 * 1)   # batch 32 x one more batch in 12 ms
+    assert d.parameters["batch_window_us"] == "0"          # no arrival rate: waiting only adds latency
+    assert "priority_level 0..2 (unmarked: 0, the lowest)" in d.explain()
+
+
+def test_lattes_queue_waits_in_its_batch_window_what_triton_would_have_waited():
+    d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=3000, cores=1, priority_levels=2)
+    assert d.parameters["batch_window_us"] == "2333"      # as max_queue_delay_microseconds above
+    assert d.dynamic_batching["max_queue_delay_microseconds"] == 0
+
+
+def test_triton_priority_queue_when_asked():
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2, priority_levels=3, priority_queue="triton")
     assert d.dynamic_batching["priority_levels"] == 3
     assert d.dynamic_batching["default_priority_level"] == 3
+    assert d.instance_count == 2 and "pipeline" not in d.parameters
 
 
-def test_one_instance_gets_no_queue_policy_and_no_priority_levels():
+def test_one_instance_gets_no_queue_policy_and_priorities_in_latte_queue():
     # One core, one intra-op thread: a single instance, which Triton 2.51 stalls behind a
-    # queue policy or priority levels; the queue is left unbounded and priorities are refused.
+    # queue policy or priority levels; Triton's queue is left unbounded, and priorities go to
+    # latte's queue, or are refused in Triton's.
     d = derive(make_profile(SATURATING), slo_ms=20, cores=1)
     assert d.instance_count == 1
     assert "default_queue_policy" not in d.dynamic_batching
     assert "warning: default_queue_policy not set" in d.explain()
-    with pytest.raises(DerivationError, match=r"priority_levels 2 need 2 instances .* allows 1 "
-                                              r"\(1 core\(s\) // intra_op_threads 1\)"):
-        derive(make_profile(SATURATING), slo_ms=20, cores=1, priority_levels=2)
+    latte_queue = derive(make_profile(SATURATING), slo_ms=20, cores=1, priority_levels=2)
+    assert latte_queue.instance_count == 1 and latte_queue.parameters["pipeline"] == "true"
+    assert "warning: default_queue_policy not set" not in latte_queue.explain()
+    with pytest.raises(DerivationError, match=r"priority_levels 2 in Triton's queue need 2 instances .* allows 1 "
+                                              r"\(1 core\(s\) // intra_op_threads 1\); let latte hold the queue"):
+        derive(make_profile(SATURATING), slo_ms=20, cores=1, priority_levels=2, priority_queue="triton")
+
+
+def test_priority_queue_is_latte_or_triton():
+    with pytest.raises(DerivationError, match=r"priority_queue must be one of latte, triton, got 'mine'"):
+        derive(make_profile(SATURATING), slo_ms=20, cores=2, priority_levels=2, priority_queue="mine")
+    with pytest.raises(DerivationError, match=r"latte's queue has 16 priority levels, and priority_levels asks for 17"):
+        derive(make_profile(SATURATING), slo_ms=20, cores=2, priority_levels=17)
 
 
 def test_arena_is_peak_with_headroom_rounded_to_a_power_of_two():

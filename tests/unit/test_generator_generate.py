@@ -57,6 +57,27 @@ def test_overrides_win_over_derived_values(sequence_pipeline, tmp_path):
     assert parse_config((tmp_path / "repo" / "embed_text" / "config.pbtxt").read_text()).max_batch_size == 4
 
 
+def test_priority_levels_render_lattes_queue_that_the_backend_loads(sequence_pipeline, tmp_path):
+    from google.protobuf.json_format import MessageToDict
+
+    from latte.backend.config import parse_model_config
+
+    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace("    slo_ms: 20\n", "    slo_ms: 20\n    priority_levels: 2\n")
+    path = sequence_pipeline / "priorities.yaml"
+    path.write_text(spec)
+    generate(path, tmp_path / "repo")
+    config = parse_config((tmp_path / "repo" / "encoder" / "config.pbtxt").read_text())
+    # Triton's queue holds neither priorities nor a policy, so it cannot stall; latte's holds both.
+    assert config.dynamic_batching.priority_levels == 0
+    assert not config.dynamic_batching.HasField("default_queue_policy")
+    assert config.dynamic_batching.max_queue_delay_microseconds == 0
+    serving = parse_model_config(MessageToDict(config, preserving_proto_field_name=True),
+                                 tmp_path / "repo" / "encoder", "1").serving
+    assert serving.pipeline and serving.scheduler == "affinity"
+    # Whole batches of the rendered size: b x the batches that fit in the SLO after the first.
+    assert serving.max_queue_size >= config.max_batch_size and serving.max_queue_size % config.max_batch_size == 0
+
+
 def test_multi_threaded_override_beyond_cores_is_refused(sequence_pipeline, tmp_path):
     spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
         "    slo_ms: 20\n", "    slo_ms: 20\n    overrides: {instance_count: 2, parameters: {intra_op_threads: 2}}\n")

@@ -52,10 +52,20 @@ def test_a_good_spec_loads_with_defaults_filled_in(write):
     (lambda s: s.replace("        inputs: [{name: X, data_type: FP32, dims: [4]}]\n", ""), r"spec.yaml:3: models\[0\].inputs: missing; a python model declares"),
     (lambda s: s + "    models: []\n", r"spec.yaml:11: models: duplicate key"),
     (lambda s: s.replace("resources: {cores: 2}", "resources: {cores: 2"), r"spec.yaml:\d+: not valid YAML"),
+    (lambda s: s + "        priority_levels: 2\n        priority_queue: mine\n",
+     r"spec.yaml:12: models\[1\].priority_queue: expected one of latte, triton, got 'mine'"),
+    (lambda s: s + "        priority_queue: triton\n",
+     r"spec.yaml:11: models\[1\].priority_queue: says whose queue holds priority_levels; set priority_levels: 2"),
 ])
 def test_errors_point_at_the_line_and_key(write, edit, expected):
     with pytest.raises(SpecError, match=expected):
         load_spec(write(edit(GOOD)))
+
+
+def test_priority_levels_go_to_lattes_queue_unless_the_spec_names_tritons(write):
+    levels = GOOD + "        priority_levels: 2\n"
+    assert load_spec(write(levels)).models[1].priority_queue == "latte"
+    assert load_spec(write(levels + "        priority_queue: triton\n")).models[1].priority_queue == "triton"
 
 
 def test_ensemble_step_without_model_key(write):
