@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+from latte.generator.validate import STALL_FREE_INSTANCES
+
 # A neighbour must beat the incumbent by this factor to be moved to (measurement noise below it).
 MIN_GAIN = 1.03
 # Closed-loop concurrency doubles up to this multiple of instances x max_batch_size.
@@ -82,7 +84,9 @@ def neighbours(c: Candidate, slo_ms: float, max_instances: int) -> List[Candidat
     out = []
     for count in (c.instances - 1, c.instances + 1):
         if 1 <= count <= max_instances:
-            out.append(replace(c, instances=count))
+            # One instance stalls behind a queue policy (Triton 2.51, docs/backend.md "Priorities"):
+            # as in the derivation, it goes without one.
+            out.append(replace(c, instances=count, queue_policy=c.queue_policy and count >= STALL_FREE_INSTANCES))
     for batch in (c.max_batch_size * 2, c.max_batch_size // 2):
         if batch >= 1:
             out.append(replace(c, max_batch_size=batch, preferred=tuple(b for b in c.preferred if b <= batch)))
@@ -93,7 +97,8 @@ def neighbours(c: Candidate, slo_ms: float, max_instances: int) -> List[Candidat
         out.append(replace(c, preferred=()))
     elif c.max_batch_size >= 4:
         out.append(replace(c, preferred=(c.max_batch_size // 2,)))
-    out.append(replace(c, queue_policy=not c.queue_policy))
+    if c.queue_policy or c.instances >= STALL_FREE_INSTANCES:
+        out.append(replace(c, queue_policy=not c.queue_policy))
     return list(dict.fromkeys(out))
 
 
@@ -217,7 +222,7 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
 
     from latte.generator.operating_point import read_operating_points
     from latte.backend.config import usable_cores
-    from latte.generator.validate import validate_repository
+    from latte.generator.validate import batcher_stall, validate_repository
     from latte.generator.verify import input_samples
     from latte.triton import TritonServer
     from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
@@ -245,9 +250,12 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
 
         def measure(candidate: Candidate) -> Measurement:
             m = Measurement(candidate)
+            applied = candidate.apply(config)
+            if batcher_stall(applied) is not None:  # measured, it would score the stall, not the settings
+                m.error = "not measured: one instance behind priority levels or a queue policy stalls in Triton 2.51"
+                return m
             try:
-                client.load_model(model, config=json_format.MessageToJson(candidate.apply(config),
-                                                                           preserving_proto_field_name=True))
+                client.load_model(model, config=json_format.MessageToJson(applied, preserving_proto_field_name=True))
             except InferenceServerException as exc:
                 m.error = "refused at load: " + str(exc.message() or exc).splitlines()[0][:120]
                 return m

@@ -30,12 +30,22 @@ def test_candidate_reads_and_rewrites_a_config():
 def test_neighbours_change_one_setting_including_those_model_analyzer_never_searches():
     start = Candidate(instances=2, max_batch_size=16, delay_us=0, preferred=(8,), queue_policy=True)
     found = neighbours(start, slo_ms=40, max_instances=2)
-    assert Candidate(1, 16, 0, (8,), True) in found and Candidate(3, 16, 0, (8,), True) not in found
+    # One instance goes without the queue policy, which would stall it (Triton 2.51).
+    assert Candidate(1, 16, 0, (8,), False) in found and Candidate(1, 16, 0, (8,), True) not in found
+    assert Candidate(3, 16, 0, (8,), True) not in found
     assert Candidate(2, 32, 0, (8,), True) in found and Candidate(2, 8, 0, (8,), True) in found
     assert Candidate(2, 16, 2000, (8,), True) in found and Candidate(2, 16, 5000, (8,), True) in found
     assert Candidate(2, 16, 0, (), True) in found
     assert Candidate(2, 16, 0, (8,), False) in found
-    assert all(sum(a != b for a, b in zip(vars(c).values(), vars(start).values())) == 1 for c in found)
+    assert all(sum(a != b for a, b in zip(vars(c).values(), vars(start).values())) == 1
+               for c in found if c.instances == start.instances)
+
+
+def test_one_instance_never_gets_a_queue_policy_back():
+    alone = Candidate(instances=1, max_batch_size=16, delay_us=0, preferred=(), queue_policy=False)
+    found = neighbours(alone, slo_ms=40, max_instances=2)
+    assert all(not c.queue_policy for c in found if c.instances == 1)
+    assert Candidate(2, 16, 0, (), False) in found
 
 
 def scores(table):
