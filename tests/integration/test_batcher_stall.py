@@ -26,8 +26,9 @@ CLIENTS = 16
 STALL_S = 0.4
 # The batcher misses its wake-up only when the instance's thread is held up in a gap of a few
 # microseconds, so the stall's rate follows the machine's load: in our runs on the 2-core box
-# the first one came within 2-10 s of this flood. The flood stops at the first one.
-REPRODUCE_WITHIN_S = 30.0
+# the first one came within 2-10 s of this flood, but one full-suite run saw none in 30 s
+# (91,017 requests). The flood stops at the first one, so the long limit costs only then.
+REPRODUCE_WITHIN_S = 90.0
 CLEAN_FLOOD_S = 10.0   # as long as the stall took to show with one instance
 # One instance stalled 78 of 4,613 requests (1.7 %) in a measured 8 s flood; two instances
 # 1 of 24,804 (0.004 %) on a loaded box. A rendered config may stall at most this often:
