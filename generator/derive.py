@@ -216,7 +216,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
         why.append(f"instance count raised to {count}: with one instance Triton 2.51's batcher can sit idle "
                    "up to 500 ms behind the queue policy below; a second instance makes that rare")
     queue_policy = not latte_queue and count >= STALL_FREE_INSTANCES
-    if priority_levels > 1 and not latte_queue and not queue_policy:
+    if priority_levels > 1 and not latte_queue and count < STALL_FREE_INSTANCES:
         raise DerivationError(
             f"priority_levels {priority_levels} in Triton's queue need {STALL_FREE_INSTANCES} instances (one "
             "instance behind Triton 2.51's priority queue stalls up to 500 ms), but the thread budget allows "
