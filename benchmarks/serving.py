@@ -24,6 +24,12 @@ inputs length-sorted); latte / H says how close latte comes.
 (latte_execute_us_total by stage, latte_model_duration_us_total) scraped around each
 measurement, next to the echo model's whole per-request cost.
 
+Every measurement also charges the CPU it used to the requests it served (latte.bench.cpu):
+µs of CPU per request in the server process, in the contender's stub and in perf_analyzer.
+Wall-clock throughput on this kind of box moves 15-25 % between rounds; CPU per request
+moves far less, so `stock CPU / latte CPU` (above 1: latte costs the machine less per
+request) settles what a throughput ratio within the noise cannot.
+
 Models: identity (ONNX Identity on FP32[64]: serving cost alone), mlp (16 -> 8), cnn
 (3x32x32), sequence (token ids 1..128, lognormal lengths), ranker (item histories 1..64
 into a 97 MB embedding bag + MLP tower; built on request, ~20 s).
@@ -45,12 +51,14 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from latte.bench import cpu
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
 from latte.examples import CATALOG, Example, ExampleTensor, build_examples, model_context
 from latte.generator.calibrate import write_identity_onnx
 from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
+from latte.bench.triton_stats import fetch_stats
 from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
 
 HERE = Path(__file__).resolve().parent
@@ -227,6 +235,7 @@ def run_model(name: str, args, work: Path) -> dict:
     samples = samples_for(example, setting)
     data = write_input_data(work / f"{name}-inputs.json", samples)
     points: Dict[str, Dict[int, list]] = {role: {level: [] for level in levels} for role in names}
+    cpu_points: Dict[str, Dict[int, List[Dict[str, float]]]] = {role: {level: [] for level in levels} for role in names}
     decomposed: List[dict] = []
     top = max(levels)
     extra = [f"--backend-config={value}" for value in args.backend_config]
@@ -239,8 +248,14 @@ def run_model(name: str, args, work: Path) -> dict:
                     decompose = args.decompose and role == "latte" and level == top
                     before = latte_counters(server.metrics_url, names["latte"]) if decompose else None
                     print(f"  round {round_ + 1}/{args.rounds}: {names[role]} at concurrency {level} ...", flush=True)
+                    stubs = cpu.model_stub_pids(server.process.pid, names[role])
+                    served_before = fetch_stats(server.http_url, names[role]).success_count
+                    cpu_before = cpu.sample(server.process.pid, stubs)
                     point = measure(names[role], server.grpc_url, level, data, args.measurement_ms)
+                    used = cpu.sample(server.process.pid, stubs).minus(cpu_before)
+                    served = fetch_stats(server.http_url, names[role]).success_count - served_before
                     points[role][level].append(point)
+                    cpu_points[role][level].append(cpu.per_request_us(used, served))
                     if decompose:
                         time.sleep(1.2)  # latte publishes its counters once a second
                         decomposed.append(per_request(before, latte_counters(server.metrics_url, names["latte"])))
@@ -253,7 +268,9 @@ def run_model(name: str, args, work: Path) -> dict:
               "rounds": args.rounds,
               "in_process_limit": limit, "in_process_batch": limit_batch,
               "points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
-                         for role, by_level in points.items()}}
+                         for role, by_level in points.items()},
+              "cpu_us_per_request": {role: {str(level): ps for level, ps in by_level.items()}
+                                     for role, by_level in cpu_points.items()}}
     for role in names:
         if role == "echo":
             continue
@@ -271,6 +288,16 @@ def run_model(name: str, args, work: Path) -> dict:
     # machine than the ratio of separate medians does.
     round_ratios = [a.throughput / max(1e-9, b.throughput) for a, b in zip(points["latte"][top], points["stock"][top])]
     result["round_ratios_top_level"] = round_ratios
+    # CPU per request, stock over latte (above 1: latte costs the machine less), each round's
+    # pair and their median, at every level; and each contender's median split by process.
+    result["cpu_ratios"] = {}
+    for level in levels:
+        pairs = [b["total"] / max(1e-9, a["total"]) for a, b in zip(cpu_points["latte"][level], cpu_points["stock"][level])]
+        result["cpu_ratios"][str(level)] = {"rounds": pairs, "median": statistics.median(pairs)}
+    result["cpu_us_median"] = {
+        role: {str(level): {k: median([c[k] for c in cs]) for k in ("server", "stub", "client", "total")}
+               for level, cs in by_level.items() if cs}
+        for role, by_level in cpu_points.items()}
     result["round_ratio_median"] = statistics.median(round_ratios)
     echo = summary("echo", top, "throughput")
     limit_h = 1.0 / (1.0 / echo + 1.0 / limit)
@@ -303,6 +330,23 @@ def print_results(results: List[dict]) -> None:
         for label, figures in r.get("ablations", {}).items():
             print(f"  {r['model']} ablation {label:18} {figures['throughput']:>8.0f} infer/s "
                   f"({figures['throughput'] / max(1e-9, r['latte']['throughput']):.2f}x latte's defaults)")
+    print(f"\n{'model':9} {'level':>5} {'latte CPU us/req (server+stub+client)':>40} "
+          f"{'stock CPU us/req':>30} {'stock/latte':>11} {'rounds':>18}")
+    for r in results:
+        for level in r["levels"]:
+            key = str(level)
+            if key not in r["cpu_ratios"]:
+                continue
+            ratio = r["cpu_ratios"][key]
+
+            def parts(role):
+                c = r["cpu_us_median"][role][key]
+                return f"{c['total']:.0f} ({c['server']:.0f}+{c['stub']:.0f}+{c['client']:.0f})"
+            rounds = ", ".join(f"{x:.2f}" for x in ratio["rounds"])
+            print(f"{r['model']:9} {level:>5} {parts('latte'):>40} {parts('stock'):>30} {ratio['median']:>10.2f}x "
+                  f"{rounds:>18}")
+    print("(CPU per request in tritonserver + the contender's stub + perf_analyzer, medians of the rounds; "
+          "stock/latte above 1: latte costs the machine less per request)")
     decomposed = [r for r in results if "decompose_us_per_request" in r]
     if decomposed:
         print(f"\n{'model':9} {'req/exec':>8} {'read':>6} {'engine':>7} {'model':>6} {'respond':>8} "

@@ -1,0 +1,56 @@
+"""CPU time per request, read from /proc: a busy process is charged, a sleeping one is not."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from latte.bench import cpu, procmem
+
+
+def _busy(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_a_process_is_charged_for_the_cpu_it_uses_not_the_time_it_sleeps():
+    before = cpu.process_cpu_seconds(os.getpid())
+    _busy(0.3)
+    busy = cpu.process_cpu_seconds(os.getpid()) - before
+    assert 0.25 <= busy <= 0.6
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
+    try:
+        time.sleep(0.2)  # past the interpreter's start-up
+        start = cpu.process_cpu_seconds(sleeper.pid)
+        time.sleep(0.3)
+        assert cpu.process_cpu_seconds(sleeper.pid) - start < 0.05
+    finally:
+        sleeper.wait()
+
+
+def test_a_child_is_charged_once_it_has_ended():
+    before = cpu.children_cpu_seconds()
+    subprocess.run([sys.executable, "-c",
+                    "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"], check=True)
+    assert cpu.children_cpu_seconds() - before >= 0.25
+
+
+def test_cpu_per_request_is_split_by_process_and_summed():
+    used = cpu.CpuSample(server=2.0, stubs=1.5, client=1.0).minus(cpu.CpuSample(server=1.0, stubs=0.5, client=0.5))
+    figures = cpu.per_request_us(used, 1000)
+    assert figures == {"server": 1000.0, "stub": 1000.0, "client": 500.0, "total": 2500.0}
+    with pytest.raises(ValueError, match="no requests were served"):
+        cpu.per_request_us(used, 0)
+
+
+def test_a_models_stubs_are_told_apart_from_a_model_whose_name_extends_it(monkeypatch):
+    instances = {11: "identity_latte_0_0", 12: "identity_latte_0_1", 13: "identity_latte_scheduler_lane_0_0",
+                 14: "identity_stock_0_0"}
+    monkeypatch.setattr(procmem, "stub_pids", lambda server_pid: sorted(instances))
+    monkeypatch.setattr(procmem, "stub_instance", instances.get)
+    assert cpu.model_stub_pids(1, "identity_latte") == [11, 12]
+    assert cpu.model_stub_pids(1, "identity_stock") == [14]
