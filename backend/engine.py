@@ -9,8 +9,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Un
 
 import numpy as np
 
-from latte.backend.batching import (Allocate, affinity_key, assemble, chunk_by_rows, plan_batches, ragged_length, split,
-                                    uniform_shapes)
+from latte._native import pack_arrays
+from latte.backend.batching import (Allocate, affinity_key, assemble, chunk_by_rows, pad_bytes, plan_batches,
+                                    ragged_length, split, uniform_shapes)
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
@@ -92,6 +93,13 @@ class BatchEngine:
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
         self._out_dtypes = {t.name: t.dtype for t in spec.signature.outputs}
         self._one_shape = spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
+        self._pads = {t.name: pad_bytes(spec.serving.pad_value, t.dtype) for t in spec.signature.inputs}
+
+    @property
+    def takes_columns(self) -> bool:
+        """Whether a plain call may run through run_columns: every request of one shape, batches
+        run inline."""
+        return self._one_shape and self.dispatcher is None
 
     # -- the whole call -------------------------------------------------------------------
     def answers(self, items: Sequence[Union[ParsedRequest, Exception]],
@@ -147,6 +155,32 @@ class BatchEngine:
         if self.dispatcher is not None:
             raise RuntimeError("run_whole runs inline; a call with scheduler lanes goes through answers")
         return self._run_requests(requests)
+
+    def run_columns(self, columns: Dict[str, List[np.ndarray]], rows: Sequence[int]) -> Dict[str, np.ndarray]:
+        """One model call for a plain call read by input (RequestReader.read_columns): the
+        batch's outputs, `rows` per request in order. Raises when the model fails or answers
+        with the wrong number of rows; the general path then answers each request alone."""
+        started = self.clock()
+        total = sum(rows)
+        feed: Dict[str, np.ndarray] = {}
+        for name, arrays in columns.items():
+            if len(arrays) == 1:
+                feed[name] = arrays[0]
+            else:
+                first = arrays[0]
+                feed[name] = out = self.allocate((total, *first.shape[1:]), first.dtype)
+                pack_arrays(arrays, out, self._pads[name])
+        called = self.clock()
+        outputs = self._call(feed)
+        model_seconds = self.clock() - called
+        del feed  # arena-backed buffers go back as soon as the call is over
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != total:
+                raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {total} rows for this batch")
+        if self.on_batch is not None:
+            self.on_batch(BatchRecord(rows=total, requests=len(rows), padded_length=None,
+                                      seconds=self.clock() - started, failed=False, model_seconds=model_seconds))
+        return outputs
 
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
               options: Optional[Sequence[Optional[RequestOptions]]] = None) -> List[Result]:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import bisect
 import collections
 import threading
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
 
 from latte.backend.errors import error_class
 
@@ -36,6 +38,14 @@ class _Histogram:
         self.counts[bisect.bisect_left(self.bounds, value)] += count
         self.total += value * count
 
+    def observe_all(self, values: np.ndarray, counts: np.ndarray) -> None:
+        """counts[i] observations of values[i], for every i: what observe does one at a time."""
+        per_bucket = np.bincount(np.searchsorted(self.bounds, values, side="left"), weights=counts,
+                                 minlength=len(self.counts))
+        for i, count in enumerate(per_bucket.tolist()):
+            self.counts[i] += int(count)
+        self.total += float(np.dot(values, counts))
+
 
 class MetricsAggregate:
     """Counters, gauges and histograms kept in-process; `snapshot()` gives publishable values."""
@@ -50,6 +60,33 @@ class MetricsAggregate:
         # append and popleft are atomic: a record appended while another thread folds is
         # folded then or at the next read, never lost.
         self._deferred: "collections.deque" = collections.deque()
+        # Records of one kind folded together (defer_alike): fold_all -> their deque.
+        self._alike: Dict[Callable, "collections.deque"] = {}
+
+    def alike(self, fold_all: Callable) -> Callable:
+        """A function that keeps a record to be folded in at the next snapshot together with
+        every other record it kept: fold_all(records) gives their (increments, observations,
+        bulk observations [(key, bounds, values, counts)]). Cheaper than defer per record,
+        for the one kind of record made on nearly every execute call."""
+        with self._lock:
+            queue = self._alike.setdefault(fold_all, collections.deque())
+
+        def keep(record) -> None:
+            queue.append(record)
+            if len(queue) > _MAX_DEFERRED:  # nobody has read the figures for a while
+                self._fold_alike(fold_all, queue)
+        return keep
+
+    def _fold_alike(self, fold_all: Callable, queue: "collections.deque") -> None:
+        records = []
+        while True:
+            try:
+                records.append(queue.popleft())
+            except IndexError:
+                break
+        if records:
+            increments, observations, bulk = fold_all(records)
+            self.update(increments, observations, bulk)
 
     def defer(self, fold, record) -> None:
         """Keep `record` to be folded in at the next snapshot: the cheapest update there is,
@@ -59,6 +96,10 @@ class MetricsAggregate:
             self._fold_deferred()
 
     def _fold_deferred(self) -> None:
+        with self._lock:
+            alike = list(self._alike.items())
+        for fold_all, queue in alike:
+            self._fold_alike(fold_all, queue)
         deferred = self._deferred
         while True:
             try:
@@ -82,9 +123,10 @@ class MetricsAggregate:
         """`count` observations of `value` (requests answered together share their latency)."""
         self.update((), [((name, tuple(sorted(labels.items()))), value, bounds, count)])
 
-    def update(self, increments, observations) -> None:
-        """Counter increments [((name, sorted label pairs), value)] and histogram observations
-        [(key, value, bounds, count)] under one lock: the backend's updates of one call."""
+    def update(self, increments, observations, bulk=()) -> None:
+        """Counter increments [((name, sorted label pairs), value)], histogram observations
+        [(key, value, bounds, count)] and arrays of them [(key, bounds, values, counts)] under
+        one lock: the backend's updates of one call, or of many folded together."""
         counters, histograms = self.counters, self.histograms
         with self._lock:
             for key, value in increments:
@@ -94,6 +136,11 @@ class MetricsAggregate:
                 if hist is None:
                     hist = histograms[key] = _Histogram(bounds)
                 hist.observe(value, count)
+            for key, bounds, values, counts in bulk:
+                hist = histograms.get(key)
+                if hist is None:
+                    hist = histograms[key] = _Histogram(bounds)
+                hist.observe_all(values, counts)
 
     def snapshot(self) -> Tuple[Dict, Dict]:
         """(cumulative counters, gauges), histograms expanded into _bucket/_sum/_count counters."""
@@ -229,6 +276,7 @@ class BackendMetrics:
         self.aggregate = aggregate or MetricsAggregate()
         self._outcome_keys: Dict[str, Tuple[str, Labels]] = {}
         self._priority_keys: Dict[int, Tuple[str, Labels]] = {}
+        self._keep_plain = self.aggregate.alike(_fold_plain_calls)
 
     def requests(self, counts: Mapping[Tuple[str, int], int], seconds: float) -> None:
         """Requests answered together: (outcome, priority) -> how many."""
@@ -253,6 +301,12 @@ class BackendMetrics:
         with its latency (as `requests`) and each batch (as `batch`); kept as it is and
         folded in when the figures are read."""
         self.aggregate.defer(self._fold_call, (requests, read_s, engine_s, respond_s, answered, batches))
+
+    def plain_call(self, requests: int, read_s: float, engine_s: float, respond_s: float, rows: int,
+                   model_s: float) -> None:
+        """The common execute call: every request answered with outputs at default priority,
+        from one model call of `rows` rows; the same figures as `call`, folded many at a time."""
+        self._keep_plain((requests, read_s, engine_s, respond_s, read_s + engine_s, rows, model_s))
 
     def _fold_call(self, record) -> Tuple[list, list]:
         requests, read_s, engine_s, respond_s, answered, batches = record
@@ -304,6 +358,23 @@ class BackendMetrics:
         for name, value in figures.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.aggregate.set("latte_scheduler", {"figure": name}, value)
+
+
+_SUCCESSES = ("latte_requests_total", (("outcome", "success"),))
+_DEFAULT_PRIORITY_LATENCY = ("latte_request_duration_us", (("priority", "0"),))
+
+
+def _fold_plain_calls(records: List[tuple]) -> Tuple[list, list, list]:
+    """What BackendMetrics.call would record for each of these plain calls, added up."""
+    requests, read_s, engine_s, respond_s, latency_s, rows, model_s = np.array(records, dtype=np.float64).T
+    answered = float(requests.sum())
+    increments = [(_EXECUTE_CALLS, float(len(records))), (_EXECUTE_REQUESTS, answered),
+                  (_STAGE_READ, float(read_s.sum()) * 1e6), (_STAGE_ENGINE, float(engine_s.sum()) * 1e6),
+                  (_STAGE_RESPOND, float(respond_s.sum()) * 1e6), (_SUCCESSES, answered),
+                  (_MODEL_US, float(model_s.sum()) * 1e6)]
+    bulk = [(_DEFAULT_PRIORITY_LATENCY, LATENCY_BUCKETS_US, latency_s * 1e6, requests),
+            (_BATCH_SIZE, BATCH_BUCKETS, rows, np.ones_like(rows))]
+    return increments, [], bulk
 
 
 def outcome_label(exc: Optional[BaseException]) -> str:

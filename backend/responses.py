@@ -53,6 +53,26 @@ class ResponseBuilder:
         except Exception:  # an output Triton cannot carry: each request gets its own answer
             return [self.build(outcome) for outcome in outcomes]
 
+    def from_batch(self, outputs: Dict[str, np.ndarray], rows) -> list:
+        """The responses of a call run as one batch (BatchEngine.run_columns): each request's
+        share of every output, `rows` per request in order, as views of the batch."""
+        names = self.output_names
+        if len(rows) == len(outputs[names[0]]):
+            # One row each: numpy hands out the row views itself.
+            columns = [outputs[name][:, None] for name in names]
+        else:
+            ends = np.cumsum(rows)
+            columns = [[array[end - r:end] for r, end in zip(rows, ends)] for array in (outputs[n] for n in names)]
+        Tensor, InferenceResponse = self.pb.Tensor, self.pb.InferenceResponse
+        try:
+            if len(names) == 1:
+                (name,) = names
+                return [InferenceResponse(output_tensors=[Tensor(name, view)]) for view in columns[0]]
+            return [InferenceResponse(output_tensors=[Tensor(name, view) for name, view in zip(names, views)])
+                    for views in zip(*columns)]
+        except Exception:  # an output Triton cannot carry: each request gets its own answer
+            return [self.build(dict(zip(names, views))) for views in zip(*columns)]
+
     def build(self, outcome):
         """The response for one outcome: its outputs, or its error."""
         if isinstance(outcome, Exception):

@@ -102,6 +102,9 @@ class LatteModel:
                                                                       queue_capacity=serving.max_queue_size,
                                                                       max_window_s=window)
         self.responses = ResponseBuilder(pb, [t.name for t in signature.outputs])
+        # Calls of one-shape requests run inline take the column path (_execute_columns).
+        self._by_columns = self.engine.takes_columns and not serving.pipeline and not serving.check_cancellation
+        self._max_rows = signature.max_batch_size
         self.early = EarlyAnswers(serving.respond)
         self._batches: List = []  # (rows, model seconds) of the running execute call's batches
         # Pipelined answers wait here for the sender thread, highest priority_level first
@@ -148,6 +151,10 @@ class LatteModel:
 
     def execute(self, requests) -> List:
         started = time.perf_counter()
+        if self._by_columns:
+            responses = self._execute_columns(requests, started)
+            if responses is not None:
+                return responses
         call = self.reader.read_call(requests, self._check_cancellation)
         items = call.items
         if call.plain and not self._pipeline and self.engine.fits_one_batch(len(items), call.rows):
@@ -163,13 +170,12 @@ class LatteModel:
             # tallied one outcome at a time.
             if all(type(r) is dict for r in results):
                 responses = self.responses.successes(results)
-                counts = {_SUCCESS: len(results)}
-            else:
-                responses = self.responses.build_all(results)
-                counts = self._tally(enumerate(results), None)
+                self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
+                return responses
+            responses = self.responses.build_all(results)
             batches, self._batches = self._batches, []
             self.metrics.call(len(requests), read - started, ran - read, time.perf_counter() - ran,
-                              [(counts, ran - started)], batches)
+                              [(self._tally(enumerate(results), None), ran - started)], batches)
             return responses
 
         options = None if call.plain else self._options(items)
@@ -209,6 +215,35 @@ class LatteModel:
         batches, self._batches = self._batches, []
         self.metrics.call(len(requests), read - started, engine_s, responding, answered, batches)
         return responses
+
+    def _execute_columns(self, requests, started: float) -> Optional[List]:
+        """The common call of a model whose requests all have one shape: read by input, one
+        model call, the responses cut from the batch's outputs; no per-request object on the
+        way. None when the call is anything else (a request to refuse, parameters, a timeout,
+        more rows than one batch) or the model fails: the general path then answers it, each
+        request with its own outcome."""
+        columns = self.reader.read_columns(requests)
+        if columns is None or sum(columns.rows) > self._max_rows:
+            return None
+        read = time.perf_counter()
+        try:
+            outputs = self.engine.run_columns(columns.arrays, columns.rows)
+        except Exception:
+            self._batches = []
+            return None
+        ran = time.perf_counter()
+        responses = self.responses.from_batch(outputs, columns.rows)
+        self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
+        return responses
+
+    def _record_plain(self, requests: int, read_s: float, engine_s: float, respond_s: float) -> None:
+        """Metrics of a call whose every request was answered with outputs at default priority."""
+        batches, self._batches = self._batches, []
+        if len(batches) == 1:  # one model call: the common case, folded with its likes
+            ((rows, model_s),) = batches
+            self.metrics.plain_call(requests, read_s, engine_s, respond_s, rows, model_s)
+        else:
+            self.metrics.call(requests, read_s, engine_s, respond_s, [({_SUCCESS: requests}, read_s + engine_s)], batches)
 
     def _send_early(self, requests, outcomes, results) -> float:
         """Answer a finished group through its response senders now (see EarlyAnswers)."""

@@ -1,5 +1,6 @@
 """The backend's in-process figures: what one execute call records, whatever its size."""
 
+import numpy as np
 import pytest
 
 from latte.backend.metrics import LATENCY_BUCKETS_US, BackendMetrics
@@ -63,3 +64,32 @@ def test_calls_recorded_while_another_thread_reads_the_figures_are_all_counted()
     counters, _ = metrics.aggregate.snapshot()
     assert counters[("latte_execute_calls_total", ())] == calls_per_thread * threads
     assert counters[("latte_requests_total", (("outcome", "success"),))] == calls_per_thread * threads
+
+
+def test_plain_calls_folded_together_record_what_each_call_would():
+    """plain_call is call for the common case, folded many records at a time: every counter
+    and histogram bucket comes out as recording each call with `call` would give."""
+    rng = np.random.default_rng(7)
+    one_by_one, together = BackendMetrics(), BackendMetrics()
+    for _ in range(300):
+        requests, rows = int(rng.integers(1, 9)), int(rng.integers(1, 40))
+        read_s, engine_s, respond_s, model_s = rng.uniform(1e-6, 3e-3, 4)
+        one_by_one.call(requests, read_s, engine_s, respond_s, [({("success", 0): requests}, read_s + engine_s)],
+                        [(rows, model_s)])
+        together.plain_call(requests, read_s, engine_s, respond_s, rows, model_s)
+    want, _ = one_by_one.aggregate.snapshot()
+    got, _ = together.aggregate.snapshot()
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-9), key
+    assert got[("latte_batch_size_count", ())] == 300
+
+
+def test_plain_calls_past_the_deferred_limit_are_folded_on_the_way_and_none_lost():
+    from latte.backend import metrics as module
+
+    metrics = BackendMetrics()
+    for _ in range(module._MAX_DEFERRED * 2 + 5):
+        metrics.plain_call(2, 1e-6, 1e-6, 1e-6, 2, 1e-6)
+    counters, _ = metrics.aggregate.snapshot()
+    assert counters[("latte_execute_requests_total", ())] == 2 * (module._MAX_DEFERRED * 2 + 5)

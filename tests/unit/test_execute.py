@@ -70,15 +70,16 @@ def test_a_call_is_counted_once_with_its_batches_and_outcomes(mlp):
     assert counter(mlp, "latte_requests_total", outcome="bad_request") == bad_before + 1
 
 
-@pytest.mark.parametrize("step, with_a_bad_request", [("_plan", True), ("run_whole", False)],
+@pytest.mark.parametrize("steps, with_a_bad_request", [(["_plan"], True), (["run_columns", "run_whole"], False)],
                          ids=["planning", "the-plain-call's-batch"])
-def test_a_fault_outside_any_batch_answers_every_request_with_one_line(example_repo, step, with_a_bad_request):
+def test_a_fault_outside_any_batch_answers_every_request_with_one_line(example_repo, steps, with_a_bad_request):
     model = load(example_repo, "mlp_onnx")
     try:
         def broken(*_):
             raise KeyError("batch lost")
 
-        setattr(model.engine, step, broken)
+        for step in steps:  # the column path falls back to the general one, so both are broken
+            setattr(model.engine, step, broken)
         rng = np.random.default_rng(5)
         requests = [InferenceRequest(EXAMPLES["mlp"].sample(1, rng)) for _ in range(2)]
         if with_a_bad_request:  # then the call is not plain: it is planned
@@ -154,3 +155,36 @@ def test_pipelined_answers_leave_highest_priority_first(example_repo):
         gate.set()
         model.finalize()
 
+
+
+def test_a_plain_call_of_one_shape_answers_each_request_with_its_rows_of_one_batch(mlp):
+    rng = np.random.default_rng(11)
+    feeds = [EXAMPLES["mlp"].sample(rows, rng) for rows in (2, 1, 3)]
+    alone = [mlp.execute([InferenceRequest(f)])[0].output_tensors()[0].as_numpy() for f in feeds]
+    calls = counter(mlp, "latte_batch_size_count")
+
+    responses = mlp.execute([InferenceRequest(f) for f in feeds])
+
+    assert counter(mlp, "latte_batch_size_count") == calls + 1  # one model call for the three
+    for response, want in zip(responses, alone):
+        assert not response.has_error()
+        np.testing.assert_allclose(response.output_tensors()[0].as_numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_the_model_fails_on_is_answered_request_by_request(example_repo):
+    model = load(example_repo, "mlp_onnx")
+    try:
+        run = model.runtime.run
+
+        def fails_on_batches(feed):
+            if next(iter(feed.values())).shape[0] > 1:
+                raise RuntimeError("kernel failed on a batch")
+            return run(feed)
+
+        model.runtime.run = fails_on_batches
+        rng = np.random.default_rng(12)
+        responses = model.execute([InferenceRequest(EXAMPLES["mlp"].sample(1, rng)) for _ in range(3)])
+        assert [r.has_error() for r in responses] == [False, False, False]
+        assert counter(model, "latte_requests_total", outcome="success") == 3
+    finally:
+        model.finalize()

@@ -141,3 +141,54 @@ def test_a_timeout_makes_the_call_not_plain():
     timed = Timed(tokens=np.ones((1, 3), np.int64), scale=np.ones((1, 1), np.float32))
     call = RequestReader(SPEC).read_call([good(), timed])
     assert not call.plain and call.items[1].timeout_us == 5000
+
+
+ONE_SHAPE = ModelSpec(
+    ModelSignature(name="pair", inputs=(TensorSpec("a", np.dtype(np.float32), (3,)),
+                                        TensorSpec("b", np.dtype(np.int64), (2,))),
+                   outputs=(TensorSpec("y", np.dtype(np.float32), (1,)),), max_batch_size=8,
+                   runtime="onnx", model_path=None),
+    ServingOptions(),
+)
+
+
+def pair(rows=1, **changes):
+    arrays = {"b": np.ones((rows, 2), np.int64), "a": np.ones((rows, 3), np.float32)}  # in any order
+    arrays.update(changes)
+    return Request(**{k: v for k, v in arrays.items() if v is not None})
+
+
+def test_a_plain_call_is_read_by_input_in_the_order_of_its_requests():
+    first, second = pair(rows=2, a=np.zeros((2, 3), np.float32)), pair(rows=1)
+    columns = RequestReader(ONE_SHAPE).read_columns([first, second])
+    assert list(columns.arrays) == ["a", "b"]
+    assert [x.shape for x in columns.arrays["a"]] == [(2, 3), (1, 3)]
+    assert columns.arrays["a"][0] is first.inputs()[1].as_numpy()
+    assert columns.rows == [2, 1]
+
+
+@pytest.mark.parametrize("odd", [
+    pair(a=np.ones((1, 3), np.float64)),           # a check fails
+    pair(b=None),                                  # an input missing
+    pair(rows=2, b=np.ones((1, 2), np.int64)),     # inputs disagree on rows
+    Request(parameters='{"priority_level": 1}', a=np.ones((1, 3), np.float32), b=np.ones((1, 2), np.int64)),
+], ids=["refused", "missing-input", "rows-disagree", "parameters"])
+def test_anything_but_a_plain_call_is_left_to_read_call(odd):
+    assert RequestReader(ONE_SHAPE).read_columns([pair(), odd]) is None
+    call = RequestReader(ONE_SHAPE).read_call([pair(), odd])  # which reads each request for what it is
+    assert not call.plain and call.items[0].rows == 1
+    if odd.parameters():
+        assert call.items[1].parameters == {"priority_level": 1}
+    else:
+        assert isinstance(call.items[1], RequestError)
+
+
+def test_a_one_input_call_with_a_stray_input_is_left_to_read_call():
+    spec = ModelSpec(ModelSignature(name="one", inputs=(TensorSpec("a", np.dtype(np.float32), (3,)),),
+                                    outputs=(TensorSpec("y", np.dtype(np.float32), (1,)),), max_batch_size=8,
+                                    runtime="onnx", model_path=None), ServingOptions())
+    reader = RequestReader(spec)
+    assert reader.read_columns([Request(a=np.ones((1, 3), np.float32))]).rows == [1]
+    assert reader.read_columns([Request(x=np.ones((1, 3), np.float32))]) is None
+    assert reader.read_columns([Request(a=np.ones((1, 3), np.float32), x=np.ones((1, 3), np.float32))]) is None
+    assert reader.read_columns([Request()]) is None
