@@ -66,6 +66,7 @@ def lognormal_samples(config, max_length: int, seed: int = 0) -> List[dict]:
 
 def latte_configs(example: str, slo_ms: float, work: Path, install, cost, cost_s: float, quick: bool) -> dict:
     """Derived and tuned config contexts plus their wall times."""
+    from latte.bench.lengths import LengthDistribution
     from latte.examples import CATALOG, export
     from latte.generator.derive import derive
     from latte.generator.generate import plan_latte_model
@@ -98,8 +99,10 @@ def latte_configs(example: str, slo_ms: float, work: Path, install, cost, cost_s
     profile.save(work / "m.json")
     write_operating_points(repo, {"m": OperatingPoint(slo_ms, derivation.planned_rate, "derived",
                                                       str(work / "m.json"))})
+    # The tuner measures the lengths the rounds will serve, not one length.
+    lengths = LengthDistribution.parse(f"lognormal:median={LENGTH_MEDIAN},sigma={LENGTH_SIGMA}")
     result = tune(repo, "m", slo_ms, install=install, measurement_ms=500 if quick else 1000,
-                  max_steps=1 if quick else 4, log=print)
+                  max_steps=1 if quick else 4, log=print, lengths=lengths)
     print(result.table(), flush=True)
     tuned = parse_config((repo / "m" / "config.pbtxt").read_text())
     return {"model_file": model_file, "derived": plan.context, "derived_s": derived_s,

@@ -127,6 +127,16 @@ def pick_next(best: Measurement, measured: List[Measurement], slo_ms: float) -> 
     return max(better, key=lambda m: m.score) if better else None
 
 
+def describe_requests(config, length: int, lengths=None) -> str:
+    """What the measurements sent, kept with them."""
+    if not any(-1 in t.dims for t in config.input):
+        return "fixed shapes"
+    if lengths is None:
+        return f"every variable dimension at {length}"
+    params = ",".join(f"{k}={v}" for k, v in lengths.params)
+    return f"lengths drawn from {lengths.kind}" + (f":{params}" if params else "")
+
+
 @dataclass
 class TuneResult:
     model: str
@@ -135,6 +145,7 @@ class TuneResult:
     best: Measurement
     measurements: List[Measurement]
     wall_s: float
+    requests: str = ""     # what the measurements sent (describe_requests)
 
     def table(self) -> str:
         lines = [f"{'candidate':<36} {'infer/s':>9} {'P99 ms':>8} {'at conc':>7} {'Poisson P99':>11}  note"]
@@ -145,12 +156,13 @@ class TuneResult:
             lines.append(f"{m.candidate.label:<36} {m.score:>9.0f} {m.p99_ms:>8.2f} {m.concurrency:>7} "
                          f"{poisson:>11}  {note}")
         gain = self.best.score / self.start.score if self.start.score else float("inf")
-        lines.append(f"{self.model}: {len(self.measurements)} candidate(s) in {self.wall_s:.0f} s; winner "
+        lines.append(f"{self.model}: {len(self.measurements)} candidate(s) in {self.wall_s:.0f} s"
+                     + (f" ({self.requests})" if self.requests else "") + f"; winner "
                      f"{self.best.candidate.label} at {self.best.score:.0f} infer/s ({gain:.2f}x the start)")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
-        return {"model": self.model, "slo_ms": self.slo_ms, "wall_s": self.wall_s,
+        return {"model": self.model, "slo_ms": self.slo_ms, "wall_s": self.wall_s, "requests": self.requests,
                 "start": self.start.candidate.label, "winner": self.best.candidate.label,
                 "measurements": [m.to_json() for m in self.measurements]}
 
@@ -214,8 +226,11 @@ def _closed_loop(run, candidate: Candidate, slo_ms: float) -> Tuple[float, float
 
 def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, length: int = 16,
          measurement_ms: int = 1000, max_steps: int = MAX_STEPS, write: bool = True,
-         log: Callable[[str], None] = lambda line: None) -> TuneResult:
-    """Search MODEL's neighbourhood in REPO; write the winner's config.pbtxt when write is set."""
+         log: Callable[[str], None] = lambda line: None, lengths=None) -> TuneResult:
+    """Search MODEL's neighbourhood in REPO; write the winner's config.pbtxt when write is set.
+    Requests have every variable dimension at `length`, or lengths drawn from the
+    LengthDistribution `lengths` (what the model will serve: padding and batch planning then
+    cost what they cost in production)."""
     import tritonclient.grpc as grpcclient
     from google.protobuf import json_format, text_format
     from tritonclient.utils import InferenceServerException
@@ -223,7 +238,7 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
     from latte.generator.operating_point import read_operating_points
     from latte.backend.config import usable_cores
     from latte.generator.validate import batcher_stall, validate_repository
-    from latte.generator.verify import input_samples
+    from latte.generator.verify import request_samples
     from latte.triton import TritonServer
     from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
 
@@ -245,7 +260,7 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
     with tempfile.TemporaryDirectory(prefix="latte-tune-") as tmp, TritonServer(
             repo, install=install, log_path=Path(tmp) / "tritonserver.log",
             extra_args=["--model-control-mode=explicit", f"--load-model={model}"]) as server:
-        data = write_input_data(Path(tmp) / "inputs.json", input_samples(config, length))
+        data = write_input_data(Path(tmp) / "inputs.json", request_samples(config, length, lengths))
         client = grpcclient.InferenceServerClient(server.grpc_url)
 
         def measure(candidate: Candidate) -> Measurement:
@@ -279,7 +294,8 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
 
         first, best, measured = search(Candidate.of(config), measure, slo_ms, max_instances=2 * cores,
                                        max_steps=max_steps, log=log)
-    result = TuneResult(model, slo_ms, first, best, measured, time.perf_counter() - started)
+    result = TuneResult(model, slo_ms, first, best, measured, time.perf_counter() - started,
+                        requests=describe_requests(config, length, lengths))
     if write and best is not first and best.eligible(slo_ms):
         (repo / model / "config.pbtxt").write_text(text_format.MessageToString(best.candidate.apply(config)))
     record = Path(plan.profile).with_suffix(".tune.json") if plan and plan.profile else repo / f"{model}.tune.json"

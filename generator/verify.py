@@ -193,10 +193,30 @@ def intended_load(repo: Path, batching, slo_ms: Optional[float], rate: Optional[
                 "no plan in the repository: every instance busy with a full batch"), slo
 
 
+# Distinct requests drawn from a length distribution: enough for its tail to show.
+DRAWN_REQUESTS = 64
+# The longest variable dimension drawn when the config names no max_sequence_length.
+DEFAULT_MAX_LENGTH = 128
+
+
+def request_samples(config, length: int = 16, lengths=None, seed: int = 0) -> List[Dict[str, np.ndarray]]:
+    """The requests perf_analyzer sends: every variable dimension at `length`, or, given a
+    LengthDistribution `lengths`, each request at a length of its own drawn from it (up to the
+    config's max_sequence_length): traffic of mixed lengths batches and pads as served traffic
+    does, which one length never shows."""
+    if lengths is None or not any(-1 in t.dims for t in config.input):
+        return input_samples(config, length, seed=seed)
+    raw = config.parameters["max_sequence_length"].string_value if "max_sequence_length" in config.parameters else ""
+    maximum = int(raw) if raw.strip().isdigit() and int(raw) > 0 else DEFAULT_MAX_LENGTH
+    drawn = lengths.sample(np.random.default_rng(seed), DRAWN_REQUESTS, maximum)
+    return [input_samples(config, int(n), count=1, seed=seed + i)[0] for i, n in enumerate(drawn)]
+
+
 def verify(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, concurrency: Optional[int] = None,
            length: int = 16, measurement_ms: int = 3000, url: Optional[str] = None,
-           rate: Optional[float] = None) -> VerifyReport:
-    """Measure MODEL in REPO with perf_analyzer (starting tritonserver unless url is given)."""
+           rate: Optional[float] = None, lengths=None) -> VerifyReport:
+    """Measure MODEL in REPO with perf_analyzer (starting tritonserver unless url is given);
+    variable dimensions at `length`, or drawn from the LengthDistribution `lengths`."""
     from latte.backend.config import usable_cores
     from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
 
@@ -207,7 +227,7 @@ def verify(repo: Path, model: str, slo_ms: Optional[float] = None, install=None,
     batching = batching_config(configs, model)
     load, slo_ms = intended_load(Path(repo), batching, slo_ms, rate, concurrency, model)
     with tempfile.TemporaryDirectory(prefix="latte-verify-") as tmp:
-        data = write_input_data(Path(tmp) / "inputs.json", input_samples(config, length))
+        data = write_input_data(Path(tmp) / "inputs.json", request_samples(config, length, lengths))
 
         def measure(server_url: str):
             # A wide stability band: on a shared machine the default rarely settles, and the

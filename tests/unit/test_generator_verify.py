@@ -104,3 +104,26 @@ def test_a_full_queue_fails_the_slo_with_its_cause():
     assert not verdict.slo_met
     assert "the server rejected requests (exceeds maximum queue size 24)" in verdict.suggestion
     assert "load: 900 req/s Poisson (--rate)" in verdict.text()
+
+
+def test_requests_drawn_from_a_length_distribution_each_have_their_own_length():
+    from latte.bench.lengths import LengthDistribution
+    from latte.generator.verify import DRAWN_REQUESTS, request_samples
+
+    config = parse_config(CONFIG)
+    lognormal = LengthDistribution.parse("lognormal:median=16,sigma=0.8")
+    drawn = [s["tokens"].shape[0] for s in request_samples(config, lengths=lognormal)]
+    assert len(drawn) == DRAWN_REQUESTS
+    assert len(set(drawn)) > 10 and min(drawn) >= 1
+    assert drawn == [s["tokens"].shape[0] for s in request_samples(config, lengths=lognormal)]  # seeded
+    assert {s["tokens"].shape[0] for s in request_samples(config, length=24)} == {24}
+
+
+def test_drawn_lengths_stop_at_the_configs_max_sequence_length():
+    from latte.bench.lengths import LengthDistribution
+    from latte.generator.verify import request_samples
+
+    config = parse_config(CONFIG)
+    config.parameters["max_sequence_length"].string_value = "20"
+    uniform = LengthDistribution.parse("uniform:low=1,high=500")
+    assert max(s["tokens"].shape[0] for s in request_samples(config, lengths=uniform)) <= 20

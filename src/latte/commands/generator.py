@@ -124,7 +124,7 @@ went (server queue vs compute).""",
     p.add_argument("--slo-ms", type=float, help="the P99 latency SLO in milliseconds (default: the planned one)")
     p.add_argument("--rate", type=float, help="Poisson arrivals per second (default: the planned rate)")
     p.add_argument("--concurrency", type=int, help="closed loop: requests in flight (instead of a rate)")
-    p.add_argument("--length", type=int, default=16, help="length used for variable input dimensions (default 16)")
+    _add_length_flags(p)
     p.add_argument("--measurement-ms", type=int, default=3000, help="perf_analyzer measurement window")
     p.add_argument("--url", metavar="HOST:PORT", help="gRPC endpoint of a tritonserver already serving REPO "
                    "(default: start one)")
@@ -148,13 +148,32 @@ model's profile (MODEL.tune.json).""",
     p.add_argument("repo", help="model repository folder (from `latte generate`)")
     p.add_argument("--model", required=True, help="the latte model to tune")
     p.add_argument("--slo-ms", type=float, help="the P99 latency SLO in milliseconds (default: the planned one)")
-    p.add_argument("--length", type=int, default=16, help="length used for variable input dimensions (default 16)")
+    _add_length_flags(p)
     p.add_argument("--measurement-ms", type=int, default=1000, help="perf_analyzer measurement window")
     p.add_argument("--max-steps", type=int, default=4, help="moves to a better neighbour at most (default 4)")
     p.add_argument("--dry-run", action="store_true", help="measure and print, leave config.pbtxt as it is")
     p.add_argument("--tritonserver", metavar="PATH", help="tritonserver binary or install root")
     p.add_argument("--backend-directory", metavar="DIR", help="folder holding Triton's python/ backend")
     p.set_defaults(handler=_tune)
+
+
+def _length_distribution(text: str):
+    from latte.bench.lengths import LengthDistribution, LengthSpecError
+
+    try:
+        return LengthDistribution.parse(text)
+    except LengthSpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+
+
+def _add_length_flags(p) -> None:
+    from latte.bench.lengths import EXAMPLES_TEXT
+
+    lengths = p.add_mutually_exclusive_group()
+    lengths.add_argument("--length", type=int, default=16, help="length used for variable input dimensions (default 16)")
+    lengths.add_argument("--lengths", type=_length_distribution, metavar="DIST",
+                         help="draw each request's variable dimensions from a length distribution instead, "
+                              f"as the model will be served, e.g. {EXAMPLES_TEXT.split(', ')[2]}")
 
 
 def _profile(args) -> int:
@@ -251,7 +270,8 @@ def _verify(args) -> int:
 
     install = None if args.url else find_triton(args.tritonserver, args.backend_directory)
     report = verify(Path(args.repo), args.model, args.slo_ms, install=install, concurrency=args.concurrency,
-                    length=args.length, measurement_ms=args.measurement_ms, url=args.url, rate=args.rate)
+                    length=args.length, measurement_ms=args.measurement_ms, url=args.url, rate=args.rate,
+                    lengths=args.lengths)
     print(report.text())
     return 0 if report.slo_met else 1
 
@@ -263,7 +283,7 @@ def _tune(args) -> int:
     result = tune(Path(args.repo), args.model, args.slo_ms, install=find_triton(args.tritonserver,
                                                                                args.backend_directory),
                   length=args.length, measurement_ms=args.measurement_ms, max_steps=args.max_steps,
-                  write=not args.dry_run, log=print)
+                  write=not args.dry_run, log=print, lengths=args.lengths)
     print(result.table())
     if result.best is not result.start and not args.dry_run and result.best.eligible(result.slo_ms):
         print(f"wrote {Path(args.repo) / args.model / 'config.pbtxt'}")
