@@ -237,7 +237,13 @@ def bench_case(case: str, work: Path, install, cost, cost_s: float, args) -> dic
         binary = model_analyzer(Path(args.model_analyzer_venv))
         ma_repo = case_dir / "ma_repo"
         shutil.rmtree(ma_repo, ignore_errors=True)
-        write_proto_model(ma_repo, "m", derived, latte["model_file"])
+        # Model Analyzer starts at concurrencies past the derived queue bound (2 x max_batch_size x
+        # instances), perf_analyzer aborts at the first rejection, and a failed default leaves MA
+        # with nothing: it gets the derived config without latte's queue policy, which it does not
+        # search anyway.
+        base = copy.deepcopy(derived)
+        base.dynamic_batching.ClearField("default_queue_policy")
+        write_proto_model(ma_repo, "m", base, latte["model_file"])
         for mode in args.model_analyzer_searches.split(","):
             print(f"{case}: Model Analyzer {mode} search", flush=True)
             ma = run_model_analyzer(binary, mode, ma_repo, "m", slo_ms, data, case_dir, install, args.quick)

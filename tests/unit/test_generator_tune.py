@@ -129,3 +129,32 @@ def test_closed_loop_scan_stops_where_p99_passes_the_slo():
     curve = {2: FakePoint(100, 3.0), 4: FakePoint(180, 25.0)}
     score, _, level, rows = _closed_loop(lambda concurrency: curve[concurrency[0]], Candidate(2, 8, 0, (), True), 20)
     assert (score, level, len(rows)) == (100, 2, 2)
+
+
+def test_when_no_candidate_holds_the_planned_rate_the_search_ranks_by_closed_loop_throughput():
+    start = Candidate(2, 64, 0, (32,), True)
+    faster = Candidate(2, 64, 5000, (32,), True)
+    table = {faster: 1560.0}
+    lines = []
+
+    def overloaded(candidate):  # every candidate is rejected at the plan's (too high) rate
+        return Measurement(candidate, score=table.get(candidate, 1146.0), p99_ms=80.0, concurrency=32,
+                           poisson_p99_ms=float("inf"))
+
+    first, best, measured = search(start, overloaded, slo_ms=100, max_instances=4, log=lines.append)
+    assert best.candidate == faster and first.candidate == start
+    assert any("no candidate holds the planned rate" in line for line in lines)
+
+
+def test_where_one_candidate_holds_the_planned_rate_only_those_that_hold_it_can_win():
+    start = Candidate(2, 16, 0, (), True)
+    holds = Candidate(3, 16, 0, (), True)
+    misses_but_fast = Candidate(2, 32, 0, (), True)
+
+    def measure(candidate):
+        score = {holds: 120.0, misses_but_fast: 300.0}.get(candidate, 100.0)
+        return Measurement(candidate, score=score, p99_ms=10.0, concurrency=8,
+                           poisson_p99_ms=15.0 if candidate == holds else 45.0)
+
+    _, best, _ = search(start, measure, slo_ms=20, max_instances=4)
+    assert best.candidate == holds
