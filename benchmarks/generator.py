@@ -15,9 +15,12 @@ For each case (example model x P99 SLO):
 - Triton default: the same model with an empty dynamic_batching and one instance.
 
 Then every config is served side by side by one tritonserver and driven by perf_analyzer
-in closed loop at LEVELS with lognormal sequence lengths. A config's score in one round is
-its best throughput among the levels whose P99 stays within the SLO; its result is the
-median over --rounds interleaved rounds (the order flips each round).
+in closed loop with lognormal sequence lengths, concurrency doubling from 2 until P99 passes
+the SLO or throughput stops growing (up to 512 in flight; `latte tune` scans the same way).
+A config's score in one round is its best throughput among the levels whose P99 stays within
+the SLO (beside it: the same up to 32 in flight, where a loose SLO does not bind and only
+throughput is compared); its result is the median over --rounds interleaved rounds (the
+order flips each round).
 
     .venv/bin/python benchmarks/generator.py                        # every case, 3 rounds
     .venv/bin/python benchmarks/generator.py --cases sequence:30 --rounds 1 --quick --skip-model-analyzer
@@ -43,8 +46,12 @@ from typing import Dict, List, Optional
 import numpy as np
 
 CASES = ["sequence:10", "sequence:30", "ranker:100"]
-LEVELS = [2, 4, 8, 16, 32]               # closed-loop requests in flight
+# Closed-loop requests in flight: doubling from the first to the last, until P99 passes the SLO.
+LEVELS = [2, 512]
 QUICK_LEVELS = [2, 8]
+# The figure up to 32 in flight is kept beside it: where the SLO does not bind there, it
+# measures throughput alone (the first head-to-head's levels, 2..32).
+NARROW_LEVEL = 32
 ROUNDS = 3
 MEASUREMENT_MS = 2000
 MODEL_ANALYZER = "triton-model-analyzer"
@@ -179,20 +186,24 @@ def best_ma_variant(csv_path: Path) -> str:
 
 # ---- head to head -----------------------------------------------------------------------------
 
-def measure(name: str, url: str, data: Path, slo_ms: float, levels: List[int], measurement_ms: int):
-    """Best throughput with P99 <= SLO over the levels, and its P99."""
+def measure(name: str, url: str, data: Path, slo_ms: float, levels: List[int], measurement_ms: int) -> dict:
+    """The config's best throughput with P99 <= SLO (and that P99) as concurrency doubles from
+    levels[0] until P99 passes the SLO or throughput stops growing (latte.generator.tune's
+    scan, up to levels[-1]), and the same among the levels up to NARROW_LEVEL only."""
+    from latte.generator.tune import closed_loop_scan
     from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer
 
-    best, best_p99 = 0.0, float("nan")
-    for level in levels:
-        try:
-            point = run_perf_analyzer(name, url, concurrency=[level], input_data=data,
-                                      measurement_ms=measurement_ms, max_trials=6, stability_percentage=100.0)[0]
-        except PerfAnalyzerError:
-            continue  # rejected or timed-out requests count as missing the SLO
-        if point.p99_ms <= slo_ms and point.throughput > best:
-            best, best_p99 = point.throughput, point.p99_ms
-    return best, best_p99
+    def run(concurrency):
+        return run_perf_analyzer(name, url, concurrency=concurrency, input_data=data,
+                                 measurement_ms=measurement_ms, max_trials=6, stability_percentage=100.0)[0]
+    try:
+        best, best_p99, level, rows = closed_loop_scan(run, slo_ms, levels[0], levels[-1])
+    except PerfAnalyzerError:  # rejected or timed out at the first level: nothing within the SLO
+        best, best_p99, level, rows = 0.0, float("nan"), 0, []
+    narrow = [r for r in rows if r["concurrency"] <= NARROW_LEVEL and "throughput" in r and r["p99_ms"] <= slo_ms]
+    top = max(narrow, key=lambda r: r["throughput"], default=None)
+    return {"infer_s": best, "p99_ms": best_p99 if best else float("nan"), "level": level,
+            "narrow_infer_s": top["throughput"] if top else 0.0, "rows": rows}
 
 
 def write_proto_model(repo: Path, name: str, config, model_file: Path) -> None:
@@ -262,26 +273,29 @@ def bench_case(case: str, work: Path, install, cost, cost_s: float, args) -> dic
             for name in order:
                 score = measure(f"{example}_{name}", server.grpc_url, data, slo_ms, levels, measurement_ms)
                 rounds[name].append(score)
-                print(f"  round {index + 1} {name}: {score[0]:.0f} infer/s (P99 {score[1]:.2f} ms)", flush=True)
+                print(f"  round {index + 1} {name}: {score['infer_s']:.0f} infer/s (P99 {score['p99_ms']:.2f} ms "
+                      f"at {score['level']} in flight; {score['narrow_infer_s']:.0f} up to {NARROW_LEVEL})", flush=True)
     results = {}
     for name, scores in rounds.items():
-        results[name] = {"infer_s": statistics.median(s[0] for s in scores),
-                         "p99_ms": statistics.median(s[1] for s in scores),
+        results[name] = {"infer_s": statistics.median(s["infer_s"] for s in scores),
+                         "p99_ms": statistics.median(s["p99_ms"] for s in scores),
+                         "level": statistics.median(s["level"] for s in scores),
+                         "narrow_infer_s": statistics.median(s["narrow_infer_s"] for s in scores),
                          "wall_s": walls[name], "config": notes[name], "rounds": scores}
     return {"case": case, "model": example, "slo_ms": slo_ms, "results": results, "calibration_s": cost_s}
 
 
 def print_table(rows: List[dict]) -> None:
     print()
-    print("| model | SLO P99 | config | infer/s | P99 ms | wall s | settings |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"| model | SLO P99 | config | infer/s | P99 ms | in flight | infer/s up to {NARROW_LEVEL} | wall s | settings |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         for name in CONFIGS:
             r = row["results"].get(name)
             if r is None:
                 continue
             print(f"| {row['model']} | {row['slo_ms']:g} ms | {name.replace('_', ' ')} | {r['infer_s']:.0f} | "
-                  f"{r['p99_ms']:.2f} | {r['wall_s']:.1f} | {r['config']} |")
+                  f"{r['p99_ms']:.2f} | {r['level']:g} | {r['narrow_infer_s']:.0f} | {r['wall_s']:.1f} | {r['config']} |")
     print()
     print("| model | SLO P99 | derived / MA quick | wall | wall, calibration kept | tuned / MA brute | wall | wall, calibration kept |")
     print("|---|---|---|---|---|---|---|---|")

@@ -34,6 +34,8 @@ MIN_GAIN = 1.03
 CONCURRENCY_REACH = 4
 MAX_STEPS = 4
 PATIENCE = 2
+# How long a measurement waits for the previous config's instances to exit.
+UNLOAD_WAIT_S = 60.0
 
 
 class TuneError(RuntimeError):
@@ -227,16 +229,18 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
     return first, best, list(seen.values())
 
 
-def _closed_loop(run, candidate: Candidate, slo_ms: float) -> Tuple[float, float, int, List[dict]]:
-    """Best throughput within the SLO as concurrency doubles; (score, its P99, its level, rows).
+def closed_loop_scan(run, slo_ms: float, first_level: int, last_level: int) -> Tuple[float, float, int, List[dict]]:
+    """Best throughput within the SLO as concurrency doubles from first_level up to last_level;
+    (score, its P99, its level, rows). What Model Analyzer reports for a config, and the only
+    figure that says where the SLO binds.
 
     The scan ends when P99 passes the SLO, when the server rejects requests (a full queue),
     or after PATIENCE doublings without a gain of MIN_GAIN (one is noise on a busy host)."""
     from latte.triton.perf import PerfAnalyzerError
 
     best, best_p99, best_level, rows, stale = 0.0, 0.0, 0, [], 0
-    level = candidate.instances
-    while level <= CONCURRENCY_REACH * candidate.instances * max(1, candidate.max_batch_size):
+    level = max(1, first_level)
+    while level <= last_level:
         try:
             point = run(concurrency=[level])
         except PerfAnalyzerError as exc:
@@ -256,6 +260,26 @@ def _closed_loop(run, candidate: Candidate, slo_ms: float) -> Tuple[float, float
     return best, best_p99, best_level, rows
 
 
+def _closed_loop(run, candidate: Candidate, slo_ms: float) -> Tuple[float, float, int, List[dict]]:
+    """closed_loop_scan for a candidate: from one request per instance to CONCURRENCY_REACH
+    times what its instances batch at once."""
+    return closed_loop_scan(run, slo_ms, candidate.instances,
+                            CONCURRENCY_REACH * candidate.instances * max(1, candidate.max_batch_size))
+
+
+def settle(instances_now: Callable[[], int], instances: int, timeout_s: float = UNLOAD_WAIT_S,
+           sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> bool:
+    """Wait until no more than `instances` instances run: a reload brings the candidate's
+    instances up before the previous config's are gone, and a stub still unloading takes CPU
+    from the one measured. False when they had not gone after timeout_s."""
+    deadline = clock() + timeout_s
+    while instances_now() > instances:
+        if clock() >= deadline:
+            return False
+        sleep(0.1)
+    return True
+
+
 def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, length: int = 16,
          measurement_ms: int = 1000, max_steps: int = MAX_STEPS, write: bool = True,
          log: Callable[[str], None] = lambda line: None, lengths=None) -> TuneResult:
@@ -269,6 +293,7 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
 
     from latte.generator.operating_point import read_operating_points
     from latte.backend.config import usable_cores
+    from latte.bench.cpu import model_stub_pids
     from latte.generator.validate import batcher_stall, validate_repository
     from latte.generator.verify import request_samples
     from latte.triton import TritonServer
@@ -306,6 +331,9 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
             except InferenceServerException as exc:
                 m.error = "refused at load: " + str(exc.message() or exc).splitlines()[0][:120]
                 return m
+            if not settle(lambda: len(model_stub_pids(server.process.pid, model)), candidate.instances):
+                log(f"  {candidate.label}: the previous config's instances were still running after "
+                    f"{UNLOAD_WAIT_S:.0f} s; measuring beside them")
 
             def run(**load):
                 # A wide stability band: a busy host must not abort a candidate; MIN_GAIN absorbs the noise.

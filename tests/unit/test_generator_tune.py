@@ -131,6 +131,45 @@ def test_closed_loop_scan_stops_where_p99_passes_the_slo():
     assert (score, level, len(rows)) == (100, 2, 2)
 
 
+def test_closed_loop_scan_goes_past_a_fixed_range_until_the_slo_binds():
+    from latte.generator.tune import closed_loop_scan
+
+    # Throughput keeps growing past 32 in flight; the SLO binds at 128.
+    curve = {2: 100, 4: 190, 8: 350, 16: 600, 32: 900, 64: 1200, 128: 1300}
+    p99 = {2: 5, 4: 6, 8: 8, 16: 15, 32: 30, 64: 60, 128: 140}
+    seen = []
+
+    def run(concurrency):
+        seen.append(concurrency[0])
+        return FakePoint(curve[concurrency[0]], p99[concurrency[0]])
+
+    score, best_p99, level, rows = closed_loop_scan(run, slo_ms=100, first_level=2, last_level=512)
+    assert (score, best_p99, level) == (1200, 60, 64)
+    assert seen == [2, 4, 8, 16, 32, 64, 128]
+    assert closed_loop_scan(run, slo_ms=100, first_level=2, last_level=32)[:3] == (900, 30, 32)
+
+
+def test_a_measurement_waits_for_the_previous_configs_instances_to_exit():
+    from latte.generator.tune import settle
+
+    running = iter([4, 4, 3, 2])   # the new config's 2 instances beside the old config's 2, exiting
+    slept = []
+    assert settle(lambda: next(running), instances=2, sleep=slept.append)
+    assert len(slept) == 3
+
+
+def test_a_measurement_gives_up_waiting_for_instances_that_do_not_exit():
+    from latte.generator.tune import settle
+
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    assert not settle(lambda: 3, instances=1, timeout_s=1.0, sleep=sleep, clock=lambda: now[0])
+    assert now[0] >= 1.0
+
+
 def test_when_no_candidate_holds_the_planned_rate_the_search_ranks_by_closed_loop_throughput():
     start = Candidate(2, 64, 0, (32,), True)
     faster = Candidate(2, 64, 5000, (32,), True)
