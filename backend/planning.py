@@ -59,6 +59,7 @@ class CostModel:
             # The planner's optimality rests on a longer padding never being cheaper per row.
             raise ValueError(f"per-row costs must not decrease with the bucket edge, got {dict(self.per_row_s)}")
         object.__setattr__(self, "_edges", edges)
+        object.__setattr__(self, "_edge_costs", costs)
         # Every call prices each of its requests: lengths repeat, so their costs are kept.
         object.__setattr__(self, "_row_costs", {})
         object.__setattr__(self, "_alone_costs", {})
@@ -82,14 +83,16 @@ class CostModel:
         return cls(DEFAULT_FIXED_POSITIONS * unit, {int(e): e * unit for e in edges})
 
     @classmethod
-    def fit(cls, timings: Mapping[int, Sequence[Tuple[int, float]]]) -> "CostModel":
+    def fit(cls, timings: Mapping[int, Sequence[Tuple[int, float]]],
+            one_row: Optional[Mapping[int, float]] = None) -> "CostModel":
         """From edge -> [(rows, seconds), ...], a least-squares line per edge; the fixed cost
         is the median intercept across edges (one call's overhead does not depend on the
         shape), and per-row costs are kept non-decreasing in the edge so that noise cannot
-        make a longer padding look cheaper."""
+        make a longer padding look cheaper. `one_row` adds one-row calls timed at lengths
+        between the edges (length -> seconds)."""
         if not timings:
             raise ValueError("no timings to fit a cost model to")
-        slopes, intercepts, single = {}, [], {}
+        slopes, intercepts, single = {}, [], dict(one_row or {})
         for edge, points in sorted(timings.items()):
             ones = [seconds for rows, seconds in points if rows == 1]
             if ones:
@@ -117,23 +120,13 @@ class CostModel:
         return cls(fixed, per_row, single or None)
 
     def row_cost(self, edge: int) -> float:
-        """Per-row seconds at `edge`: measured edges as measured; others scaled from the
-        nearest measured edge at or above (or the last one), in proportion to the length, and
-        never below the nearest measured edge under it, so the cost grows with the length."""
+        """Per-row seconds at `edge`: measured edges as measured, others along the measured
+        ones (priced_at)."""
         cost = self._row_costs.get(edge)  # type: ignore[attr-defined]
         if cost is None:
-            cost = _remember(self._row_costs, edge, self._row_cost(edge))  # type: ignore[attr-defined]
+            cost = _remember(self._row_costs, edge,  # type: ignore[attr-defined]
+                             priced_at(self._edges, self._edge_costs, edge))  # type: ignore[attr-defined]
         return cost
-
-    def _row_cost(self, edge: int) -> float:
-        cost = self.per_row_s.get(edge)
-        if cost is not None:
-            return cost
-        edges = self._edges  # type: ignore[attr-defined]
-        i = bisect.bisect_left(edges, edge)
-        ref = edges[i] if i < len(edges) else edges[-1]
-        scaled = self.per_row_s[ref] * edge / ref
-        return max(scaled, self.per_row_s[edges[i - 1]]) if i > 0 else scaled
 
     def batch_cost(self, edge: int, rows: int) -> float:
         return self.fixed_s + self.row_cost(edge) * rows
@@ -144,23 +137,9 @@ class CostModel:
             return self.fixed_s + self.row_cost(length) * rows
         cost = self._alone_costs.get(length)  # type: ignore[attr-defined]
         if cost is None:
-            cost = _remember(self._alone_costs, length, self._one_row_cost(length))  # type: ignore[attr-defined]
+            cost = _remember(self._alone_costs, length,  # type: ignore[attr-defined]
+                             priced_at(self._single_edges, self._single_costs, length))  # type: ignore[attr-defined]
         return cost
-
-    def _one_row_cost(self, length: int) -> float:
-        edges, costs = self._single_edges, self._single_costs  # type: ignore[attr-defined]
-        i = bisect.bisect_left(edges, length)
-        if i < len(edges) and edges[i] == length:
-            return costs[i]
-        if i == len(edges):  # past the last measured length: in proportion to the length
-            return costs[-1] * length / edges[-1]
-        if i == 0:  # below the first: along the line through the first two, at least in proportion
-            if len(edges) == 1:
-                return costs[0] * length / edges[0]
-            slope = (costs[1] - costs[0]) / (edges[1] - edges[0])
-            return max(costs[0] * length / edges[0], costs[0] - slope * (edges[0] - length))
-        low, high = edges[i - 1], edges[i]
-        return costs[i - 1] + (costs[i] - costs[i - 1]) * (length - low) / (high - low)
 
     def describe(self) -> str:
         rows = ", ".join(f"{e}: {v * 1e6:.1f}" for e, v in sorted(self.per_row_s.items()))
@@ -168,6 +147,29 @@ class CostModel:
         if self.single_s:
             text += "; one row (length: us) {" + ", ".join(f"{e}: {v * 1e6:.1f}" for e, v in sorted(self.single_s.items())) + "}"
         return text
+
+
+def priced_at(lengths: Sequence[int], costs: Sequence[float], length: int) -> float:
+    """The cost at `length` from costs measured at ascending `lengths` (non-decreasing):
+    between two measurements on the line through them; past the last in proportion to the
+    length; below the first along the line through the first two, at least in proportion (a
+    cost with a fixed part is not halved with the length, and a flat one stays flat). One
+    measurement says nothing of how the cost falls below it, so shorter lengths cost as much:
+    a model whose cost is its dense layers costs the same at 4 tokens as at 64 (priced in
+    proportion, the ranker's short requests were cut into batches of their own, ~1.25x the
+    compute per row served). Erring high only merges, where the padded batch is measured."""
+    i = bisect.bisect_left(lengths, length)
+    if i < len(lengths) and lengths[i] == length:
+        return costs[i]
+    if i == len(lengths):
+        return costs[-1] * length / lengths[-1]
+    if i == 0:
+        if len(lengths) == 1:
+            return costs[0]
+        slope = (costs[1] - costs[0]) / (lengths[1] - lengths[0])
+        return max(costs[0] * length / lengths[0], costs[0] - slope * (lengths[0] - length))
+    low, high = lengths[i - 1], lengths[i]
+    return costs[i - 1] + (costs[i] - costs[i - 1]) * (length - low) / (high - low)
 
 
 _MAX_REMEMBERED = 4096  # distinct lengths whose costs are kept, so odd traffic cannot grow them

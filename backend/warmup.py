@@ -56,12 +56,24 @@ def timing_clock(spec: ModelSpec) -> Callable[[], float]:
     return time.thread_time if serving.intra_op_threads == 1 and serving.device == "cpu" else time.perf_counter
 
 
+# Halvings of the first bucket edge at which a lone request is timed: a request alone runs at
+# its own length, and below the first edge nothing else says what that costs (a model whose
+# cost is its dense layers costs the same at 4 tokens as at 64; one whose cost is attention
+# costs far less).
+SHORTER_ONE_ROW_HALVINGS = 4
+
+
+def shorter_lengths(first_edge: int) -> List[int]:
+    return sorted({first_edge >> k for k in range(1, SHORTER_ONE_ROW_HALVINGS + 1) if first_edge >> k >= 1})
+
+
 def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Optional[Callable[[], float]] = None
                        ) -> Optional[CostModel]:
     """Time, per bucket edge, batches of 1, rows/4, rows/2 and `rows` one-row requests
     through the engine's path for one batch (assembly, model call, splitting; not the
-    per-call work that any plan pays once), fastest of `repeats`, and fit the planner's
-    cost model to it. None when there is nothing to plan (no buckets, or not batched)."""
+    per-call work that any plan pays once), and one-row calls at shorter lengths
+    (shorter_lengths), fastest of `repeats`, and fit the planner's cost model to it.
+    None when there is nothing to plan (no buckets, or not batched)."""
     spec = engine.spec
     clock = clock or timing_clock(spec)
     if engine.buckets is None or not spec.signature.batched:
@@ -73,10 +85,17 @@ def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Optional
     on_batch, engine.on_batch = engine.on_batch, None
     try:
         with exclusive_timing():
-            timings = _time_edges(engine, spec, repeats, sorted({1, max(1, rows // 4), max(1, rows // 2), rows}), clock)
+            shapes = [(edge, size) for edge in engine.buckets.edges
+                      for size in sorted({1, max(1, rows // 4), max(1, rows // 2), rows})]
+            shorter = shorter_lengths(engine.buckets.edges[0]) if any(t.ragged for t in spec.signature.inputs) else []
+            seconds = _time_shapes(engine, spec, repeats, shapes + [(length, 1) for length in shorter], clock)
     finally:
         engine.on_batch = on_batch
-    return CostModel.fit(timings)
+    timings: Dict[int, List[Tuple[int, float]]] = {}
+    for (length, size), value in seconds.items():
+        if length not in shorter:
+            timings.setdefault(length, []).append((size, value))
+    return CostModel.fit(timings, {length: seconds[(length, 1)] for length in shorter})
 
 
 @contextlib.contextmanager
@@ -99,9 +118,9 @@ def exclusive_timing():
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _time_edges(engine, spec: ModelSpec, repeats: int, sizes: List[int], clock: Callable[[], float]
-                ) -> Dict[int, List[Tuple[int, float]]]:
-    shapes = [(edge, size) for edge in engine.buckets.edges for size in sizes]
+def _time_shapes(engine, spec: ModelSpec, repeats: int, shapes: List[Tuple[int, int]], clock: Callable[[], float]
+                 ) -> Dict[Tuple[int, int], float]:
+    """(length, one-row requests) -> the fastest of `repeats` timings of that batch."""
     batches = {shape: _one_row_requests(spec, *shape) for shape in shapes}
     seconds: Dict[Tuple[int, int], List[float]] = {shape: [] for shape in shapes}
     # Shapes take turns within each repeat, so a burst of load from elsewhere inflates all
@@ -122,7 +141,4 @@ def _time_edges(engine, spec: ModelSpec, repeats: int, sizes: List[int], clock: 
     # The fastest repeat, not the median: on shared cores a neighbour's time slice lands on
     # long calls more often than on short ones, which bent the median's line upward at the
     # longest edge (measured in tritonserver: 460-690 us per 128-token row, ~150 quiet).
-    timings: Dict[int, List[Tuple[int, float]]] = {}
-    for (edge, size), values in seconds.items():
-        timings.setdefault(edge, []).append((size, min(values)))
-    return timings
+    return {shape: min(values) for shape, values in seconds.items()}

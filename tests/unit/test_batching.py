@@ -181,6 +181,27 @@ def test_fitting_keeps_one_row_calls_apart_from_the_batch_line():
     assert model.fixed_s == pytest.approx(100e-6, rel=0.01)
 
 
+def test_a_model_whose_cost_does_not_fall_with_the_length_keeps_its_short_requests_in_one_batch():
+    # A ranker: its dense tower costs 3.9 ms per one-row call at any length, 30 ms for 64 rows.
+    one_edge = CostModel(3.4e-3, {64: 0.42e-3}, single_s={64: 3.9e-3})
+    lengths, rows = [4, 9, 16, 30, 60], [1] * 5
+    # One measured length says nothing of shorter ones: they are priced as that length, not
+    # a sixteenth of it, and the plan is one call.
+    assert one_edge.alone_cost(4, 1) == pytest.approx(3.9e-3) and one_edge.row_cost(4) == pytest.approx(0.42e-3)
+    for padded_to in (BucketPlan([64]).edge_for, lambda length: length):  # pad_to: edge, longest
+        assert plan_by_cost(lengths, rows, padded_to, one_edge, 64) == [[0, 1, 2, 3, 4]]
+    # Measured shorter lengths are taken as measured.
+    timed = CostModel.fit({64: [(1, 3.9e-3), (4, 5.1e-3), (8, 6.8e-3), (16, 10.1e-3)]},
+                          one_row={4: 3.85e-3, 8: 3.9e-3, 16: 3.88e-3, 32: 3.9e-3})
+    assert timed.single_s[4] == pytest.approx(3.85e-3) and timed.single_s[64] == pytest.approx(3.9e-3)
+    assert timed.alone_cost(12, 1) == pytest.approx(3.9e-3)  # kept non-decreasing: 16's 3.88 is raised to 8's 3.9
+    assert plan_by_cost(lengths, rows, lambda length: length, timed, 64) == [[0, 1, 2, 3, 4]]
+    # Two measured edges: below the first, along the line through them, at least in proportion.
+    linear = CostModel(1e-4, {16: 20e-6, 32: 36e-6})  # 4 us + 1 us per token
+    assert linear.row_cost(8) == pytest.approx(12e-6) and linear.row_cost(24) == pytest.approx(28e-6)
+    assert CostModel(1e-4, {16: 16e-6, 32: 64e-6}).row_cost(8) == pytest.approx(8e-6)  # steeper: proportion
+
+
 def test_planned_batches_pad_to_the_edge_of_their_longest_member_and_split_back_unpadded():
     s = spec(max_batch_size=8)
     items = [(0, req(1, 3, 7)), (1, req(1, 20, 8)), (2, req(1, 40, 9))]

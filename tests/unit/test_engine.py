@@ -239,6 +239,9 @@ def test_the_warmup_timings_give_a_cost_model_for_every_bucket(example_engine):
     assert sorted(model.per_row_s) == list(spec.serving.bucket_edges)
     costs = [model.per_row_s[e] for e in spec.serving.bucket_edges]
     assert costs == sorted(costs) and costs[-1] > 0 and model.fixed_s >= 0
+    # Lone requests shorter than the first edge run at their own length, and are timed so.
+    first = spec.serving.bucket_edges[0]
+    assert set(model.single_s) == set(spec.serving.bucket_edges) | {first // 2, first // 4, first // 8, first // 16} - {0}
     assert records == [] and engine.on_batch == records.append  # timing calls are not counted as traffic
 
 
