@@ -109,16 +109,6 @@ def shared_host_rate(rates: List[float]) -> float:
     return 1.0 / sum(1.0 / r for r in rates)
 
 
-def cpu_room(cores: int, intra: int, per_instance: float, ceiling: float, budget: int) -> int:
-    """Instances whose threads get whole cores while they run flat out: each brings, besides its
-    intra_op_threads, the serving work of the rows it serves (the client's, the server's and
-    the stub's; `ceiling` requests/s take all the cores). At least one, at most `budget`;
-    `budget` when the ceiling is unknown (0)."""
-    if not ceiling or per_instance <= 0:
-        return budget
-    return max(1, min(budget, math.floor(cores / (intra + per_instance * cores / ceiling))))
-
-
 def bucket_edges(profile: Profile, batch_size: int) -> List[int]:
     """Sequence lengths worth their own bucket: merge neighbours whose latency is within 15%."""
     lengths = [b for b in profile.buckets() if b is not None]
@@ -198,38 +188,30 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     why.append(f"max_batch_size {b}: the largest batch with 2 x P99 l(b) within the SLO{trip_note} "
                f"(2 x {l_b:.2f} ms = {2 * l_b:.2f} ms <= {latency_ms:g} ms{worst_bucket}; {limit_note})")
 
-    # Instances: one per intra-op thread group that fits the cores, or as many as the rate needs,
-    # and on CPU no more than the cores can run whole next to the serving work they bring.
+    # Instances: one per intra-op thread group that fits the cores, or as many as the rate needs.
     kind = "KIND_GPU" if use_gpu else "KIND_CPU"
     budget = gpus * 2 if use_gpu else max(1, cores // intra)
     budget_text = (f"{gpus} GPU(s) x 2 (copies overlap compute)" if use_gpu
                    else f"{cores} core(s) // intra_op_threads {intra}")
     per_instance = top.throughput
-    ceiling = serving.request_ceiling(request_bytes(profile))
-    room = budget if use_gpu else cpu_room(cores, intra, per_instance, ceiling, budget)
-    room_text = "" if room >= budget else (
-        f"; the cores run {room} whole: each instance at {per_instance:.0f} rows/s brings "
-        f"{per_instance * cores / ceiling:.2f} core(s) of serving work (the host serves at most {ceiling:.0f} "
-        f"requests/s on {cores} core(s), calibration), and an instance with less than a whole core takes "
-        "longer per batch than the profile measured")
     if arrival_rate:
         needed = math.ceil(arrival_rate / (per_instance * TARGET_UTILISATION))
-        count = min(max(1, needed), room)
+        count = min(max(1, needed), budget)
         why.append(f"instance count {count} ({kind}): {arrival_rate:g} req/s over {per_instance:.0f} rows/s per "
                    f"instance at {TARGET_UTILISATION:.0%} utilisation needs {needed}; the thread budget allows "
-                   f"{budget} ({budget_text}){room_text}")
-        if needed > room:
+                   f"{budget} ({budget_text})")
+        if needed > budget:
             why.append(f"warning: {count} instance(s) serve at most {count * per_instance:.0f} rows/s, below the "
                        f"expected {arrival_rate:g} req/s: queues will grow and requests time out; add hardware")
     else:
-        count = room
+        count = budget
         why.append(f"instance count {count} ({kind}): no arrival rate given, so every slot of the thread budget "
-                   f"is used ({budget_text}; instances x intra_op_threads <= cores){room_text}")
+                   f"is used ({budget_text}; instances x intra_op_threads <= cores)")
 
     # Triton 2.51 stalls a lone instance up to 500 ms behind a queue policy or priority levels
     # (docs/backend.md, Priorities); a second instance, when the budget has room, makes it rare.
     # latte's queue needs neither: Triton's queue then has no policy and passes requests on at once.
-    if not latte_queue and count < STALL_FREE_INSTANCES <= room:
+    if not latte_queue and count < STALL_FREE_INSTANCES <= budget:
         count = STALL_FREE_INSTANCES
         why.append(f"instance count raised to {count}: with one instance Triton 2.51's batcher can sit idle "
                    "up to 500 ms behind the queue policy below; a second instance makes that rare")
@@ -331,6 +313,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
 
     worst = 2 * l_b + delay_us / 1000.0 + round_trip
     throughput = count * per_instance
+    ceiling = serving.request_ceiling(request_bytes(profile))
     if ceiling:
         model_only = throughput
         throughput = shared_host_rate([model_only, ceiling])

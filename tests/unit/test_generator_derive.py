@@ -244,40 +244,12 @@ def test_planned_rate_is_the_arrival_rate_else_eighty_percent_of_the_promise():
 
 
 def test_model_and_serving_share_the_host_so_their_times_per_request_add_up():
-    # 8 cores, 4000 rows/s per instance, 12000 requests/s of compute-free serving: an instance
-    # brings 4000 x 8 / 12000 = 2.67 cores of serving work, so 8 / 3.67 = 2 instances get
-    # whole cores; 1 / (1/8000 + 1/12000) = 4800 requests/s, planned at 80 %.
-    ceiling = ServingCost(batch_ms=0.0, request_ms=0.0, round_trip_ms=0.0, max_rate=12000.0, source="calibrated")
-    d = derive(make_profile(SATURATING), slo_ms=20, cores=8, serving=ceiling)
-    assert d.instance_count == 2
-    assert d.throughput == pytest.approx(4800) and d.planned_rate == pytest.approx(0.8 * 4800)
-    assert "the model's 8000 rows/s and the host's 12000 requests/s" in d.explain()
-
-
-def test_instances_are_as_many_as_get_whole_cores_beside_their_serving_work():
-    # A heavy model on two cores shared with the server and the client (the ranker's shape):
-    # 2000 rows/s per instance, the host serving 8000 compute-free requests/s. Each instance
-    # brings 0.5 core of serving work: 2 / 1.5 -> one instance, where the thread budget has two.
-    heavy = make_profile({1: 4.0, 8: 6.0, 16: 8.0})
-    host = ServingCost(max_rate=8000.0, source="calibrated")
-    d = derive(heavy, slo_ms=100, cores=2, serving=host)
-    assert d.instance_count == 1
-    assert "the cores run 1 whole" in d.explain()
-    assert "0.50 core(s) of serving work" in d.explain()
-    # Without a queue policy: one instance behind one stalls in Triton 2.51.
-    assert "default_queue_policy" not in d.dynamic_batching
-    # Sixteen cores (a ceiling eight times higher) run 16 / 1.5 -> 10 of them.
-    assert derive(heavy, slo_ms=100, cores=16, serving=ServingCost(max_rate=64000.0, source="calibrated")
-                  ).instance_count == 10
-    # Uncalibrated, the thread budget alone decides.
-    assert derive(heavy, slo_ms=100, cores=2).instance_count == 2
-
-
-def test_an_arrival_rate_gets_no_more_instances_than_the_cores_run_whole():
-    heavy = make_profile({1: 4.0, 8: 6.0, 16: 8.0})
-    d = derive(heavy, slo_ms=100, cores=2, arrival_rate=3000, serving=ServingCost(max_rate=8000.0, source="calibrated"))
-    assert d.instance_count == 1
-    assert "warning: 1 instance(s) serve at most 2000 rows/s, below the expected 3000 req/s" in d.explain()
+    # 2 instances x 4000 rows/s = 8000/s of model, 3000/s of compute-free serving on the same cores:
+    # 1 / (1/8000 + 1/3000) = 2182 requests/s, planned at 80 %.
+    ceiling = ServingCost(batch_ms=0.0, request_ms=0.0, round_trip_ms=0.0, max_rate=3000.0, source="calibrated")
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2, serving=ceiling)
+    assert d.throughput == pytest.approx(24000 / 11) and d.planned_rate == pytest.approx(0.8 * 24000 / 11)
+    assert "the model's 8000 rows/s and the host's 3000 requests/s" in d.explain()
 
 
 def test_request_bytes_count_the_longest_measured_length():
