@@ -211,11 +211,15 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     # Triton 2.51 stalls a lone instance up to 500 ms behind a queue policy or priority levels
     # (docs/backend.md, Priorities); a second instance, when the budget has room, makes it rare.
     # latte's queue needs neither: Triton's queue then has no policy and passes requests on at once.
-    if not latte_queue and count < STALL_FREE_INSTANCES <= budget:
+    # Without priorities Triton's queue gets no policy either: a DELAY timeout and a bounded
+    # queue served 0.75-0.9x the throughput within the SLO of the same config without them
+    # (the ranker, two instances; docs/benchmarks.md, Generator).
+    triton_priorities = priority_levels > 1 and not latte_queue
+    if triton_priorities and count < STALL_FREE_INSTANCES <= budget:
         count = STALL_FREE_INSTANCES
         why.append(f"instance count raised to {count}: with one instance Triton 2.51's batcher can sit idle "
-                   "up to 500 ms behind the queue policy below; a second instance makes that rare")
-    queue_policy = not latte_queue and count >= STALL_FREE_INSTANCES
+                   "up to 500 ms behind the priority levels and queue policy below; a second instance makes that rare")
+    queue_policy = triton_priorities and count >= STALL_FREE_INSTANCES
     if priority_levels > 1 and not latte_queue and count < STALL_FREE_INSTANCES:
         raise DerivationError(
             f"priority_levels {priority_levels} in Triton's queue need {STALL_FREE_INSTANCES} instances (one "
@@ -291,8 +295,10 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
                    f"finish in time, so it yields to requests that still can); max_queue_size {queue_size} = "
                    f"{count} instance(s) x batch {b} x {batches_in_slo} batch(es) that fit in the SLO after the first")
     elif not latte_queue:
-        why.append("warning: default_queue_policy not set: one instance behind a queue policy stalls up to 500 ms "
-                   "in Triton 2.51 (docs/backend.md, Priorities), so the queue is unbounded; overload is not shed")
+        why.append("default_queue_policy: not set, so Triton's queue is unbounded and overload is not shed: a "
+                   "timeout and a bounded queue cost 10-25 % of the throughput within the SLO (measured on the "
+                   "ranker), and one instance behind a policy stalls up to 500 ms in Triton 2.51 (docs/backend.md, "
+                   "Priorities); set one through overrides where shedding matters more")
 
     parameters = {"intra_op_threads": str(intra), "inter_op_threads": "1"}
     if latte_queue:

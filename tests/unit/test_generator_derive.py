@@ -80,9 +80,12 @@ def test_instances_fill_the_thread_budget_without_a_rate():
 
 
 def test_instances_follow_the_arrival_rate():
-    # 4000 rows/s per instance at 80% utilisation: 1000 req/s need one instance, but one instance
-    # behind Triton's queue policy stalls (docs/backend.md, Priorities), so two are rendered.
-    d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=1000, cores=8)
+    # 4000 rows/s per instance at 80% utilisation: 1000 req/s need one instance.
+    assert derive(make_profile(SATURATING), slo_ms=20, arrival_rate=1000, cores=8).instance_count == 1
+    # One instance behind Triton's priority levels and queue policy stalls (docs/backend.md,
+    # Priorities), so with priorities in Triton's queue two are rendered.
+    d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=1000, cores=8, priority_levels=2,
+               priority_queue="triton")
     assert d.instance_count == 2
     assert "instance count raised to 2" in d.explain()
     d = derive(make_profile(SATURATING), slo_ms=20, arrival_rate=7000, cores=8)
@@ -90,7 +93,9 @@ def test_instances_follow_the_arrival_rate():
 
 
 def test_queue_policy_delays_requests_that_cannot_make_the_slo():
-    d = derive(make_profile(SATURATING), slo_ms=20, cores=2)
+    # Only behind Triton's priority levels: without them a policy costs throughput within the SLO.
+    assert "default_queue_policy" not in derive(make_profile(SATURATING), slo_ms=20, cores=2).dynamic_batching
+    d = derive(make_profile(SATURATING), slo_ms=20, cores=2, priority_levels=2, priority_queue="triton")
     policy = d.dynamic_batching["default_queue_policy"]
     assert policy["default_timeout_microseconds"] == 12000      # 20 - l(32) = 12 ms
     assert policy["max_queue_size"] == 2 * 32 * 1               # 2 instances x 32 x one more batch in 12 ms
@@ -133,10 +138,10 @@ def test_one_instance_gets_no_queue_policy_and_priorities_in_latte_queue():
     d = derive(make_profile(SATURATING), slo_ms=20, cores=1)
     assert d.instance_count == 1
     assert "default_queue_policy" not in d.dynamic_batching
-    assert "warning: default_queue_policy not set" in d.explain()
+    assert "default_queue_policy: not set, so Triton's queue is unbounded" in d.explain()
     latte_queue = derive(make_profile(SATURATING), slo_ms=20, cores=1, priority_levels=2)
     assert latte_queue.instance_count == 1 and latte_queue.parameters["pipeline"] == "true"
-    assert "warning: default_queue_policy not set" not in latte_queue.explain()
+    assert "default_queue_policy: not set" not in latte_queue.explain()
     with pytest.raises(DerivationError, match=r"priority_levels 2 in Triton's queue need 2 instances .* allows 1 "
                                               r"\(1 core\(s\) // intra_op_threads 1\); let latte hold the queue"):
         derive(make_profile(SATURATING), slo_ms=20, cores=1, priority_levels=2, priority_queue="triton")

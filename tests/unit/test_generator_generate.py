@@ -51,7 +51,7 @@ def test_overrides_win_over_derived_values(sequence_pipeline, tmp_path):
     assert config.max_batch_size == 4
     assert config.instance_group[0].count == 2
     assert config.dynamic_batching.max_queue_delay_microseconds == 100
-    assert config.dynamic_batching.default_queue_policy.max_queue_size == 32    # derived value kept
+    assert config.max_batch_size == 4 and config.parameters["bucket_edges"].string_value  # derived value kept
     assert config.parameters["pad_value"].string_value == "7"
     # The ensemble's batch follows its smallest step.
     assert parse_config((tmp_path / "repo" / "embed_text" / "config.pbtxt").read_text()).max_batch_size == 4
@@ -90,7 +90,8 @@ def test_multi_threaded_override_beyond_cores_is_refused(sequence_pipeline, tmp_
 
 def test_single_instance_behind_a_queue_policy_is_not_written(sequence_pipeline, tmp_path):
     spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
-        "    slo_ms: 20\n", "    slo_ms: 20\n    overrides: {instance_count: 1}\n")
+        "    slo_ms: 20\n", "    slo_ms: 20\n    overrides: {instance_count: 1, "
+        "dynamic_batching: {default_queue_policy: {max_queue_size: 32}}}\n")
     path = sequence_pipeline / "one_instance.yaml"
     path.write_text(spec)
     with pytest.raises(ValueError, match=r"encoder/config.pbtxt not written: encoder: one instance with "
@@ -169,7 +170,8 @@ def test_cli_validate_exit_codes(repo, capsys):
 
 def test_cli_validate_warns_on_one_instance_behind_a_queue_policy(repo, capsys):
     config = repo / "encoder" / "config.pbtxt"
-    config.write_text(config.read_text().replace("count: 2", "count: 1"))
+    config.write_text(config.read_text().replace("count: 2", "count: 1").replace(
+        "dynamic_batching {", "dynamic_batching {\n  default_queue_policy { max_queue_size: 32 }", 1))
     assert main(["validate", str(repo)]) == 0
     err = capsys.readouterr().err
     assert ("warning: encoder: one instance with dynamic_batching priority_levels or a default_queue_policy "
