@@ -79,6 +79,7 @@ def latte_configs(example: str, slo_ms: float, work: Path, install, cost, cost_s
     from latte.generator.generate import plan_latte_model
     from latte.generator.operating_point import OperatingPoint, write_operating_points
     from latte.generator.profile import ProfileOptions, profile_model
+    from latte.generator.profile_data import latency_ceiling_ms
     from latte.backend.config import usable_cores
     from latte.generator.model_folder import write_model
     from latte.generator.spec import ModelEntry, PipelineSpec
@@ -88,7 +89,8 @@ def latte_configs(example: str, slo_ms: float, work: Path, install, cost, cost_s
 
     model_file = export(CATALOG[example], work / "export" / example)["onnx"]
     started = time.perf_counter()
-    options = ProfileOptions(max_length=CATALOG[example].max_sequence_length or None)
+    options = ProfileOptions(max_length=CATALOG[example].max_sequence_length or None,
+                             max_latency_ms=latency_ceiling_ms(slo_ms))
     if quick:
         options.min_seconds, options.max_batch_size = 0.05, 32
     profile = profile_model(model_file, options)
@@ -167,6 +169,10 @@ def run_model_analyzer(binary: Path, mode: str, repo: Path, model: str, slo_ms: 
         subprocess.run([str(binary), "profile", "-f", str(out / "config.json")], check=True,
                        stdout=open(out / "model-analyzer.log", "w"), stderr=subprocess.STDOUT)
     wall = time.perf_counter() - started
+    skipped = (out / "model-analyzer.log").read_text().count("Skipping illegal run configuration")
+    if skipped:
+        print(f"  warning: Model Analyzer skipped {skipped} illegal configuration(s); see "
+              f"{out / 'model-analyzer.log'}", flush=True)
     best = best_ma_variant(out / "export" / "results" / "metrics-model-inference.csv")
     variant_dir = out / "variants" / best
     return {"config": parse_config((variant_dir / "config.pbtxt").read_text()), "wall_s": wall, "variant": best}
@@ -251,9 +257,11 @@ def bench_case(case: str, work: Path, install, cost, cost_s: float, args) -> dic
         # Model Analyzer starts at concurrencies past the derived queue bound (2 x max_batch_size x
         # instances), perf_analyzer aborts at the first rejection, and a failed default leaves MA
         # with nothing: it gets the derived config without latte's queue policy, which it does not
-        # search anyway.
+        # search anyway. Nor with preferred sizes: its first step sets max_batch_size 1, a
+        # preferred size above that makes the step illegal, and the quick search ends there.
         base = copy.deepcopy(derived)
         base.dynamic_batching.ClearField("default_queue_policy")
+        base.dynamic_batching.ClearField("preferred_batch_size")
         write_proto_model(ma_repo, "m", base, latte["model_file"])
         for mode in args.model_analyzer_searches.split(","):
             print(f"{case}: Model Analyzer {mode} search", flush=True)

@@ -127,6 +127,11 @@ def bucket_edges(profile: Profile, batch_size: int) -> List[int]:
     return edges
 
 
+def _sweep_end(profile: Profile, length: Optional[int]) -> str:
+    reason = profile.stop_reason.get("fixed" if length is None else str(length))
+    return f"; the profile's sweep stopped there ({reason})" if reason else ""
+
+
 def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None, cores: int = 1,
            gpus: int = 0, priority_levels: int = 0, serving: Optional[ServingCost] = None,
            priority_queue: str = DEFAULT_PRIORITY_QUEUE) -> Derivation:
@@ -183,7 +188,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     b, l_b = top.batch_size, top.p99_ms
     beyond = curve[curve.index(top) + 1:]
     limit_note = (f"batch {beyond[0].batch_size} would need 2 x {beyond[0].p99_ms:.2f} ms > {latency_ms:g} ms"
-                  if beyond else "the largest measured batch size")
+                  if beyond else "the largest measured batch size" + _sweep_end(profile, top.length))
     trip_note = f" less the {round_trip:.2f} ms round trip" if round_trip else ""
     why.append(f"max_batch_size {b}: the largest batch with 2 x P99 l(b) within the SLO{trip_note} "
                f"(2 x {l_b:.2f} ms = {2 * l_b:.2f} ms <= {latency_ms:g} ms{worst_bucket}; {limit_note})")

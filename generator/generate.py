@@ -16,7 +16,7 @@ from latte.generator.calibrate import ServingCost, machine_serving_cost
 from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, TensorInfo, check_ensemble
 from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
 from latte.generator.operating_point import plan_operating_points, write_operating_points
-from latte.generator.profile_data import Profile
+from latte.generator.profile_data import Profile, latency_ceiling_ms
 from latte.generator.model_folder import render_model_config, write_ensemble, write_model
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
 from latte.generator.validate import InvalidConfig, batcher_stall, parse_config, validate_repository
@@ -201,12 +201,17 @@ def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, l
 
     target = profiles_dir / f"{model.name}.json"
     if target.exists() and target.stat().st_mtime >= model.file.stat().st_mtime:
-        log(f"{model.name}: reusing profile {target}")
-        return Profile.load(target)
+        kept = Profile.load(target)
+        if kept.covers_slo(model.slo_ms):
+            log(f"{model.name}: reusing profile {target}")
+            return kept
+        log(f"{model.name}: profile {target} stops at {kept.max_latency_ms:g} ms a call, short of this SLO's "
+            f"{latency_ceiling_ms(model.slo_ms):g} ms")
     log(f"{model.name}: profiling {model.file} (no profile in the spec)")
     inputs = [{"name": t.name, "data_type": t.data_type, "dims": t.dims} for t in model.inputs or []]
     profile = profile_model(model.file, ProfileOptions(runtime=model.runtime, intra_op_threads=model.intra_op_threads,
-                                                       inputs=inputs or None))
+                                                       inputs=inputs or None,
+                                                       max_latency_ms=latency_ceiling_ms(model.slo_ms)))
     profile.serving = serving_cost()
     profiles_dir.mkdir(parents=True, exist_ok=True)
     profile.save(target)

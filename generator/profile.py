@@ -2,8 +2,9 @@
 
 For every shape bucket (one for fixed shapes; several sequence lengths for inputs with a
 variable dimension) the batch size doubles from 1 until throughput stops improving,
-memory runs short, or one call exceeds the latency ceiling. Each point is warmed up,
-then timed call by call for mean, P50 and P99.
+memory runs short, or one call exceeds the latency ceiling, or would: the next doubling is
+skipped once the last one's growth, carried on, passes the ceiling. Each point is warmed
+up, then timed call by call for mean, P50 and P99.
 """
 
 from __future__ import annotations
@@ -130,6 +131,17 @@ def _time_point(run: Callable, feed: Dict[str, np.ndarray], opts: ProfileOptions
     return times
 
 
+def predicted_next_ms(points: List[Point]) -> Optional[float]:
+    """A floor for the next doubling's mean latency: the last doubling's growth carried on.
+
+    For a cost a + c*b (a, c >= 0) the ratio l(2b)/l(b) only grows with b, so l(b) times
+    the last ratio does not overshoot; real curves flatten less, never more, as b grows."""
+    if len(points) < 2:
+        return None
+    last, before = points[-1], points[-2]
+    return last.mean_ms * max(1.0, last.mean_ms / before.mean_ms)
+
+
 def _batch_sizes(limit: int) -> List[int]:
     sizes, b = [], 1
     while b <= limit:
@@ -166,6 +178,11 @@ def _sweep_bucket(run, shapes, length, opts, memory_limit, rng, advance) -> Tupl
         if point.mean_ms > opts.max_latency_ms:
             advance(len(sizes) - done - 1)
             return points, f"latency: one call at batch {batch} took {point.mean_ms:.0f} ms"
+        ahead = predicted_next_ms(points)
+        if done + 1 < len(sizes) and ahead is not None and ahead > opts.max_latency_ms:
+            advance(len(sizes) - done - 1)
+            return points, (f"latency: batch {sizes[done + 1]} would take at least {ahead:.0f} ms, over the "
+                            f"{opts.max_latency_ms:g} ms ceiling")
         if point.throughput >= best * PROGRESS_GAIN:
             best, stale = point.throughput, 0
         else:
@@ -233,4 +250,4 @@ def profile_model(model_file: Path, opts: Optional[ProfileOptions] = None, show_
         runtime.close()
     return Profile(model_file=str(model_file), runtime=shapes.runtime, device=opts.device,
                    intra_op_threads=opts.intra_op_threads, inputs=shapes.inputs, outputs=outputs, points=points,
-                   wall_s=time.perf_counter() - started, stop_reason=reasons)
+                   wall_s=time.perf_counter() - started, stop_reason=reasons, max_latency_ms=opts.max_latency_ms)

@@ -18,6 +18,12 @@ class ProfileError(ValueError):
     """A profile file that is missing fields or holds impossible numbers."""
 
 
+def latency_ceiling_ms(slo_ms: float) -> float:
+    """The slowest call worth profiling for a P99 SLO: a request that arrives just after a
+    launch waits for that batch and its own, so a batch slower than half the SLO never fits."""
+    return slo_ms / 2.0
+
+
 @dataclass(frozen=True)
 class Point:
     batch_size: int
@@ -45,6 +51,11 @@ class Profile:
     wall_s: float = 0.0
     stop_reason: Dict[str, str] = field(default_factory=dict)   # bucket -> why the sweep stopped
     serving: Optional[ServingCost] = None   # this machine's serving cost, measured by `latte profile`
+    max_latency_ms: Optional[float] = None  # the sweep's latency ceiling; None: unknown (older profiles)
+
+    def covers_slo(self, slo_ms: float) -> bool:
+        """Whether every batch size that could fit slo_ms was measured (not cut by a lower ceiling)."""
+        return self.max_latency_ms is None or self.max_latency_ms >= latency_ceiling_ms(slo_ms)
 
     def buckets(self) -> List[Optional[int]]:
         lengths = {p.length for p in self.points}
@@ -95,6 +106,7 @@ class Profile:
                    intra_op_threads=int(data["intra_op_threads"]), inputs=list(data["inputs"]),
                    outputs=list(data["outputs"]), points=points, wall_s=float(data.get("wall_s", 0.0)),
                    stop_reason=dict(data.get("stop_reason", {})),
+                   max_latency_ms=float(data["max_latency_ms"]) if data.get("max_latency_ms") is not None else None,
                    serving=ServingCost.from_json(data["serving"]) if data.get("serving") else None)
 
     @classmethod

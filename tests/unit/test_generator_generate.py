@@ -203,3 +203,30 @@ def test_cli_spec_errors_are_one_clear_line(tmp_path, capsys):
     assert main(["generate", str(spec), "-o", str(tmp_path / "repo")]) == 1
     err = capsys.readouterr().err
     assert "spec.yaml:3: models[0].file: file" in err and "missing.onnx does not exist" in err
+
+
+def test_a_kept_profile_is_reused_only_when_its_sweep_reached_the_slo(sequence_pipeline, tmp_path, monkeypatch):
+    import latte.generator.profile as profiling
+    from latte.generator.generate import load_or_profile
+    from latte.generator.profile_data import Profile
+    from latte.generator.spec import ModelEntry
+
+    kept = Profile.load(sequence_pipeline / "encoder.json")
+    kept.max_latency_ms = 10.0            # swept up to 10 ms a call: enough for an SLO of 20 ms, not 40
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    kept.save(profiles / "encoder.json")
+    asked = []
+    monkeypatch.setattr(profiling, "profile_model", lambda file, options: asked.append(options) or kept)
+    lines = []
+    entry = ModelEntry(name="encoder", backend="latte", file=tmp_path / "model.onnx", path=(), slo_ms=20.0)
+    entry.file.touch()
+    (profiles / "encoder.json").touch()   # newer than the model file
+    load_or_profile(None, entry, profiles, lines.append)
+    assert asked == [] and lines == [f"encoder: reusing profile {profiles / 'encoder.json'}"]
+
+    entry.slo_ms = 40.0
+    load_or_profile(None, entry, profiles, lines.append)
+    assert [options.max_latency_ms for options in asked] == [20.0]
+    assert lines[1] == (f"encoder: profile {profiles / 'encoder.json'} stops at 10 ms a call, short of this "
+                        "SLO's 20 ms")

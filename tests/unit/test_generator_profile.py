@@ -85,6 +85,54 @@ def test_memory_limit_stops_the_sweep(exported):
     assert profile.stop_reason["fixed"].startswith("memory")
 
 
+def test_predicted_next_latency_carries_the_last_doublings_growth_on():
+    from latte.generator.profile_data import Point
+    from latte.generator.profile import predicted_next_ms
+
+    def at(batch, ms):
+        return Point(batch_size=batch, length=None, mean_ms=ms, p50_ms=ms, p99_ms=ms, peak_bytes=0)
+
+    assert predicted_next_ms([at(1, 4.0)]) is None
+    assert predicted_next_ms([at(32, 15.0), at(64, 30.0)]) == pytest.approx(60.0)
+    # A curve that has not started to grow is not predicted to shrink.
+    assert predicted_next_ms([at(1, 5.0), at(2, 4.0)]) == pytest.approx(4.0)
+
+
+def test_a_sweep_skips_the_batch_that_would_pass_the_ceiling(exported):
+    import time
+
+    import numpy as np
+
+    from latte.generator.profile import _sweep_bucket
+
+    ran = []
+
+    def run(feed):   # 3 ms a row: batch 4 takes 12 ms, so batch 8 (about 24 ms) cannot fit 20 ms
+        batch = len(feed["features"])
+        ran.append(batch)
+        time.sleep(0.003 * batch)
+
+    shapes = resolve_shapes(exported["mlp"]["onnx"])
+    opts = ProfileOptions(max_batch_size=64, max_latency_ms=20.0, **FAST)
+    points, reason = _sweep_bucket(run, shapes, None, opts, 1 << 34, np.random.default_rng(0), lambda n: None)
+    assert [p.batch_size for p in points] == [1, 2, 4]
+    assert 8 not in ran
+    assert reason.startswith("latency: batch 8 would take at least ") and reason.endswith(", over the 20 ms ceiling")
+
+
+def test_the_profile_keeps_its_ceiling_and_knows_which_slos_it_covers(exported, tmp_path):
+    from latte.generator.profile_data import Profile, latency_ceiling_ms
+
+    profile = profile_model(exported["mlp"]["onnx"], ProfileOptions(max_batch_size=2, max_latency_ms=25.0, **FAST))
+    kept = Profile.load(profile.save(tmp_path / "profile.json"))
+    assert kept.max_latency_ms == 25.0 == latency_ceiling_ms(50.0)
+    assert kept.covers_slo(50.0) and kept.covers_slo(20.0)
+    assert not kept.covers_slo(60.0)
+    older = json.loads((tmp_path / "profile.json").read_text())
+    del older["max_latency_ms"]
+    assert Profile.from_json(older).covers_slo(1e6)   # profiles without a ceiling were swept to 2 s a call
+
+
 def test_cli_writes_profile_json_and_plot(exported, tmp_path, capsys):
     # Without a server: the derivation then assumes the default per-batch serving cost and says so.
     code = main(["profile", str(exported["mlp"]["onnx"]), "-o", str(tmp_path), "--max-batch-size", "4",
@@ -93,6 +141,7 @@ def test_cli_writes_profile_json_and_plot(exported, tmp_path, capsys):
     data = json.loads((tmp_path / "profile.json").read_text())
     assert [p["batch_size"] for p in data["points"]] == [1, 2, 4]
     assert data["serving"] is None
+    assert data["max_latency_ms"] == 25.0     # half of --slo-ms: no slower batch can fit it
     assert (tmp_path / "profile.png").read_bytes()[:4] == b"\x89PNG"
     out = capsys.readouterr().out
     assert "max_batch_size" in out and "serving cost 1 ms per batch (assumed: not calibrated" in out
