@@ -79,7 +79,6 @@ def latte_configs(example: str, slo_ms: float, work: Path, install, cost, cost_s
     from latte.generator.generate import plan_latte_model
     from latte.generator.operating_point import OperatingPoint, write_operating_points
     from latte.generator.profile import ProfileOptions, profile_model
-    from latte.generator.profile_data import latency_ceiling_ms
     from latte.backend.config import usable_cores
     from latte.generator.model_folder import write_model
     from latte.generator.spec import ModelEntry, PipelineSpec
@@ -89,8 +88,7 @@ def latte_configs(example: str, slo_ms: float, work: Path, install, cost, cost_s
 
     model_file = export(CATALOG[example], work / "export" / example)["onnx"]
     started = time.perf_counter()
-    options = ProfileOptions(max_length=CATALOG[example].max_sequence_length or None,
-                             max_latency_ms=latency_ceiling_ms(slo_ms))
+    options = ProfileOptions(max_length=CATALOG[example].max_sequence_length or None, slo_ms=slo_ms)
     if quick:
         options.min_seconds, options.max_batch_size = 0.05, 32
     profile = profile_model(model_file, options)

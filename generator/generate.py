@@ -210,8 +210,7 @@ def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, l
     log(f"{model.name}: profiling {model.file} (no profile in the spec)")
     inputs = [{"name": t.name, "data_type": t.data_type, "dims": t.dims} for t in model.inputs or []]
     profile = profile_model(model.file, ProfileOptions(runtime=model.runtime, intra_op_threads=model.intra_op_threads,
-                                                       inputs=inputs or None,
-                                                       max_latency_ms=latency_ceiling_ms(model.slo_ms)))
+                                                       inputs=inputs or None, slo_ms=model.slo_ms))
     profile.serving = serving_cost()
     profiles_dir.mkdir(parents=True, exist_ok=True)
     profile.save(target)

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from latte.generator.profile_data import Point, Profile
+from latte.generator.profile_data import Point, Profile, latency_ceiling_ms
 from latte.generator.shapes import ModelShapes, resolve_shapes
 
 # A batch must beat the bucket's best throughput by this factor to count as progress.
@@ -43,6 +43,14 @@ class ProfileOptions:
     max_iterations: int = 200
     min_seconds: float = 0.2                   # per point
     max_latency_ms: float = 2000.0             # one call slower than this ends the bucket's sweep
+    # With an SLO the ceiling is at most half of it, and the longest bucket, whose curve sets
+    # max_batch_size, is swept up to the ceiling even where its throughput has flattened: shorter
+    # requests, batched with it, still gain from the larger batches.
+    slo_ms: Optional[float] = None
+
+    @property
+    def ceiling_ms(self) -> float:
+        return min(self.max_latency_ms, latency_ceiling_ms(self.slo_ms)) if self.slo_ms else self.max_latency_ms
     memory_limit_bytes: Optional[int] = None   # default: 80% of the memory available at start
     seed: int = 0
 
@@ -126,7 +134,7 @@ def _time_point(run: Callable, feed: Dict[str, np.ndarray], opts: ProfileOptions
         times.append((time.perf_counter() - t0) * 1000.0)
         if len(times) >= opts.min_iterations and time.perf_counter() - started >= opts.min_seconds:
             break
-        if times[-1] > opts.max_latency_ms:
+        if times[-1] > opts.ceiling_ms:
             break
     return times
 
@@ -150,7 +158,8 @@ def _batch_sizes(limit: int) -> List[int]:
     return sizes
 
 
-def _sweep_bucket(run, shapes, length, opts, memory_limit, rng, advance) -> Tuple[List[Point], str]:
+def _sweep_bucket(run, shapes, length, opts, memory_limit, rng, advance,
+                  to_ceiling: bool = False) -> Tuple[List[Point], str]:
     points: List[Point] = []
     best, stale = 0.0, 0
     sizes = _batch_sizes(opts.max_batch_size if shapes.batched else 1)
@@ -175,19 +184,19 @@ def _sweep_bucket(run, shapes, length, opts, memory_limit, rng, advance) -> Tupl
                       peak_bytes=int(max(peak.bytes, need)))
         points.append(point)
         advance(1)
-        if point.mean_ms > opts.max_latency_ms:
+        if point.mean_ms > opts.ceiling_ms:
             advance(len(sizes) - done - 1)
             return points, f"latency: one call at batch {batch} took {point.mean_ms:.0f} ms"
         ahead = predicted_next_ms(points)
-        if done + 1 < len(sizes) and ahead is not None and ahead > opts.max_latency_ms:
+        if done + 1 < len(sizes) and ahead is not None and ahead > opts.ceiling_ms:
             advance(len(sizes) - done - 1)
             return points, (f"latency: batch {sizes[done + 1]} would take at least {ahead:.0f} ms, over the "
-                            f"{opts.max_latency_ms:g} ms ceiling")
+                            f"{opts.ceiling_ms:g} ms ceiling")
         if point.throughput >= best * PROGRESS_GAIN:
             best, stale = point.throughput, 0
         else:
             stale += 1
-            if stale >= PATIENCE:
+            if stale >= PATIENCE and not to_ceiling:
                 advance(len(sizes) - done - 1)
                 return points, (f"throughput: no gain of {PROGRESS_GAIN - 1:.0%} over {best:.0f} rows/s for "
                                 f"{PATIENCE} doublings")
@@ -241,7 +250,8 @@ def profile_model(model_file: Path, opts: Optional[ProfileOptions] = None, show_
     try:
         for length in buckets:
             advance = (lambda n: progress.advance(task, n)) if progress else (lambda n: None)
-            bucket_points, reason = _sweep_bucket(runtime.run, shapes, length, opts, memory_limit, rng, advance)
+            bucket_points, reason = _sweep_bucket(runtime.run, shapes, length, opts, memory_limit, rng, advance,
+                                                  to_ceiling=bool(opts.slo_ms) and length == buckets[-1])
             points.extend(bucket_points)
             reasons["fixed" if length is None else str(length)] = reason
     finally:
@@ -250,4 +260,4 @@ def profile_model(model_file: Path, opts: Optional[ProfileOptions] = None, show_
         runtime.close()
     return Profile(model_file=str(model_file), runtime=shapes.runtime, device=opts.device,
                    intra_op_threads=opts.intra_op_threads, inputs=shapes.inputs, outputs=outputs, points=points,
-                   wall_s=time.perf_counter() - started, stop_reason=reasons, max_latency_ms=opts.max_latency_ms)
+                   wall_s=time.perf_counter() - started, stop_reason=reasons, max_latency_ms=opts.ceiling_ms)

@@ -227,6 +227,6 @@ def test_a_kept_profile_is_reused_only_when_its_sweep_reached_the_slo(sequence_p
 
     entry.slo_ms = 40.0
     load_or_profile(None, entry, profiles, lines.append)
-    assert [options.max_latency_ms for options in asked] == [20.0]
+    assert [options.ceiling_ms for options in asked] == [20.0]
     assert lines[1] == (f"encoder: profile {profiles / 'encoder.json'} stops at 10 ms a call, short of this "
                         "SLO's 20 ms")

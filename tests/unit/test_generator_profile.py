@@ -120,6 +120,29 @@ def test_a_sweep_skips_the_batch_that_would_pass_the_ceiling(exported):
     assert reason.startswith("latency: batch 8 would take at least ") and reason.endswith(", over the 20 ms ceiling")
 
 
+def test_with_an_slo_the_longest_bucket_is_swept_past_its_plateau_to_the_ceiling(exported):
+    import time
+
+    import numpy as np
+
+    from latte.generator.profile import _sweep_bucket
+
+    def run(feed):   # a row costs a little more in every bigger batch: throughput falls from the start
+        time.sleep(0.001 * len(feed["features"]) ** 1.15)
+
+    shapes = resolve_shapes(exported["mlp"]["onnx"])
+    sweep = dict(shapes=shapes, length=None, memory_limit=1 << 34, advance=lambda n: None)
+    opts = ProfileOptions(max_batch_size=256, **FAST)
+    points, reason = _sweep_bucket(run, opts=opts, rng=np.random.default_rng(0), **sweep)
+    assert [p.batch_size for p in points] == [1, 2, 4] and reason.startswith("throughput: no gain")
+
+    opts = ProfileOptions(max_batch_size=256, slo_ms=100.0, **FAST)
+    assert opts.ceiling_ms == 50.0
+    points, reason = _sweep_bucket(run, opts=opts, rng=np.random.default_rng(0), to_ceiling=True, **sweep)
+    assert [p.batch_size for p in points] == [1, 2, 4, 8, 16]
+    assert reason.startswith("latency: batch 32 would take at least ")
+
+
 def test_the_profile_keeps_its_ceiling_and_knows_which_slos_it_covers(exported, tmp_path):
     from latte.generator.profile_data import Profile, latency_ceiling_ms
 

@@ -18,7 +18,8 @@ Measure MODEL_FILE in this process with the runtime code the latte backend serve
 at an explicit thread budget. For each shape bucket the batch size doubles from 1 until
 throughput stops improving, memory runs short or one call passes --max-latency-ms (or
 would: the last doubling's growth, carried on, passes it). With --slo-ms that ceiling is
-half the SLO, the slowest batch that can fit it; `latte generate` profiles the same way.
+at most half the SLO, the slowest batch that can fit it, and the longest length is swept
+up to it even where its throughput has flattened; `latte generate` profiles the same way.
 
 Then, unless --no-calibrate, takes this machine's serving cost (per batch, per request,
 client round trip), measured on a short-lived tritonserver with an identity model (about
@@ -46,9 +47,9 @@ examples:
     p.add_argument("--lengths", help="comma-separated lengths for variable dimensions (default 8,16,..,max)")
     p.add_argument("--max-length", type=int, help="longest length for variable dimensions (default: config's "
                    "max_sequence_length, else 128)")
-    p.add_argument("--max-latency-ms", type=float,
-                   help="stop a sweep once one call is, or would be, slower (default: half of --slo-ms when "
-                        "given, the slowest call that can fit it; else 2000)")
+    p.add_argument("--max-latency-ms", type=float, default=2000.0,
+                   help="stop a sweep once one call is, or would be, slower (default 2000; with --slo-ms at "
+                        "most half the SLO, the slowest call that can fit it)")
     p.add_argument("--min-seconds", type=float, default=0.2, help="time spent measuring each point (default 0.2)")
     p.add_argument("--slo-ms", type=float, help="also derive and print the settings for this P99 SLO")
     p.add_argument("--no-calibrate", action="store_true",
@@ -180,15 +181,6 @@ def _add_length_flags(p) -> None:
                               f"as the model will be served, e.g. {EXAMPLES_TEXT.split(', ')[2]}")
 
 
-def _latency_ceiling(args) -> float:
-    from latte.generator.profile import ProfileOptions
-    from latte.generator.profile_data import latency_ceiling_ms
-
-    if args.max_latency_ms is not None:
-        return args.max_latency_ms
-    return latency_ceiling_ms(args.slo_ms) if args.slo_ms else ProfileOptions.max_latency_ms
-
-
 def _profile(args) -> int:
     from latte.generator.plot import plot_profile
     from latte.generator.profile import ProfileOptions, profile_model
@@ -203,7 +195,7 @@ def _profile(args) -> int:
             raise ValueError(f"--lengths {args.lengths!r}: expected comma-separated integers, e.g. 16,64,128") from None
     opts = ProfileOptions(runtime=args.runtime, intra_op_threads=args.intra_op_threads, inputs=inputs or None,
                           max_batch_size=args.max_batch_size, lengths=lengths, max_length=args.max_length,
-                          max_latency_ms=_latency_ceiling(args), min_seconds=args.min_seconds)
+                          max_latency_ms=args.max_latency_ms, slo_ms=args.slo_ms, min_seconds=args.min_seconds)
     profile = profile_model(Path(args.model_file), opts, show_progress=sys.stderr.isatty())
     if not args.no_calibrate:
         from latte.generator.calibrate import machine_serving_cost

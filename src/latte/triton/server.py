@@ -138,7 +138,9 @@ class TritonServer:
             code = self.process.poll()
             if code is not None:
                 raise ServerStartError(self._failure(f"tritonserver exited with code {code}"))
-            if self.is_ready():
+            # Triton opens its metrics port after the HTTP one: a caller scraping right after
+            # readiness would find it closed.
+            if self.is_ready() and self._metrics_serving():
                 return self
             time.sleep(0.1)
         self.stop()
@@ -154,6 +156,15 @@ class TritonServer:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1.0) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
+            return False
+
+    def _metrics_serving(self) -> bool:
+        if "--allow-metrics=false" in self.extra_args:
+            return True
+        try:
+            with socket.create_connection(("127.0.0.1", self.metrics_port), timeout=1.0):
+                return True
+        except OSError:
             return False
 
     def failed_models(self) -> List[Tuple[str, str]]:
