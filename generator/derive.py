@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from latte._native import PRIORITY_LEVELS
 from latte.generator.calibrate import ServingCost
@@ -86,6 +86,34 @@ def _knee(curve: List[Point], limit: int) -> Point:
     return knee
 
 
+def _served_curve(profile: Profile, serving: ServingCost, length: Optional[int] = None) -> List[Point]:
+    """One bucket's points with the serving cost of each batch added: what a client sees."""
+    curve = []
+    for p in profile.curve(length):
+        extra = serving.batch_overhead_ms(p.batch_size)
+        curve.append(Point(p.batch_size, p.length, p.mean_ms + extra, p.p50_ms + extra, p.p99_ms + extra,
+                           p.peak_bytes))
+    return curve
+
+
+def _saturation(profile: Profile, serving: ServingCost, limit: int) -> Tuple[Point, List[Point]]:
+    """The knee that holds at every measured length, and the served curve it sits on.
+
+    Triton's batcher launches a preferred size as soon as the queue holds it, also when more
+    is waiting, so a preferred size caps the batches of a deep queue. Short requests of a ragged
+    model gain from batches well past the longest length's knee; capping them there costs
+    throughput, so the knee is the largest one over the lengths."""
+    best = None
+    for length in profile.buckets():
+        curve = _served_curve(profile, serving, length)
+        if not curve or curve[0].batch_size > limit:
+            continue
+        knee = _knee(curve, limit)
+        if best is None or knee.batch_size > best[0].batch_size:
+            best = knee, curve
+    return best
+
+
 def request_bytes(profile: Profile) -> int:
     """Bytes of one request's inputs at the longest measured length."""
     import numpy as np
@@ -144,12 +172,8 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     serving = serving or profile.serving or ServingCost()
     if min(serving.batch_ms, serving.request_ms, serving.round_trip_ms) < 0:
         raise DerivationError(f"serving costs must be >= 0, got {serving}")
-    # Served latency and throughput: the profile's numbers plus the serving cost of the batch.
-    curve = []
-    for p in profile.curve():
-        extra = serving.batch_overhead_ms(p.batch_size)
-        curve.append(Point(p.batch_size, p.length, p.mean_ms + extra, p.p50_ms + extra, p.p99_ms + extra,
-                           p.peak_bytes))
+    # Served latency and throughput at the longest length, the worst case the SLO is checked at.
+    curve = _served_curve(profile, serving)
     if slo_ms <= 0:
         raise DerivationError(f"the SLO must be a positive number of milliseconds, got {slo_ms}")
     if arrival_rate is not None and arrival_rate <= 0:
@@ -259,15 +283,18 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     else:
         dynamic = {"max_queue_delay_microseconds": delay_us}
         why.append(f"max_queue_delay_microseconds {delay_us}: {delay_text}")
-        knee = _knee(curve, b)
-        if knee.batch_size < b and knee.throughput >= top.throughput / SATURATION_GAIN:
+        knee, knee_curve = _saturation(profile, serving, b)
+        knee_top = [p for p in knee_curve if p.batch_size <= b][-1]
+        at_length = "" if knee.length is None else f" at every measured length (the last to saturate: {knee.length})"
+        if knee.batch_size < b and knee.throughput >= knee_top.throughput / SATURATION_GAIN:
             dynamic["preferred_batch_size"] = [knee.batch_size]
-            why.append(f"preferred_batch_size [{knee.batch_size}]: throughput saturates there "
-                       f"({knee.throughput:.0f} vs {top.throughput:.0f} rows/s at {b}), so launching it at once "
-                       "cuts latency at no cost in throughput")
+            why.append(f"preferred_batch_size [{knee.batch_size}]: throughput saturates there{at_length} "
+                       f"({knee.throughput:.0f} vs {knee_top.throughput:.0f} rows/s at {b}), so launching it at "
+                       "once cuts latency at no cost in throughput")
         else:
-            why.append("preferred_batch_size: not set; throughput keeps improving up to max_batch_size, "
-                       "so batches should grow as large as the delay allows")
+            grows = "" if knee.length is None else f" at length {knee.length}"
+            why.append(f"preferred_batch_size: not set; throughput keeps improving up to max_batch_size{grows}, "
+                       "and Triton would cut a deep queue's batches at a preferred size")
 
     if latte_queue:
         why.append(f"priority_levels {priority_levels} in latte's queue (pipeline: true): a request's parameter "

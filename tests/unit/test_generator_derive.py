@@ -72,6 +72,32 @@ def test_preferred_batch_size_absent_while_throughput_keeps_growing():
     assert "preferred_batch_size" not in d.dynamic_batching
 
 
+def _ragged(curves):
+    first, *rest = sorted(curves)
+    extra = [Point(batch_size=b, length=length, mean_ms=ms, p50_ms=ms, p99_ms=ms, peak_bytes=1000 * b)
+             for length in rest for b, ms in curves[length].items()]
+    return make_profile(curves[first], length=first, extra_points=extra)
+
+
+def test_no_preferred_batch_size_where_short_requests_still_gain_from_bigger_batches():
+    # The longest length saturates at batch 8; at 16 tokens throughput doubles up to batch 32. A
+    # preferred size of 8 would make Triton cut a deep queue of short requests into batches of 8.
+    d = derive(_ragged({128: SATURATING, 16: {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0, 32: 1.0, 64: 4.0}}),
+               slo_ms=20, cores=2)
+    assert d.max_batch_size == 32
+    assert "preferred_batch_size" not in d.dynamic_batching
+    assert any("preferred_batch_size: not set; throughput keeps improving up to max_batch_size at length 16"
+               in line for line in d.explanation)
+
+
+def test_a_ragged_model_prefers_the_batch_where_every_length_has_saturated():
+    d = derive(_ragged({128: SATURATING, 16: {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 16: 1.0, 32: 2.0, 64: 4.0}}),
+               slo_ms=20, cores=2)
+    assert d.dynamic_batching["preferred_batch_size"] == [16]
+    assert any("preferred_batch_size [16]: throughput saturates there at every measured length "
+               "(the last to saturate: 16)" in line for line in d.explanation)
+
+
 def test_instances_fill_the_thread_budget_without_a_rate():
     assert derive(make_profile(SATURATING), slo_ms=20, cores=4).instance_count == 4
     assert derive(make_profile(SATURATING, intra=2), slo_ms=20, cores=5).instance_count == 2
