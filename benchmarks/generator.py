@@ -115,7 +115,8 @@ def latte_configs(example: str, slo_ms: float, work: Path, install, cost, cost_s
     return {"model_file": model_file, "derived": plan.context, "derived_s": derived_s,
             "tuned_config": tuned, "tuned_s": derived_s + result.wall_s,
             "derived_summary": f"b{derivation.max_batch_size} i{derivation.instance_count} "
-                               f"d{derivation.dynamic_batching['max_queue_delay_microseconds']}",
+                               f"d{derivation.dynamic_batching['max_queue_delay_microseconds']} pref "
+                               f"{','.join(map(str, derivation.dynamic_batching.get('preferred_batch_size', []))) or '-'}",
             "tuned_summary": result.best.candidate.label}
 
 
