@@ -96,8 +96,8 @@ def _served_curve(profile: Profile, serving: ServingCost, length: Optional[int] 
     return curve
 
 
-def _saturation(profile: Profile, serving: ServingCost, limit: int) -> Tuple[Point, List[Point]]:
-    """The knee that holds at every measured length, and the served curve it sits on.
+def _saturation(profile: Profile, serving: ServingCost, limit: int) -> Tuple[Point, Point]:
+    """The knee that holds at every measured length, and that length's served point at `limit`.
 
     Triton's batcher launches a preferred size as soon as the queue holds it, also when more
     is waiting, so a preferred size caps the batches of a deep queue. Short requests of a ragged
@@ -105,12 +105,12 @@ def _saturation(profile: Profile, serving: ServingCost, limit: int) -> Tuple[Poi
     throughput, so the knee is the largest one over the lengths."""
     best = None
     for length in profile.buckets():
-        curve = _served_curve(profile, serving, length)
-        if not curve or curve[0].batch_size > limit:
+        curve = [p for p in _served_curve(profile, serving, length) if p.batch_size <= limit]
+        if not curve:
             continue
         knee = _knee(curve, limit)
         if best is None or knee.batch_size > best[0].batch_size:
-            best = knee, curve
+            best = knee, curve[-1]
     return best
 
 
@@ -283,8 +283,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     else:
         dynamic = {"max_queue_delay_microseconds": delay_us}
         why.append(f"max_queue_delay_microseconds {delay_us}: {delay_text}")
-        knee, knee_curve = _saturation(profile, serving, b)
-        knee_top = [p for p in knee_curve if p.batch_size <= b][-1]
+        knee, knee_top = _saturation(profile, serving, b)
         at_length = "" if knee.length is None else f" at every measured length (the last to saturate: {knee.length})"
         if knee.batch_size < b and knee.throughput >= knee_top.throughput / SATURATION_GAIN:
             dynamic["preferred_batch_size"] = [knee.batch_size]

@@ -47,12 +47,12 @@ class ProfileOptions:
     # max_batch_size, is swept up to the ceiling even where its throughput has flattened: shorter
     # requests, batched with it, still gain from the larger batches.
     slo_ms: Optional[float] = None
+    memory_limit_bytes: Optional[int] = None   # default: 80% of the memory available at start
+    seed: int = 0
 
     @property
     def ceiling_ms(self) -> float:
         return min(self.max_latency_ms, latency_ceiling_ms(self.slo_ms)) if self.slo_ms else self.max_latency_ms
-    memory_limit_bytes: Optional[int] = None   # default: 80% of the memory available at start
-    seed: int = 0
 
 
 def _status_bytes(field_name: str) -> Optional[int]:
