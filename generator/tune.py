@@ -33,6 +33,8 @@ MIN_GAIN = 1.03
 # Closed-loop concurrency doubles up to this multiple of instances x max_batch_size.
 CONCURRENCY_REACH = 4
 MAX_STEPS = 4
+# Neighbours that beat the incumbent once and are measured again, per step, at most.
+CONFIRMATIONS = 2
 PATIENCE = 2
 # How long a measurement waits for the previous config's instances to exit.
 UNLOAD_WAIT_S = 60.0
@@ -81,8 +83,12 @@ class Candidate:
         return out
 
 
-def neighbours(c: Candidate, slo_ms: float, max_instances: int) -> List[Candidate]:
-    """Candidates one setting away from c."""
+def neighbours(c: Candidate, slo_ms: float, max_instances: int, policy_available: bool = True) -> List[Candidate]:
+    """Candidates one setting away from c, and the two that trade instances for batch size
+    (instances x max_batch_size kept): Model Analyzer's many-instance, small-batch region,
+    which no single step reaches when each step alone loses. policy_available: whether the
+    repository's config has a queue policy to put back (without one, "policy" would be the
+    same config measured twice)."""
     out = []
     for count in (c.instances - 1, c.instances + 1):
         if 1 <= count <= max_instances:
@@ -92,6 +98,11 @@ def neighbours(c: Candidate, slo_ms: float, max_instances: int) -> List[Candidat
     for batch in (c.max_batch_size * 2, c.max_batch_size // 2):
         if batch >= 1:
             out.append(replace(c, max_batch_size=batch, preferred=tuple(b for b in c.preferred if b <= batch)))
+    for count, batch in ((c.instances + 1, c.max_batch_size // 2), (c.instances - 1, c.max_batch_size * 2)):
+        if 1 <= count <= max_instances and batch >= 1:
+            out.append(replace(c, instances=count, max_batch_size=batch,
+                               preferred=tuple(b for b in c.preferred if b <= batch),
+                               queue_policy=c.queue_policy and count >= STALL_FREE_INSTANCES))
     slo_us = int(slo_ms * 1000)
     delays = (slo_us // 20, slo_us // 8) if c.delay_us == 0 else (0, c.delay_us // 2, c.delay_us * 2)
     out.extend(replace(c, delay_us=int(d)) for d in delays if d != c.delay_us and d < slo_us // 2)
@@ -99,7 +110,7 @@ def neighbours(c: Candidate, slo_ms: float, max_instances: int) -> List[Candidat
         out.append(replace(c, preferred=()))
     elif c.max_batch_size >= 4:
         out.append(replace(c, preferred=(c.max_batch_size // 2,)))
-    if c.queue_policy or c.instances >= STALL_FREE_INSTANCES:
+    if c.queue_policy or (policy_available and c.instances >= STALL_FREE_INSTANCES):
         out.append(replace(c, queue_policy=not c.queue_policy))
     return list(dict.fromkeys(out))
 
@@ -113,6 +124,16 @@ class Measurement:
     poisson_p99_ms: Optional[float] = None   # P99 at the planned rate
     error: Optional[str] = None              # refused at load, or failed to measure
     rows: List[dict] = field(default_factory=list)
+    scores: List[float] = field(default_factory=list)   # every measurement's score, when measured more than once
+
+    def joined(self, again: "Measurement") -> "Measurement":
+        """This candidate measured twice or more: the mean score, the worse P99s, every row."""
+        if again.error is not None or self.error is not None:
+            return again if again.error is not None else self
+        scores = (self.scores or [self.score]) + [again.score]
+        poisson = [p for p in (self.poisson_p99_ms, again.poisson_p99_ms) if p is not None]
+        return replace(self, score=sum(scores) / len(scores), scores=scores, p99_ms=max(self.p99_ms, again.p99_ms),
+                       poisson_p99_ms=max(poisson) if poisson else None, rows=self.rows + again.rows)
 
     def holds_rate(self, slo_ms: float) -> bool:
         """P99 within the SLO at the planned rate (or no planned rate to hold)."""
@@ -197,8 +218,15 @@ class TuneResult:
 
 def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms: float, max_instances: int,
            max_steps: int = MAX_STEPS, log: Callable[[str], None] = lambda line: None) -> Tuple[Measurement, Measurement, List[Measurement]]:
-    """Hill-climb from start; returns (start's measurement, the best, every measurement)."""
+    """Hill-climb from start; returns (start's measurement, the best, every measurement).
+
+    A neighbour that beats the incumbent is measured again, and the incumbent with it, and the
+    search moves only if it wins that new pair too: on a small host one config's throughput
+    within the SLO spreads by up to a quarter between measurements, and a climb on single
+    figures follows the noise. A candidate measured more than once scores (in the table) the
+    mean of its measurements."""
     seen: Dict[Candidate, Measurement] = {}
+    policy_available = start.queue_policy
 
     def get(c: Candidate) -> Measurement:
         if c not in seen:
@@ -207,10 +235,34 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
             log(f"  {c.label}: " + (m.error or f"{m.score:.0f} infer/s within {slo_ms:g} ms"))
         return seen[c]
 
+    def again(c: Candidate) -> Measurement:
+        seen[c] = seen[c].joined(measure(c))
+        m = seen[c]
+        log(f"  {c.label}, again: " + (m.error or f"{m.score:.0f} infer/s within {slo_ms:g} ms (mean of "
+                                         f"{', '.join(f'{s:.0f}' for s in m.scores)})"))
+        return m
+
+    def confirmed(incumbent: Measurement, step: List[Measurement], check: bool) -> Optional[Measurement]:
+        """The best neighbour that still beats the incumbent once both are measured again; of
+        those that beat it once, the best CONFIRMATIONS are tried."""
+        tried = set()
+        while len(tried) < CONFIRMATIONS:
+            challenger = pick_next(incumbent, [seen[m.candidate] for m in step if m.candidate not in tried],
+                                   slo_ms, check)
+            if challenger is None:
+                return None
+            tried.add(challenger.candidate)
+            incumbent = again(incumbent.candidate)
+            challenger = again(challenger.candidate)
+            # Decided on the new pair alone: the first figure won among many, so it is biased up.
+            if challenger.eligible(slo_ms, check) and challenger.scores[-1] > incumbent.scores[-1] * MIN_GAIN:
+                return challenger
+        return None
+
     first = best = get(start)
     warned = False
     for _ in range(max_steps):
-        step = [get(c) for c in neighbours(best.candidate, slo_ms, max_instances)]
+        step = [get(c) for c in neighbours(best.candidate, slo_ms, max_instances, policy_available)]
         check = rate_reachable(seen.values(), slo_ms)
         if not check and not warned:
             warned = True
@@ -222,35 +274,51 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
             if not best.eligible(slo_ms, check):
                 break
             continue
-        following = pick_next(best, step, slo_ms, check)
+        following = confirmed(best, step, check)
+        best = seen[best.candidate]
         if following is None:
             break
         best = following
-    return first, best, list(seen.values())
+    return seen[first.candidate], best, list(seen.values())
 
 
-def closed_loop_scan(run, slo_ms: float, first_level: int, last_level: int) -> Tuple[float, float, int, List[dict]]:
+def closed_loop_scan(run, slo_ms: float, first_level: int, last_level: int,
+                     start_level: Optional[int] = None) -> Tuple[float, float, int, List[dict]]:
     """Best throughput within the SLO as concurrency doubles from first_level up to last_level;
     (score, its P99, its level, rows). What Model Analyzer reports for a config, and the only
     figure that says where the SLO binds.
 
     The scan ends when P99 passes the SLO, when the server rejects requests (a full queue),
-    or after PATIENCE doublings without a gain of MIN_GAIN (one is noise on a busy host)."""
+    or after PATIENCE doublings without a gain of MIN_GAIN (one is noise on a busy host).
+    With start_level (above first_level) it begins there instead, where a similar config's SLO
+    bound, and where that level already misses the SLO, halves down to first_level until a
+    level holds it: the levels far below the binding one cost a measurement each and rank nothing."""
     from latte.triton.perf import PerfAnalyzerError
 
     best, best_p99, best_level, rows, stale = 0.0, 0.0, 0, [], 0
-    level = max(1, first_level)
-    while level <= last_level:
+    first_level = max(1, first_level)
+    level = first_level if start_level is None else min(max(first_level, start_level), last_level)
+    descending = level > first_level
+    while first_level <= level <= last_level:
         try:
             point = run(concurrency=[level])
         except PerfAnalyzerError as exc:
-            if not rows:
+            if not rows and not descending:
                 raise
             rows.append({"concurrency": level, "error": str(exc).splitlines()[-1][:120]})
+            if descending and best == 0.0:
+                level //= 2
+                continue
             break
         rows.append({"concurrency": level, "throughput": point.throughput, "p99_ms": point.p99_ms})
         if point.p99_ms > slo_ms:
+            if descending and best == 0.0:
+                level //= 2
+                continue
             break
+        if descending and len(rows) > 1:   # the levels above this one missed: it is the best
+            return point.throughput, point.p99_ms, level, rows
+        descending = False
         stale = 0 if point.throughput > best * MIN_GAIN else stale + 1
         if point.throughput > best:
             best, best_p99, best_level = point.throughput, point.p99_ms, level
@@ -260,11 +328,13 @@ def closed_loop_scan(run, slo_ms: float, first_level: int, last_level: int) -> T
     return best, best_p99, best_level, rows
 
 
-def _closed_loop(run, candidate: Candidate, slo_ms: float) -> Tuple[float, float, int, List[dict]]:
-    """closed_loop_scan for a candidate: from one request per instance to CONCURRENCY_REACH
-    times what its instances batch at once."""
+def _closed_loop(run, candidate: Candidate, slo_ms: float,
+                 start_level: Optional[int] = None) -> Tuple[float, float, int, List[dict]]:
+    """closed_loop_scan for a candidate: from one request per instance (or start_level) to
+    CONCURRENCY_REACH times what its instances batch at once."""
     return closed_loop_scan(run, slo_ms, candidate.instances,
-                            CONCURRENCY_REACH * candidate.instances * max(1, candidate.max_batch_size))
+                            CONCURRENCY_REACH * candidate.instances * max(1, candidate.max_batch_size),
+                            start_level)
 
 
 def settle(instances_now: Callable[[], int], instances: int, timeout_s: float = UNLOAD_WAIT_S,
@@ -319,6 +389,7 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
             extra_args=["--model-control-mode=explicit", f"--load-model={model}"]) as server:
         data = write_input_data(Path(tmp) / "inputs.json", request_samples(config, length, lengths))
         client = grpcclient.InferenceServerClient(server.grpc_url)
+        leader = Measurement(Candidate.of(config))     # the best score measured so far, and its level
 
         def measure(candidate: Candidate) -> Measurement:
             m = Measurement(candidate)
@@ -339,11 +410,15 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
                 # A wide stability band: a busy host must not abort a candidate; MIN_GAIN absorbs the noise.
                 return run_perf_analyzer(model, server.grpc_url, input_data=data, measurement_ms=measurement_ms,
                                          max_trials=8, stability_percentage=100.0, **load)[0]
+            # Neighbours bind near where the best so far did: the scan starts a doubling below it.
+            start_level = leader.concurrency // 2 if leader.score > 0 else None
             try:
-                m.score, m.p99_ms, m.concurrency, m.rows = _closed_loop(run, candidate, slo_ms)
+                m.score, m.p99_ms, m.concurrency, m.rows = _closed_loop(run, candidate, slo_ms, start_level)
             except PerfAnalyzerError as exc:
                 m.error = "failed: " + str(exc).splitlines()[-1][:120]
                 return m
+            if m.score > leader.score:
+                leader.score, leader.concurrency = m.score, m.concurrency
             if plan is not None:
                 try:
                     m.poisson_p99_ms = run(request_rate=[round(plan.rate, 1)],
@@ -356,7 +431,7 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
                                        max_steps=max_steps, log=log)
     result = TuneResult(model, slo_ms, first, best, measured, time.perf_counter() - started,
                         requests=describe_requests(config, length, lengths))
-    if write and best is not first and result.found:
+    if write and best.candidate != first.candidate and result.found:
         (repo / model / "config.pbtxt").write_text(text_format.MessageToString(best.candidate.apply(config)))
     record = Path(plan.profile).with_suffix(".tune.json") if plan and plan.profile else repo / f"{model}.tune.json"
     record.parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,45 @@ def test_one_instance_never_gets_a_queue_policy_back():
     assert Candidate(2, 16, 0, (), False) in found
 
 
+def test_neighbours_trade_instances_for_batch_size_where_model_analyzer_searches():
+    start = Candidate(instances=2, max_batch_size=64, delay_us=0, preferred=(32,), queue_policy=False)
+    found = neighbours(start, slo_ms=30, max_instances=4, policy_available=False)
+    assert Candidate(3, 32, 0, (32,), False) in found     # more instances, each batching half as much
+    assert Candidate(1, 128, 0, (32,), False) in found
+    assert Candidate(3, 64, 0, (32,), False) in found and Candidate(2, 32, 0, (32,), False) in found
+
+
+def test_a_config_without_a_queue_policy_is_never_offered_one():
+    # "policy" would apply the very same config: two measurements of one config, ranked as two.
+    start = Candidate(instances=2, max_batch_size=64, delay_us=0, preferred=(), queue_policy=False)
+    assert all(not c.queue_policy for c in neighbours(start, slo_ms=30, max_instances=4, policy_available=False))
+    assert any(c.queue_policy for c in neighbours(start, slo_ms=30, max_instances=4, policy_available=True))
+
+
+def test_a_neighbour_that_wins_only_once_is_not_moved_to():
+    start = Candidate(2, 16, 0, (), False)
+    lucky = Candidate(2, 32, 0, (), False)
+    times = {}
+
+    def noisy(candidate):  # `lucky` measures 130 the first time, 95 after: a noise spike
+        times[candidate] = times.get(candidate, 0) + 1
+        score = 130.0 if candidate == lucky and times[candidate] == 1 else (95.0 if candidate == lucky else 100.0)
+        return Measurement(candidate, score=score, p99_ms=5.0, concurrency=8)
+
+    first, best, measured = search(start, noisy, slo_ms=20, max_instances=2)
+    assert best.candidate == start
+    again = {m.candidate: m for m in measured}
+    assert again[lucky].scores == [130.0, 95.0] and again[lucky].score == 112.5
+    assert times[start] == 2 and len(first.scores) == 2     # the incumbent was measured again beside it
+
+
+def test_a_neighbour_that_wins_again_is_moved_to():
+    start = Candidate(2, 16, 0, (), False)
+    better = Candidate(2, 32, 0, (), False)
+    _, best, _ = search(start, scores({better: 150.0}), slo_ms=20, max_instances=2)
+    assert best.candidate == better and best.scores == [150.0, 150.0]
+
+
 def scores(table):
     """A measure function from a table of candidate -> infer/s (P99 always within the SLO)."""
     def measure(candidate):
@@ -147,6 +186,29 @@ def test_closed_loop_scan_goes_past_a_fixed_range_until_the_slo_binds():
     assert (score, best_p99, level) == (1200, 60, 64)
     assert seen == [2, 4, 8, 16, 32, 64, 128]
     assert closed_loop_scan(run, slo_ms=100, first_level=2, last_level=32)[:3] == (900, 30, 32)
+
+
+def test_closed_loop_scan_from_a_neighbours_level_skips_the_levels_far_below_it():
+    from latte.generator.tune import closed_loop_scan
+
+    curve = {2: 100, 4: 190, 8: 350, 16: 600, 32: 900, 64: 1200, 128: 1300}
+    p99 = {2: 5, 4: 6, 8: 8, 16: 15, 32: 30, 64: 60, 128: 140}
+    seen = []
+
+    def run(concurrency):
+        seen.append(concurrency[0])
+        return FakePoint(curve[concurrency[0]], p99[concurrency[0]])
+
+    assert closed_loop_scan(run, slo_ms=100, first_level=2, last_level=512, start_level=32)[:3] == (1200, 60, 64)
+    assert seen == [32, 64, 128]
+    # Started above where this config binds, it halves until a level holds the SLO: that level is its best.
+    seen.clear()
+    assert closed_loop_scan(run, slo_ms=20, first_level=2, last_level=512, start_level=64)[:3] == (600, 15, 16)
+    assert seen == [64, 32, 16]
+    # No level holds it: no score, as from the first level.
+    seen.clear()
+    assert closed_loop_scan(run, slo_ms=4, first_level=2, last_level=512, start_level=8)[0] == 0.0
+    assert seen == [8, 4, 2]
 
 
 def test_a_measurement_waits_for_the_previous_configs_instances_to_exit():
