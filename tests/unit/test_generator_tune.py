@@ -87,6 +87,25 @@ def test_a_neighbour_that_wins_again_is_moved_to():
     assert best.candidate == better and best.scores == [150.0, 150.0]
 
 
+def test_an_incumbent_that_misses_when_measured_again_does_not_stay_the_winner():
+    start = Candidate(2, 64, 0, (), False)
+    first_pick = Candidate(2, 32, 0, (), False)
+    holds = Candidate(2, 128, 0, (), False)
+    challenger = Candidate(2, 32, 5000, (), False)
+    times = {}
+
+    def measure(candidate):  # at the planned rate first_pick and challenger hold once, then miss
+        times[candidate] = times.get(candidate, 0) + 1
+        score = {first_pick: 2000.0, holds: 1900.0, challenger: 2200.0}.get(candidate, 1500.0)
+        poisson = 120.0 if candidate == start else 90.0
+        if candidate in (first_pick, challenger) and times[candidate] > 1:
+            poisson = 600.0
+        return Measurement(candidate, score=score, p99_ms=80.0, concurrency=64, poisson_p99_ms=poisson)
+
+    _, best, _ = search(start, measure, slo_ms=100, max_instances=2)
+    assert times[first_pick] == 2 and times[challenger] == 2 and best.candidate == holds
+
+
 def scores(table):
     """A measure function from a table of candidate -> infer/s (P99 always within the SLO)."""
     def measure(candidate):
