@@ -89,20 +89,24 @@ def neighbours(c: Candidate, slo_ms: float, max_instances: int, policy_available
     which no single step reaches when each step alone loses. policy_available: whether the
     repository's config has a queue policy to put back (without one, "policy" would be the
     same config measured twice)."""
+    def batching(batch: int) -> dict:
+        return {"max_batch_size": batch, "preferred": tuple(b for b in c.preferred if b <= batch)}
+
+    def counted(count: int) -> dict:
+        # One instance stalls behind a queue policy (Triton 2.51, docs/backend.md "Priorities"):
+        # as in the derivation, it goes without one.
+        return {"instances": count, "queue_policy": c.queue_policy and count >= STALL_FREE_INSTANCES}
+
     out = []
     for count in (c.instances - 1, c.instances + 1):
         if 1 <= count <= max_instances:
-            # One instance stalls behind a queue policy (Triton 2.51, docs/backend.md "Priorities"):
-            # as in the derivation, it goes without one.
-            out.append(replace(c, instances=count, queue_policy=c.queue_policy and count >= STALL_FREE_INSTANCES))
+            out.append(replace(c, **counted(count)))
     for batch in (c.max_batch_size * 2, c.max_batch_size // 2):
         if batch >= 1:
-            out.append(replace(c, max_batch_size=batch, preferred=tuple(b for b in c.preferred if b <= batch)))
+            out.append(replace(c, **batching(batch)))
     for count, batch in ((c.instances + 1, c.max_batch_size // 2), (c.instances - 1, c.max_batch_size * 2)):
         if 1 <= count <= max_instances and batch >= 1:
-            out.append(replace(c, instances=count, max_batch_size=batch,
-                               preferred=tuple(b for b in c.preferred if b <= batch),
-                               queue_policy=c.queue_policy and count >= STALL_FREE_INSTANCES))
+            out.append(replace(c, **counted(count), **batching(batch)))
     slo_us = int(slo_ms * 1000)
     delays = (slo_us // 20, slo_us // 8) if c.delay_us == 0 else (0, c.delay_us // 2, c.delay_us * 2)
     out.extend(replace(c, delay_us=int(d)) for d in delays if d != c.delay_us and d < slo_us // 2)
@@ -311,13 +315,11 @@ def closed_loop_scan(run, slo_ms: float, first_level: int, last_level: int,
             if not rows and not descending:
                 raise
             rows.append({"concurrency": level, "error": str(exc).splitlines()[-1][:120]})
-            if descending and best == 0.0:
-                level //= 2
-                continue
-            break
-        rows.append({"concurrency": level, "throughput": point.throughput, "p99_ms": point.p99_ms})
-        if point.p99_ms > slo_ms:
-            if descending and best == 0.0:
+            point = None
+        else:
+            rows.append({"concurrency": level, "throughput": point.throughput, "p99_ms": point.p99_ms})
+        if point is None or point.p99_ms > slo_ms:
+            if descending:
                 level //= 2
                 continue
             break

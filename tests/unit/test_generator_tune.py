@@ -189,10 +189,9 @@ def test_closed_loop_scan_stops_where_p99_passes_the_slo():
     assert (score, level, len(rows)) == (100, 2, 2)
 
 
-def test_closed_loop_scan_goes_past_a_fixed_range_until_the_slo_binds():
-    from latte.generator.tune import closed_loop_scan
-
-    # Throughput keeps growing past 32 in flight; the SLO binds at 128.
+def growing_curve():
+    """A config whose throughput keeps growing past 32 in flight and whose P99 passes 100 ms at
+    128: (perf_analyzer stand-in, the levels it was run at)."""
     curve = {2: 100, 4: 190, 8: 350, 16: 600, 32: 900, 64: 1200, 128: 1300}
     p99 = {2: 5, 4: 6, 8: 8, 16: 15, 32: 30, 64: 60, 128: 140}
     seen = []
@@ -200,7 +199,13 @@ def test_closed_loop_scan_goes_past_a_fixed_range_until_the_slo_binds():
     def run(concurrency):
         seen.append(concurrency[0])
         return FakePoint(curve[concurrency[0]], p99[concurrency[0]])
+    return run, seen
 
+
+def test_closed_loop_scan_goes_past_a_fixed_range_until_the_slo_binds():
+    from latte.generator.tune import closed_loop_scan
+
+    run, seen = growing_curve()
     score, best_p99, level, rows = closed_loop_scan(run, slo_ms=100, first_level=2, last_level=512)
     assert (score, best_p99, level) == (1200, 60, 64)
     assert seen == [2, 4, 8, 16, 32, 64, 128]
@@ -210,14 +215,7 @@ def test_closed_loop_scan_goes_past_a_fixed_range_until_the_slo_binds():
 def test_closed_loop_scan_from_a_neighbours_level_skips_the_levels_far_below_it():
     from latte.generator.tune import closed_loop_scan
 
-    curve = {2: 100, 4: 190, 8: 350, 16: 600, 32: 900, 64: 1200, 128: 1300}
-    p99 = {2: 5, 4: 6, 8: 8, 16: 15, 32: 30, 64: 60, 128: 140}
-    seen = []
-
-    def run(concurrency):
-        seen.append(concurrency[0])
-        return FakePoint(curve[concurrency[0]], p99[concurrency[0]])
-
+    run, seen = growing_curve()
     assert closed_loop_scan(run, slo_ms=100, first_level=2, last_level=512, start_level=32)[:3] == (1200, 60, 64)
     assert seen == [32, 64, 128]
     # Started above where this config binds, it halves until a level holds the SLO: that level is its best.
