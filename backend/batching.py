@@ -105,36 +105,43 @@ def chunk_by_rows(items: Sequence, rows: Sequence[int], max_rows: int) -> List[L
 
 def plan_batches(spec: ModelSpec, requests: Sequence[Item], buckets: Optional[BucketPlan] = None,
                  cost: Optional[CostModel] = None) -> List[List[Item]]:
-    """Group (position, request) pairs into batches of compatible requests within max_batch_size.
-
-    Without `cost` (or without buckets) a batch holds requests of one bucket. With it,
-    requests of one shape key may share a batch across buckets, as the cost model's
-    cheapest plan says; padding goes to the batch's longest member or its bucket's edge (pad_to).
-    """
+    """Group (position, request) pairs into batches of compatible requests within max_batch_size:
+    requests of one shape key, planned by plan_rows."""
     if not spec.signature.batched:
         return [[item] for item in requests]
-    planned = cost is not None and buckets is not None
     # Each request's length is found once: this runs for every execute call.
     groups: Dict[Hashable, List[Tuple[Item, Optional[int]]]] = {}
     keyed = not uniform_shapes(spec)
     for item in requests:
-        length = ragged_length(spec, item[1])
-        key = shape_key(spec, item[1]) if keyed else ()
-        if not planned and length is not None and buckets is not None:
-            key += (("bucket", buckets.edge_for(length)),)
-        groups.setdefault(key, []).append((item, length))
+        groups.setdefault(shape_key(spec, item[1]) if keyed else (), []).append((item, ragged_length(spec, item[1])))
     batches: List[List[Item]] = []
     for members in groups.values():
         items = [item for item, _ in members]
         lengths = [length for _, length in members]
-        if not planned or None in lengths:
-            batches.extend(chunk_by_rows(items, [req.rows for _, req in items], spec.signature.max_batch_size))
-            continue
-        padded_to = buckets.edge_for if spec.serving.pad_to == "edge" else _own_length
-        for indices in plan_by_cost(lengths, [req.rows for _, req in items], padded_to, cost,
-                                    spec.signature.max_batch_size):
+        for indices in plan_rows(spec, [req.rows for _, req in items], None if None in lengths else lengths,
+                                 buckets, cost):
             batches.append([items[i] for i in indices])
     return batches
+
+
+def plan_rows(spec: ModelSpec, rows: Sequence[int], lengths: Optional[Sequence[int]],
+              buckets: Optional[BucketPlan] = None, cost: Optional[CostModel] = None) -> List[List[int]]:
+    """Indices of requests of one shape key (`rows` and ragged `lengths` each) grouped into
+    batches within max_batch_size. Without lengths, consecutive runs. Without `cost` (or
+    without buckets) a batch holds requests of one bucket; with it, requests may share a
+    batch across buckets, as the cost model's cheapest plan says, padded to the batch's
+    longest member or its bucket's edge (pad_to)."""
+    max_rows = spec.signature.max_batch_size
+    if lengths is None or buckets is None:
+        return chunk_by_rows(list(range(len(rows))), rows, max_rows)
+    if cost is None:
+        by_edge: Dict[int, List[int]] = {}
+        for i, length in enumerate(lengths):
+            by_edge.setdefault(buckets.edge_for(length), []).append(i)
+        return [batch for members in by_edge.values()
+                for batch in chunk_by_rows(members, [rows[i] for i in members], max_rows)]
+    padded_to = buckets.edge_for if spec.serving.pad_to == "edge" else _own_length
+    return plan_by_cost(lengths, rows, padded_to, cost, max_rows)
 
 
 def _own_length(length: int) -> int:
@@ -152,26 +159,34 @@ def assemble(spec: ModelSpec, group: Sequence[ParsedRequest], buckets: Optional[
         rows = group[0].rows
         return Batch(inputs=group[0].inputs, member_rows=[rows], lengths=[None], rows=rows)
     member_rows = [req.rows for req in group]
-    total = sum(member_rows)
     lengths = [ragged_length(spec, req) for req in group] if ragged else [None] * len(group)
     if not spec.signature.batched:
-        return Batch(inputs=group[0].inputs, member_rows=member_rows, lengths=lengths, rows=total)
+        return Batch(inputs=group[0].inputs, member_rows=member_rows, lengths=lengths, rows=sum(member_rows))
+    columns = {t.name: [req.inputs[t.name] for req in group if t.name in req.inputs] for t in spec.signature.inputs}
+    return assemble_columns(spec, columns, member_rows, lengths, buckets, allocate)
+
+
+def assemble_columns(spec: ModelSpec, columns: Dict[str, List[np.ndarray]], member_rows: List[int],
+                     lengths: List[Optional[int]], buckets: Optional[BucketPlan] = None,
+                     allocate: Allocate = np.empty) -> Batch:
+    """One batch of a batched model from its members' arrays by input (an optional input
+    lists only the members that sent it): one native copy per input, ragged inputs padded
+    to the longest member (or, with pad_to: edge, its bucket's edge)."""
+    total = sum(member_rows)
     padded = None
-    if ragged:
-        known = [n for n in lengths if n is not None]
-        if known:
-            padded = max(known)
-            # A request alone in its batch runs at its own length, as it would one at a time:
-            # padding it to its bucket's edge buys no batching.
-            if buckets is not None and len(group) > 1 and spec.serving.pad_to == "edge":
-                padded = buckets.edge_for(padded)
+    known = [n for n in lengths if n is not None]
+    if known:
+        padded = max(known)
+        # A request alone in its batch runs at its own length, as it would one at a time:
+        # padding it to its bucket's edge buys no batching.
+        if buckets is not None and len(member_rows) > 1 and spec.serving.pad_to == "edge":
+            padded = buckets.edge_for(padded)
     inputs: Dict[str, np.ndarray] = {}
     for t in spec.signature.inputs:
-        name = t.name
-        parts = [req.inputs[name] for req in group if name in req.inputs]
+        parts = columns.get(t.name)
         if not parts:
             continue
-        rows = total if len(parts) == len(group) else sum(p.shape[0] for p in parts)
+        rows = total if len(parts) == len(member_rows) else sum(p.shape[0] for p in parts)
         if t.ragged:
             inner = tuple(padded if dim == -1 else size for size, dim in zip(parts[0].shape[1:], t.dims))
             if len(parts) == 1 and inner == parts[0].shape[1:]:

@@ -10,8 +10,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Un
 import numpy as np
 
 from latte._native import pack_arrays
-from latte.backend.batching import (Allocate, affinity_key, assemble, chunk_by_rows, pad_bytes, plan_batches,
-                                    ragged_length, split, uniform_shapes)
+from latte.backend.batching import (Allocate, affinity_key, assemble, assemble_columns, chunk_by_rows, pad_bytes,
+                                    plan_batches, plan_rows, ragged_length, split, uniform_shapes)
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
@@ -93,6 +93,9 @@ class BatchEngine:
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
         self._out_dtypes = {t.name: t.dtype for t in spec.signature.outputs}
         self._one_shape = spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
+        # Every request has one shape key (ragged inputs of one rank): a plain call is planned
+        # from its lengths alone (plan_columns).
+        self._one_key = spec.signature.batched and spec.signature.ragged_inputs and uniform_shapes(spec)
         self._pads = {t.name: pad_bytes(spec.serving.pad_value, t.dtype) for t in spec.signature.inputs}
 
     @property
@@ -100,6 +103,12 @@ class BatchEngine:
         """Whether a plain call may run through run_columns: every request of one shape, batches
         run inline."""
         return self._one_shape and self.dispatcher is None
+
+    @property
+    def plans_columns(self) -> bool:
+        """Whether a plain call may run through plan_columns and run_planned_columns: requests
+        of one shape key with ragged inputs, batches run inline."""
+        return self._one_key and self.dispatcher is None
 
     # -- the whole call -------------------------------------------------------------------
     def answers(self, items: Sequence[Union[ParsedRequest, Exception]],
@@ -181,6 +190,32 @@ class BatchEngine:
             self.on_batch(BatchRecord(rows=total, requests=len(rows), padded_length=None,
                                       seconds=self.clock() - started, failed=False, model_seconds=model_seconds))
         return outputs
+
+    def plan_columns(self, rows: Sequence[int], lengths: Optional[Sequence[int]]) -> List[List[int]]:
+        """The batches of a plain call read by input (RequestReader.read_columns), as indices
+        of its requests: the plan the general path makes of the same requests."""
+        return plan_rows(self.spec, rows, lengths, self.buckets, self.cost_model)
+
+    def run_planned_columns(self, columns: Dict[str, List[np.ndarray]], rows: Sequence[int],
+                            lengths: Optional[Sequence[int]], plan: Sequence[Sequence[int]]) -> List[Dict[str, np.ndarray]]:
+        """Each request's outputs, in order, for a plain call read by input and planned by
+        plan_columns: each batch packed natively, run and cut back into views. Raises when a
+        batch fails; the general path then answers each request alone."""
+        results: List[Dict[str, np.ndarray]] = [None] * len(rows)  # type: ignore[list-item]
+        for members in plan:
+            started = self.clock()
+            batch = assemble_columns(self.spec, {name: [arrays[i] for i in members] for name, arrays in columns.items()},
+                                     [rows[i] for i in members],
+                                     [lengths[i] for i in members] if lengths is not None else [None] * len(members),
+                                     self.buckets, self.allocate)
+            called = self.clock()
+            outputs = self._call(batch.inputs)
+            called = self.clock() - called
+            for i, outcome in zip(members, split(self.spec, batch, outputs)):
+                results[i] = outcome
+            self._record(batch, len(members), started, failed=False, model_seconds=called)
+            del batch  # arena-backed buffers go back as soon as the call is over
+        return results
 
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
               options: Optional[Sequence[Optional[RequestOptions]]] = None) -> List[Result]:

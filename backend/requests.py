@@ -78,10 +78,12 @@ class CallRead(NamedTuple):
 
 
 class Columns(NamedTuple):
-    """A plain call read by input: each input's arrays in the order of the requests, and
-    the rows each request brings."""
+    """A plain call read by input: each input's arrays in the order of the requests, the
+    rows each request brings and, for a model with ragged inputs, each request's longest
+    variable dimension across them (None for a model without)."""
     arrays: Dict[str, List[np.ndarray]]
     rows: List[int]
+    lengths: Optional[List[int]] = None
 
 
 class RequestReader:
@@ -131,16 +133,20 @@ class RequestReader:
                 raw = request.parameters()
                 if (raw and raw != "{}") or request.timeout() > 0:
                     return None
-        rows = None
+        rows = lengths = None
         for name in self._order:
             arrays = columns[name]
             if len(arrays) != len(requests):  # one input sent twice, another not at all
                 return None
-            found, _, problems = inspect_arrays(self._rules[name], arrays)
+            found, longest, problems = inspect_arrays(self._rules[name], arrays)
             if problems or (rows is not None and found != rows):
                 return None
             rows = found
-        return Columns(columns, rows if rows is not None else [])
+            if self._by_name[name].ragged:
+                lengths = longest if lengths is None else [max(a, b) for a, b in zip(lengths, longest)]
+        if lengths and min(lengths) < 0:  # ragged inputs without a variable dimension: nothing to plan by
+            lengths = None
+        return Columns(columns, rows if rows is not None else [], lengths)
 
     def read(self, request) -> ParsedRequest:
         """One request, checked; raises RequestError when it cannot be served."""

@@ -119,8 +119,10 @@ class EarlyAnswers:
         """`pending` requests are still to run; `pending_priority()` is the lowest priority among them."""
         if pending == 0 or self.mode == "per_call":
             return False
-        if self.mode == "per_batch":
-            return True
         if finished_priority > 0 and finished_priority > pending_priority():
             return True
-        return self.request_s > self.send_s
+        return self.pays()
+
+    def pays(self) -> bool:
+        """Whether requests of one priority, finished while others still run, are sent now."""
+        return self.mode == "per_batch" or (self.mode == "auto" and self.request_s > self.send_s)

@@ -102,8 +102,11 @@ class LatteModel:
                                                                       queue_capacity=serving.max_queue_size,
                                                                       max_window_s=window)
         self.responses = ResponseBuilder(pb, [t.name for t in signature.outputs])
-        # Calls of one-shape requests run inline take the column path (_execute_columns).
-        self._by_columns = self.engine.takes_columns and not serving.pipeline and not serving.check_cancellation
+        # Plain calls run inline take the column path (_execute_columns): one-shape requests as
+        # one batch, ragged ones as the call's plan.
+        inline = not serving.pipeline and not serving.check_cancellation
+        self._by_columns = self.engine.takes_columns and inline
+        self._planned_columns = self.engine.plans_columns and inline
         self._max_rows = signature.max_batch_size
         self.early = EarlyAnswers(serving.respond)
         self._batches: List = []  # (rows, model seconds) of the running execute call's batches
@@ -153,6 +156,10 @@ class LatteModel:
         started = time.perf_counter()
         if self._by_columns:
             responses = self._execute_columns(requests, started)
+            if responses is not None:
+                return responses
+        elif self._planned_columns:
+            responses = self._execute_planned_columns(requests, started)
             if responses is not None:
                 return responses
         call = self.reader.read_call(requests, self._check_cancellation)
@@ -233,6 +240,29 @@ class LatteModel:
             return None
         ran = time.perf_counter()
         responses = self.responses.from_batch(outputs, columns.rows)
+        self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
+        return responses
+
+    def _execute_planned_columns(self, requests, started: float) -> Optional[List]:
+        """The plain call of a model with ragged inputs: read by input, planned from the
+        lengths the native check measured, each batch packed natively; no per-request object
+        on the way. None (the general path answers) when the call is not plain, a batch fails,
+        or the plan has batches to answer early (EarlyAnswers), which the general path sends
+        as each finishes."""
+        columns = self.reader.read_columns(requests)
+        if columns is None:
+            return None
+        plan = self.engine.plan_columns(columns.rows, columns.lengths)
+        if len(plan) > 1 and self.early.pays():
+            return None
+        read = time.perf_counter()
+        try:
+            results = self.engine.run_planned_columns(columns.arrays, columns.rows, columns.lengths, plan)
+        except Exception:
+            self._batches = []
+            return None
+        ran = time.perf_counter()
+        responses = self.responses.successes(results)
         self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
         return responses
 

@@ -188,3 +188,60 @@ def test_a_batch_the_model_fails_on_is_answered_request_by_request(example_repo)
         assert counter(model, "latte_requests_total", outcome="success") == 3
     finally:
         model.finalize()
+
+
+@pytest.fixture(scope="module")
+def sequence(example_repo):
+    # Answered with the call's return value: the column path's (early answers go the general way).
+    model = load(example_repo, "sequence_onnx", respond="per_call")
+    yield model
+    model.finalize()
+
+
+def test_a_plain_call_of_ragged_requests_runs_the_plan_from_the_columns(sequence, monkeypatch):
+    rng = np.random.default_rng(13)
+    feeds = [EXAMPLES["sequence"].sample(1, rng, length=n) for n in (5, 90, 7, 120, 6)]
+    alone = [sequence.execute([InferenceRequest(f)])[0].output_tensors()[0].as_numpy() for f in feeds]
+    plan = sequence.engine.plan_columns([1] * 5, [5, 90, 7, 120, 6])
+    calls = counter(sequence, "latte_batch_size_count")
+
+    def general_path(*_):
+        raise AssertionError("a plain call of ragged requests is not read request by request")
+
+    monkeypatch.setattr(sequence.reader, "read_call", general_path)
+    responses = sequence.execute([InferenceRequest(f) for f in feeds])
+
+    assert counter(sequence, "latte_batch_size_count") == calls + len(plan)  # one model call per planned batch
+    assert sorted(i for batch in plan for i in batch) == [0, 1, 2, 3, 4]
+    for response, want in zip(responses, alone):  # padding inside a batch changes no answer
+        assert not response.has_error()
+        np.testing.assert_allclose(response.output_tensors()[0].as_numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_plan_of_a_plain_call_is_the_general_paths_plan(sequence):
+    from latte.backend.requests import ParsedRequest
+
+    lengths = [3, 64, 17, 128, 9, 40, 2, 100]
+    rows = [1] * len(lengths)
+    parsed = [(i, ParsedRequest({"tokens": np.ones((1, n), np.int64)}, 1, length=n)) for i, n in enumerate(lengths)]
+    general = [[position for position, _ in batch] for batch in sequence.engine._plan(parsed)]
+    assert sequence.engine.plan_columns(rows, lengths) == general
+
+
+def test_a_ragged_batch_the_model_fails_on_is_answered_request_by_request(example_repo):
+    model = load(example_repo, "sequence_onnx", respond="per_call")
+    try:
+        run = model.runtime.run
+
+        def fails_on_batches(feed):
+            if next(iter(feed.values())).shape[0] > 1:
+                raise RuntimeError("kernel failed on a batch")
+            return run(feed)
+
+        model.runtime.run = fails_on_batches
+        rng = np.random.default_rng(14)
+        responses = model.execute([InferenceRequest(EXAMPLES["sequence"].sample(1, rng, length=n)) for n in (4, 5, 6)])
+        assert [r.has_error() for r in responses] == [False, False, False]
+        assert counter(model, "latte_requests_total", outcome="success") == 3
+    finally:
+        model.finalize()

@@ -192,3 +192,15 @@ def test_a_one_input_call_with_a_stray_input_is_left_to_read_call():
     assert reader.read_columns([Request(x=np.ones((1, 3), np.float32))]) is None
     assert reader.read_columns([Request(a=np.ones((1, 3), np.float32), x=np.ones((1, 3), np.float32))]) is None
     assert reader.read_columns([Request()]) is None
+
+
+def test_a_plain_ragged_call_is_read_with_each_requests_longest_length():
+    spec = ModelSpec(ModelSignature(name="pairs", inputs=(TensorSpec("ids", np.dtype(np.int64), (-1,), ragged=True),
+                                                          TensorSpec("mask", np.dtype(np.int64), (-1,), ragged=True)),
+                                    outputs=(TensorSpec("y", np.dtype(np.float32), (1,)),), max_batch_size=8,
+                                    runtime="onnx", model_path=None), ServingOptions())
+    reader = RequestReader(spec)
+    columns = reader.read_columns([Request(ids=np.ones((1, 5), np.int64), mask=np.ones((1, 7), np.int64)),
+                                   Request(ids=np.ones((2, 9), np.int64), mask=np.ones((2, 3), np.int64))])
+    assert columns.rows == [1, 2] and columns.lengths == [7, 9]
+    assert RequestReader(ONE_SHAPE).read_columns([pair()]).lengths is None  # nothing ragged
