@@ -171,8 +171,12 @@ def test_a_plain_call_of_one_shape_answers_each_request_with_its_rows_of_one_bat
         np.testing.assert_allclose(response.output_tensors()[0].as_numpy(), want, rtol=1e-5, atol=1e-6)
 
 
-def test_a_batch_the_model_fails_on_is_answered_request_by_request(example_repo):
-    model = load(example_repo, "mlp_onnx")
+@pytest.mark.parametrize("model_name, example, parameters", [
+    ("mlp_onnx", "mlp", {}),
+    ("sequence_onnx", "sequence", {"respond": "per_call"}),  # ragged: planned batches, read by input
+], ids=["one-shape", "ragged"])
+def test_a_batch_the_model_fails_on_is_answered_request_by_request(example_repo, model_name, example, parameters):
+    model = load(example_repo, model_name, **parameters)
     try:
         run = model.runtime.run
 
@@ -183,7 +187,7 @@ def test_a_batch_the_model_fails_on_is_answered_request_by_request(example_repo)
 
         model.runtime.run = fails_on_batches
         rng = np.random.default_rng(12)
-        responses = model.execute([InferenceRequest(EXAMPLES["mlp"].sample(1, rng)) for _ in range(3)])
+        responses = model.execute([InferenceRequest(EXAMPLES[example].sample(1, rng)) for _ in range(3)])
         assert [r.has_error() for r in responses] == [False, False, False]
         assert counter(model, "latte_requests_total", outcome="success") == 3
     finally:
@@ -227,21 +231,3 @@ def test_the_plan_of_a_plain_call_is_the_general_paths_plan(sequence):
     general = [[position for position, _ in batch] for batch in sequence.engine._plan(parsed)]
     assert sequence.engine.plan_columns(rows, lengths) == general
 
-
-def test_a_ragged_batch_the_model_fails_on_is_answered_request_by_request(example_repo):
-    model = load(example_repo, "sequence_onnx", respond="per_call")
-    try:
-        run = model.runtime.run
-
-        def fails_on_batches(feed):
-            if next(iter(feed.values())).shape[0] > 1:
-                raise RuntimeError("kernel failed on a batch")
-            return run(feed)
-
-        model.runtime.run = fails_on_batches
-        rng = np.random.default_rng(14)
-        responses = model.execute([InferenceRequest(EXAMPLES["sequence"].sample(1, rng, length=n)) for n in (4, 5, 6)])
-        assert [r.has_error() for r in responses] == [False, False, False]
-        assert counter(model, "latte_requests_total", outcome="success") == 3
-    finally:
-        model.finalize()
