@@ -13,7 +13,7 @@ place of the model with Triton's config override, then measured:
 Neighbours change one setting: instances +-1, max_batch_size x2 / /2, the queue delay,
 preferred batch sizes and the queue policy (the last three are settings Model Analyzer
 does not search). The search moves to the best neighbour while it beats the incumbent by
-more than MIN_GAIN and stops otherwise.
+more than MIN_GAIN and stops otherwise, or when its time budget (Budget) is spent.
 """
 
 from __future__ import annotations
@@ -42,6 +42,25 @@ UNLOAD_WAIT_S = 60.0
 
 class TuneError(RuntimeError):
     """The model cannot be tuned as asked."""
+
+
+class Budget:
+    """The wall time a search may take: no measurement starts once it is spent (the one
+    running finishes). None: no limit."""
+
+    def __init__(self, seconds: Optional[float] = None, clock: Callable[[], float] = time.monotonic) -> None:
+        if seconds is not None and not seconds > 0:
+            raise TuneError(f"the time budget must be more than 0 s, got {seconds:g}")
+        self.seconds = seconds
+        self.clock = clock
+        self.started = clock()
+        self.ran_out = False
+
+    def allows(self) -> bool:
+        """Whether another measurement may start."""
+        if self.seconds is not None and self.clock() - self.started >= self.seconds:
+            self.ran_out = True
+        return not self.ran_out
 
 
 @dataclass(frozen=True)
@@ -185,6 +204,8 @@ class TuneResult:
     measurements: List[Measurement]
     wall_s: float
     requests: str = ""     # what the measurements sent (describe_requests)
+    budget_s: Optional[float] = None   # the time budget, when one was set
+    out_of_budget: bool = False        # whether the search stopped because it was spent
 
     @property
     def rate_checked(self) -> bool:
@@ -208,6 +229,9 @@ class TuneResult:
         lines.append(f"{self.model}: {len(self.measurements)} candidate(s) in {self.wall_s:.0f} s"
                      + (f" ({self.requests})" if self.requests else "") + f"; winner "
                      f"{self.best.candidate.label} at {self.best.score:.0f} infer/s ({gain:.2f}x the start)")
+        if self.out_of_budget:
+            lines.append(f"{self.model}: stopped when its {self.budget_s:g} s budget was spent: neighbours not "
+                         "measured by then are not ranked, and a win not yet measured twice was not moved to")
         if not self.rate_checked and any(m.poisson_p99_ms is not None for m in self.measurements):
             lines.append(f"{self.model}: no candidate held P99 <= {self.slo_ms:g} ms at the planned rate; ranked by "
                          "closed-loop throughput within the SLO alone: plan a lower arrival_rate")
@@ -216,30 +240,37 @@ class TuneResult:
     def to_json(self) -> dict:
         return {"model": self.model, "slo_ms": self.slo_ms, "wall_s": self.wall_s, "requests": self.requests,
                 "start": self.start.candidate.label, "winner": self.best.candidate.label,
-                "rate_checked": self.rate_checked,
+                "rate_checked": self.rate_checked, "budget_s": self.budget_s, "out_of_budget": self.out_of_budget,
                 "measurements": [m.to_json() for m in self.measurements]}
 
 
 def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms: float, max_instances: int,
-           max_steps: int = MAX_STEPS, log: Callable[[str], None] = lambda line: None) -> Tuple[Measurement, Measurement, List[Measurement]]:
+           max_steps: int = MAX_STEPS, log: Callable[[str], None] = lambda line: None,
+           budget: Optional[Budget] = None) -> Tuple[Measurement, Measurement, List[Measurement]]:
     """Hill-climb from start; returns (start's measurement, the best, every measurement).
 
     A neighbour that beats the incumbent is measured again, and the incumbent with it, and the
     search moves only if it wins that new pair too: on a small host one config's throughput
     within the SLO spreads by up to a quarter between measurements, and a climb on single
     figures follows the noise. A candidate measured more than once scores (in the table) the
-    mean of its measurements."""
+    mean of its measurements. Once the budget is spent (start is always measured), no
+    neighbour is measured and none is moved to unless its win was confirmed."""
     seen: Dict[Candidate, Measurement] = {}
     policy_available = start.queue_policy
+    budget = budget or Budget()
 
-    def get(c: Candidate) -> Measurement:
+    def get(c: Candidate) -> Optional[Measurement]:
         if c not in seen:
+            if seen and not budget.allows():
+                return None
             seen[c] = measure(c)
             m = seen[c]
             log(f"  {c.label}: " + (m.error or f"{m.score:.0f} infer/s within {slo_ms:g} ms"))
         return seen[c]
 
-    def again(c: Candidate) -> Measurement:
+    def again(c: Candidate) -> Optional[Measurement]:
+        if not budget.allows():
+            return None
         seen[c] = seen[c].joined(measure(c))
         m = seen[c]
         log(f"  {c.label}, again: " + (m.error or f"{m.score:.0f} infer/s within {slo_ms:g} ms (mean of "
@@ -257,7 +288,9 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
                 return None
             tried.add(challenger.candidate)
             incumbent = again(incumbent.candidate)
-            challenger = again(challenger.candidate)
+            challenger = again(challenger.candidate) if incumbent is not None else None
+            if incumbent is None or challenger is None:  # out of time: a win measured once does not count
+                return None
             # Decided on the new pair alone: the first figure won among many, so it is biased up.
             if challenger.eligible(slo_ms, check) and challenger.scores[-1] > incumbent.scores[-1] * MIN_GAIN:
                 return challenger
@@ -266,7 +299,8 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
     first = best = get(start)
     warned = False
     for _ in range(max_steps):
-        step = [get(c) for c in neighbours(best.candidate, slo_ms, max_instances, policy_available)]
+        step = [m for m in (get(c) for c in neighbours(best.candidate, slo_ms, max_instances, policy_available))
+                if m is not None]
         check = rate_reachable(seen.values(), slo_ms)
         if not check and not warned:
             warned = True
@@ -275,7 +309,7 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
         if not best.eligible(slo_ms, check):
             # The incumbent misses: any eligible neighbour is progress.
             best = max((m for m in step if m.eligible(slo_ms, check)), key=lambda m: m.score, default=best)
-            if not best.eligible(slo_ms, check):
+            if not best.eligible(slo_ms, check) or budget.ran_out:
                 break
             continue
         following = confirmed(best, step, check)
@@ -283,6 +317,8 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
         if following is None:
             break
         best = following
+        if budget.ran_out:
+            break
     check = rate_reachable(seen.values(), slo_ms)
     if not best.eligible(slo_ms, check):
         # Measured again, the incumbent can miss where it held once (P99 at a planned rate near
@@ -359,11 +395,13 @@ def settle(instances_now: Callable[[], int], instances: int, timeout_s: float = 
 
 def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, length: int = 16,
          measurement_ms: int = 1000, max_steps: int = MAX_STEPS, write: bool = True,
-         log: Callable[[str], None] = lambda line: None, lengths=None) -> TuneResult:
+         log: Callable[[str], None] = lambda line: None, lengths=None,
+         budget_s: Optional[float] = None) -> TuneResult:
     """Search MODEL's neighbourhood in REPO; write the winner's config.pbtxt when write is set.
     Requests have every variable dimension at `length`, or lengths drawn from the
     LengthDistribution `lengths` (what the model will serve: padding and batch planning then
-    cost what they cost in production)."""
+    cost what they cost in production). With budget_s, no measurement starts once that many
+    seconds have passed since the call (the server's start included)."""
     import tritonclient.grpc as grpcclient
     from google.protobuf import json_format, text_format
     from tritonclient.utils import InferenceServerException
@@ -376,6 +414,7 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
     from latte.triton import TritonServer
     from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
 
+    budget = Budget(budget_s)  # a wrong budget is refused before anything starts
     repo = Path(repo)
     configs = validate_repository(repo)
     if model not in configs:
@@ -435,9 +474,10 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
             return m
 
         first, best, measured = search(Candidate.of(config), measure, slo_ms, max_instances=2 * cores,
-                                       max_steps=max_steps, log=log)
+                                       max_steps=max_steps, log=log, budget=budget)
     result = TuneResult(model, slo_ms, first, best, measured, time.perf_counter() - started,
-                        requests=describe_requests(config, length, lengths))
+                        requests=describe_requests(config, length, lengths), budget_s=budget_s,
+                        out_of_budget=budget.ran_out)
     if write and best.candidate != first.candidate and result.found:
         (repo / model / "config.pbtxt").write_text(text_format.MessageToString(best.candidate.apply(config)))
     record = Path(plan.profile).with_suffix(".tune.json") if plan and plan.profile else repo / f"{model}.tune.json"

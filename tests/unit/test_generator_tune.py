@@ -1,6 +1,6 @@
 """`latte tune`'s search: neighbours one setting away, applied to real configs, and when it stops."""
 
-from latte.generator.tune import Candidate, Measurement, neighbours, pick_next, search
+from latte.generator.tune import Budget, Candidate, Measurement, TuneError, TuneResult, neighbours, pick_next, search
 from latte.generator.validate import parse_config
 
 CONFIG = """
@@ -111,6 +111,46 @@ def scores(table):
     def measure(candidate):
         return Measurement(candidate, score=table.get(candidate, 100.0), p99_ms=5.0, concurrency=4)
     return measure
+
+
+def timed(table, now, seconds=30.0):
+    """scores(table), each measurement taking `seconds` on the clock now[0]."""
+    def measure(candidate):
+        now[0] += seconds
+        return scores(table)(candidate)
+    return measure
+
+
+def test_a_spent_budget_starts_no_measurement_and_moves_on_no_unconfirmed_win():
+    start, better = Candidate(2, 16, 0, (), False), Candidate(2, 32, 0, (), False)
+    now = [0.0]
+    budget = Budget(100.0, clock=lambda: now[0])
+    first, best, measured = search(start, timed({better: 150.0}, now), slo_ms=20, max_instances=2, budget=budget)
+    # start ends at 30 s, then neighbours start at 30, 60 and 90 s; none at 120 s
+    assert budget.ran_out and len(measured) == 4 and better in {m.candidate for m in measured}
+    # better won once, but measuring the pair again would start past the budget: no move
+    assert best.candidate == start and first.scores == []
+
+
+def test_a_budget_with_room_changes_nothing():
+    start, better = Candidate(2, 16, 0, (), False), Candidate(2, 32, 0, (), False)
+    now = [0.0]
+    budget = Budget(1e6, clock=lambda: now[0])
+    _, best, measured = search(start, timed({better: 150.0}, now), slo_ms=20, max_instances=2, budget=budget)
+    _, unbudgeted, everything = search(start, scores({better: 150.0}), slo_ms=20, max_instances=2)
+    assert not budget.ran_out and best.candidate == unbudgeted.candidate == better
+    assert len(measured) == len(everything)
+
+
+def test_a_budget_must_be_positive_and_a_spent_one_is_said_in_the_table():
+    import pytest
+
+    with pytest.raises(TuneError, match="the time budget must be more than 0 s, got 0"):
+        Budget(0)
+    start = Measurement(Candidate(2, 16, 0, (), False), score=100.0, p99_ms=5.0, concurrency=4)
+    result = TuneResult("enc", 20.0, start, start, [start], wall_s=130.0, budget_s=100.0, out_of_budget=True)
+    assert "enc: stopped when its 100 s budget was spent" in result.table()
+    assert result.to_json()["out_of_budget"] is True
 
 
 def test_search_climbs_while_a_neighbour_wins_by_more_than_three_percent():

@@ -156,6 +156,9 @@ model's profile (MODEL.tune.json).""",
     _add_length_flags(p)
     p.add_argument("--measurement-ms", type=int, default=1000, help="perf_analyzer measurement window")
     p.add_argument("--max-steps", type=int, default=4, help="moves to a better neighbour at most (default 4)")
+    p.add_argument("--budget-s", type=float, metavar="SECONDS",
+                   help="no measurement starts after this many seconds (the running one finishes); the best "
+                        "candidate so far wins (default: no limit)")
     p.add_argument("--dry-run", action="store_true", help="measure and print, leave config.pbtxt as it is")
     p.add_argument("--tritonserver", metavar="PATH", help="tritonserver binary or install root")
     p.add_argument("--backend-directory", metavar="DIR", help="folder holding Triton's python/ backend")
@@ -288,7 +291,7 @@ def _tune(args) -> int:
     result = tune(Path(args.repo), args.model, args.slo_ms, install=find_triton(args.tritonserver,
                                                                                args.backend_directory),
                   length=args.length, measurement_ms=args.measurement_ms, max_steps=args.max_steps,
-                  write=not args.dry_run, log=print, lengths=args.lengths)
+                  write=not args.dry_run, log=print, lengths=args.lengths, budget_s=args.budget_s)
     print(result.table())
     if result.best is not result.start and not args.dry_run and result.found:
         print(f"wrote {Path(args.repo) / args.model / 'config.pbtxt'}")
