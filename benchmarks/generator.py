@@ -24,6 +24,7 @@ order flips each round).
 
     .venv/bin/python benchmarks/generator.py                        # every case, 3 rounds
     .venv/bin/python benchmarks/generator.py --cases sequence:30 --rounds 1 --quick --skip-model-analyzer
+    .venv/bin/python benchmarks/generator.py --cases ranker:100 --model-analyzer-searches brute --tune-budget-s 150
 
 Targets: derived >= 1.0x MA quick at <= 5 % of its wall time; tuned >= 1.05x MA brute at
 <= 10 % of its wall time. Figures belong to a quiet machine; --quick is a smoke run only.
@@ -71,7 +72,8 @@ def lognormal_samples(config, max_length: int, seed: int = 0) -> List[dict]:
 
 # ---- latte: derive and tune -------------------------------------------------------------------
 
-def latte_configs(example: str, slo_ms: float, work: Path, install, cost, cost_s: float, quick: bool) -> dict:
+def latte_configs(example: str, slo_ms: float, work: Path, install, cost, cost_s: float, quick: bool,
+                  tune_budget_s: Optional[float] = None) -> dict:
     """Derived and tuned config contexts plus their wall times."""
     from latte.bench.lengths import LengthDistribution
     from latte.examples import CATALOG, export
@@ -109,7 +111,7 @@ def latte_configs(example: str, slo_ms: float, work: Path, install, cost, cost_s
     # The tuner measures the lengths the rounds will serve, not one length.
     lengths = LengthDistribution.parse(f"lognormal:median={LENGTH_MEDIAN},sigma={LENGTH_SIGMA}")
     result = tune(repo, "m", slo_ms, install=install, measurement_ms=500 if quick else 1000,
-                  max_steps=1 if quick else 4, log=print, lengths=lengths)
+                  max_steps=1 if quick else 4, log=print, lengths=lengths, budget_s=tune_budget_s)
     print(result.table(), flush=True)
     tuned = parse_config((repo / "m" / "config.pbtxt").read_text())
     return {"model_file": model_file, "derived": plan.context, "derived_s": derived_s,
@@ -235,7 +237,7 @@ def bench_case(case: str, work: Path, install, cost, cost_s: float, args) -> dic
     case_dir = work / f"{example}_{slo_text}ms"
     case_dir.mkdir(parents=True, exist_ok=True)
     print(f"{case}: profiling, calibrating, deriving, tuning", flush=True)
-    latte = latte_configs(example, slo_ms, case_dir, install, cost, cost_s, args.quick)
+    latte = latte_configs(example, slo_ms, case_dir, install, cost, cost_s, args.quick, args.tune_budget_s)
     derived = parse_config(render_model_config({**latte["derived"], "warmup": []}))
     default = copy.deepcopy(derived)
     default.ClearField("dynamic_batching")
@@ -334,6 +336,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: short profile, one tuning step, two levels, short windows")
     parser.add_argument("--skip-model-analyzer", action="store_true", help="leave out the MA quick/brute columns")
+    parser.add_argument("--tune-budget-s", type=float, metavar="SECONDS",
+                        help="`latte tune --budget-s`: the tuner's time budget (default: none)")
     parser.add_argument("--model-analyzer-searches", default="quick,brute",
                         help="Model Analyzer's searches to run, of quick,brute (default %(default)s)")
     parser.add_argument("--model-analyzer-venv", default=str(MODEL_ANALYZER_VENV),
