@@ -25,6 +25,11 @@ order flips each round).
     .venv/bin/python benchmarks/generator.py                        # every case, 3 rounds
     .venv/bin/python benchmarks/generator.py --cases sequence:30 --rounds 1 --quick --skip-model-analyzer
     .venv/bin/python benchmarks/generator.py --cases ranker:100 --model-analyzer-searches brute --tune-budget-s 150
+    .venv/bin/python benchmarks/generator.py --cases ranker:100 --model-analyzer-searches brute --model-analyzer-from .latte/bench-generator --out .latte/bench-generator-again
+
+With --model-analyzer-from, Model Analyzer's picks and wall times come from an earlier run's
+--out directory (the same cases and searches) and are served again in this run's rounds:
+latte changed, measured against the same pick without another half hour of searching.
 
 Targets: derived >= 1.0x MA quick at <= 5 % of its wall time; tuned >= 1.05x MA brute at
 <= 10 % of its wall time. Figures belong to a quiet machine; --quick is a smoke run only.
@@ -179,6 +184,20 @@ def run_model_analyzer(binary: Path, mode: str, repo: Path, model: str, slo_ms: 
     return {"config": parse_config((variant_dir / "config.pbtxt").read_text()), "wall_s": wall, "variant": best}
 
 
+def earlier_model_analyzer(previous: Path, case: str, case_dir: str, mode: str) -> dict:
+    """The config and wall time of a Model Analyzer search made by an earlier run of this
+    script (--out PREVIOUS), to be served again in this run's rounds."""
+    from latte.generator.validate import parse_config
+
+    rows = {row["case"]: row for row in json.loads((previous / "results.json").read_text())}
+    result = rows.get(case, {}).get("results", {}).get(f"ma_{mode}")
+    if result is None:
+        raise SystemExit(f"{previous / 'results.json'} has no Model Analyzer {mode} search for {case}")
+    variant = result["config"]
+    config_path = previous / case_dir / f"ma_{mode}" / "variants" / variant / "config.pbtxt"
+    return {"config": parse_config(config_path.read_text()), "wall_s": result["wall_s"], "variant": variant}
+
+
 def best_ma_variant(csv_path: Path) -> str:
     """The variant with the highest throughput among the rows that satisfy the constraints."""
     import csv
@@ -252,7 +271,7 @@ def bench_case(case: str, work: Path, install, cost, cost_s: float, args) -> dic
     walls = {"derived": latte["derived_s"], "tuned": latte["tuned_s"], "default": 0.0}
     notes = {"derived": latte["derived_summary"], "tuned": latte["tuned_summary"], "default": "Triton default"}
     if not args.skip_model_analyzer:
-        binary = model_analyzer(Path(args.model_analyzer_venv))
+        binary = None if args.model_analyzer_from else model_analyzer(Path(args.model_analyzer_venv))
         ma_repo = case_dir / "ma_repo"
         shutil.rmtree(ma_repo, ignore_errors=True)
         # Model Analyzer starts at concurrencies past the derived queue bound (2 x max_batch_size x
@@ -265,8 +284,13 @@ def bench_case(case: str, work: Path, install, cost, cost_s: float, args) -> dic
         base.dynamic_batching.ClearField("preferred_batch_size")
         write_proto_model(ma_repo, "m", base, latte["model_file"])
         for mode in args.model_analyzer_searches.split(","):
-            print(f"{case}: Model Analyzer {mode} search", flush=True)
-            ma = run_model_analyzer(binary, mode, ma_repo, "m", slo_ms, data, case_dir, install, args.quick)
+            if args.model_analyzer_from:
+                ma = earlier_model_analyzer(Path(args.model_analyzer_from), case, case_dir.name, mode)
+                print(f"{case}: Model Analyzer {mode} search from {args.model_analyzer_from}: {ma['variant']}, "
+                      f"searched in {ma['wall_s']:.0f} s", flush=True)
+            else:
+                print(f"{case}: Model Analyzer {mode} search", flush=True)
+                ma = run_model_analyzer(binary, mode, ma_repo, "m", slo_ms, data, case_dir, install, args.quick)
             configs[f"ma_{mode}"], walls[f"ma_{mode}"], notes[f"ma_{mode}"] = ma["config"], ma["wall_s"], ma["variant"]
 
     repo = case_dir / "head_to_head"
@@ -340,6 +364,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="`latte tune --budget-s`: the tuner's time budget (default: none)")
     parser.add_argument("--model-analyzer-searches", default="quick,brute",
                         help="Model Analyzer's searches to run, of quick,brute (default %(default)s)")
+    parser.add_argument("--model-analyzer-from", metavar="PREVIOUS_OUT",
+                        help="serve the configs Model Analyzer's searches chose in an earlier run's --out "
+                             "directory, with their wall times, instead of searching again (~30 min a brute search)")
     parser.add_argument("--model-analyzer-venv", default=str(MODEL_ANALYZER_VENV),
                         help="where Model Analyzer is installed (default %(default)s)")
     args = parser.parse_args(argv)

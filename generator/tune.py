@@ -10,10 +10,10 @@ place of the model with Triton's config override, then measured:
 - Poisson at the planned rate (when the repository has a plan): P99 there must hold too,
   or the candidate is not eligible.
 
-Neighbours change one setting: instances +-1, max_batch_size x2 / /2, the queue delay,
-preferred batch sizes and the queue policy (the last three are settings Model Analyzer
-does not search). The search moves to the best neighbour while it beats the incumbent by
-more than MIN_GAIN and stops otherwise, or when its time budget (Budget) is spent.
+Neighbours change one setting: the queue delay, max_batch_size x2 / /2, instances +-1,
+preferred batch sizes and the queue policy (delay, preferred sizes and policy are settings
+Model Analyzer does not search). The search moves to the best neighbour while it beats the
+incumbent by more than MIN_GAIN and stops otherwise, or when its time budget (Budget) is spent.
 """
 
 from __future__ import annotations
@@ -45,8 +45,12 @@ class TuneError(RuntimeError):
 
 
 class Budget:
-    """The wall time a search may take: no measurement starts once it is spent (the one
-    running finishes). None: no limit."""
+    """The wall time a search may take: a measurement starts only when it is expected to end
+    within the budget (the one running always finishes). None: no limit.
+
+    A measurement is expected to take as long as the longest after the first: the first (the
+    start) scans from one request per instance, the others from where the best so far bound,
+    so it is the slowest, and it is the guess only until another is timed."""
 
     def __init__(self, seconds: Optional[float] = None, clock: Callable[[], float] = time.monotonic) -> None:
         if seconds is not None and not seconds > 0:
@@ -54,13 +58,33 @@ class Budget:
         self.seconds = seconds
         self.clock = clock
         self.started = clock()
+        self.durations: List[float] = []
         self.ran_out = False
 
-    def allows(self) -> bool:
-        """Whether another measurement may start."""
-        if self.seconds is not None and self.clock() - self.started >= self.seconds:
+    @property
+    def expected(self) -> float:
+        """How long the next measurement should take."""
+        return max(self.durations[1:] or self.durations or [0.0])
+
+    def fits(self, count: int = 1) -> bool:
+        """Whether `count` more measurements would end within the budget."""
+        if self.seconds is None:
+            return True
+        return self.clock() - self.started + count * self.expected <= self.seconds
+
+    def allows(self, count: int = 1) -> bool:
+        """fits(count), and a refusal recorded: the budget then ended the search."""
+        if not self.fits(count):
             self.ran_out = True
-        return not self.ran_out
+            return False
+        return True
+
+    def timed(self, measure: Callable[["Candidate"], "Measurement"], candidate: "Candidate") -> "Measurement":
+        started = self.clock()
+        try:
+            return measure(candidate)
+        finally:
+            self.durations.append(self.clock() - started)
 
 
 @dataclass(frozen=True)
@@ -116,19 +140,21 @@ def neighbours(c: Candidate, slo_ms: float, max_instances: int, policy_available
         # as in the derivation, it goes without one.
         return {"instances": count, "queue_policy": c.queue_policy and count >= STALL_FREE_INSTANCES}
 
-    out = []
-    for count in (c.instances - 1, c.instances + 1):
-        if 1 <= count <= max_instances:
-            out.append(replace(c, **counted(count)))
+    # The queue delay first: the derivation sets it from an arrival model (Poisson at the planned
+    # rate, or none) that closed loops and bursts do not follow, while instances and batch size
+    # come from the measured profile; a search cut short by its budget checks the guess first.
+    slo_us = int(slo_ms * 1000)
+    delays = (slo_us // 20, slo_us // 8) if c.delay_us == 0 else (0, c.delay_us // 2, c.delay_us * 2)
+    out = [replace(c, delay_us=int(d)) for d in delays if d != c.delay_us and d < slo_us // 2]
     for batch in (c.max_batch_size * 2, c.max_batch_size // 2):
         if batch >= 1:
             out.append(replace(c, **batching(batch)))
+    for count in (c.instances - 1, c.instances + 1):
+        if 1 <= count <= max_instances:
+            out.append(replace(c, **counted(count)))
     for count, batch in ((c.instances + 1, c.max_batch_size // 2), (c.instances - 1, c.max_batch_size * 2)):
         if 1 <= count <= max_instances and batch >= 1:
             out.append(replace(c, **counted(count), **batching(batch)))
-    slo_us = int(slo_ms * 1000)
-    delays = (slo_us // 20, slo_us // 8) if c.delay_us == 0 else (0, c.delay_us // 2, c.delay_us * 2)
-    out.extend(replace(c, delay_us=int(d)) for d in delays if d != c.delay_us and d < slo_us // 2)
     if c.preferred:
         out.append(replace(c, preferred=()))
     elif c.max_batch_size >= 4:
@@ -253,25 +279,25 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
     search moves only if it wins that new pair too: on a small host one config's throughput
     within the SLO spreads by up to a quarter between measurements, and a climb on single
     figures follows the noise. A candidate measured more than once scores (in the table) the
-    mean of its measurements. Once the budget is spent (start is always measured), no
-    neighbour is measured and none is moved to unless its win was confirmed."""
+    mean of its measurements. Under a budget (start is always measured), a measurement starts
+    only when it should end in time; once a neighbour has won, the next one starts only when
+    the confirming pair would still fit after it; and no win is moved to unconfirmed."""
     seen: Dict[Candidate, Measurement] = {}
     policy_available = start.queue_policy
     budget = budget or Budget()
 
-    def get(c: Candidate) -> Optional[Measurement]:
+    def get(c: Candidate, then: int = 0) -> Optional[Measurement]:
+        """c's measurement, or None when it and `then` more would not end within the budget."""
         if c not in seen:
-            if seen and not budget.allows():
+            if seen and not budget.allows(1 + then):
                 return None
-            seen[c] = measure(c)
+            seen[c] = budget.timed(measure, c)
             m = seen[c]
             log(f"  {c.label}: " + (m.error or f"{m.score:.0f} infer/s within {slo_ms:g} ms"))
         return seen[c]
 
-    def again(c: Candidate) -> Optional[Measurement]:
-        if not budget.allows():
-            return None
-        seen[c] = seen[c].joined(measure(c))
+    def again(c: Candidate) -> Measurement:
+        seen[c] = seen[c].joined(budget.timed(measure, c))
         m = seen[c]
         log(f"  {c.label}, again: " + (m.error or f"{m.score:.0f} infer/s within {slo_ms:g} ms (mean of "
                                          f"{', '.join(f'{s:.0f}' for s in m.scores)})"))
@@ -287,10 +313,10 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
             if challenger is None:
                 return None
             tried.add(challenger.candidate)
-            incumbent = again(incumbent.candidate)
-            challenger = again(challenger.candidate) if incumbent is not None else None
-            if incumbent is None or challenger is None:  # out of time: a win measured once does not count
+            if not budget.allows(2):  # out of time: a win measured once does not count
                 return None
+            incumbent = again(incumbent.candidate)
+            challenger = again(challenger.candidate)
             # Decided on the new pair alone: the first figure won among many, so it is biased up.
             if challenger.eligible(slo_ms, check) and challenger.scores[-1] > incumbent.scores[-1] * MIN_GAIN:
                 return challenger
@@ -299,8 +325,15 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
     first = best = get(start)
     warned = False
     for _ in range(max_steps):
-        step = [m for m in (get(c) for c in neighbours(best.candidate, slo_ms, max_instances, policy_available))
-                if m is not None]
+        step: List[Measurement] = []
+        for c in neighbours(best.candidate, slo_ms, max_instances, policy_available):
+            check = rate_reachable(seen.values(), slo_ms)
+            # A win waiting to be confirmed keeps room in the budget for the pair measured again.
+            waiting = best.eligible(slo_ms, check) and pick_next(best, step, slo_ms, check) is not None
+            m = get(c, then=2 if waiting else 0)
+            if m is None:
+                break
+            step.append(m)
         check = rate_reachable(seen.values(), slo_ms)
         if not check and not warned:
             warned = True
@@ -337,37 +370,56 @@ def closed_loop_scan(run, slo_ms: float, first_level: int, last_level: int,
     or after PATIENCE doublings without a gain of MIN_GAIN (one is noise on a busy host).
     With start_level (above first_level) it begins there instead, where a similar config's SLO
     bound, and where that level already misses the SLO, halves down to first_level until a
-    level holds it: the levels far below the binding one cost a measurement each and rank nothing."""
+    level holds it: the levels far below the binding one cost a measurement each and rank nothing.
+
+    Where a level misses right above one that held, the level midway between them is measured
+    once too: a doubling is a coarse step where the SLO binds (a config whose P99 at 128 in
+    flight hovers at the SLO scores 64's throughput or 128's by chance, a quarter apart), and
+    Model Analyzer's own search bisects there."""
     from latte.triton.perf import PerfAnalyzerError
 
     best, best_p99, best_level, rows, stale = 0.0, 0.0, 0, [], 0
     first_level = max(1, first_level)
     level = first_level if start_level is None else min(max(first_level, start_level), last_level)
     descending = level > first_level
-    while first_level <= level <= last_level:
+    missed = None     # the level that missed right above the last one that held
+
+    def holding(level: int):
+        """The point at level when it holds the SLO, else None (the row is kept either way)."""
         try:
             point = run(concurrency=[level])
         except PerfAnalyzerError as exc:
             if not rows and not descending:
                 raise
             rows.append({"concurrency": level, "error": str(exc).splitlines()[-1][:120]})
-            point = None
-        else:
-            rows.append({"concurrency": level, "throughput": point.throughput, "p99_ms": point.p99_ms})
-        if point is None or point.p99_ms > slo_ms:
+            return None
+        rows.append({"concurrency": level, "throughput": point.throughput, "p99_ms": point.p99_ms})
+        return point if point.p99_ms <= slo_ms else None
+
+    while first_level <= level <= last_level:
+        point = holding(level)
+        if point is None:
+            missed = level
             if descending:
                 level //= 2
                 continue
             break
         if descending and len(rows) > 1:   # the levels above this one missed: it is the best
-            return point.throughput, point.p99_ms, level, rows
+            best, best_p99, best_level = point.throughput, point.p99_ms, level
+            break
         descending = False
         stale = 0 if point.throughput > best * MIN_GAIN else stale + 1
         if point.throughput > best:
             best, best_p99, best_level = point.throughput, point.p99_ms, level
         if stale >= PATIENCE:
+            missed = None
             break
         level *= 2
+    if best > 0 and missed is not None and missed // 2 < (missed // 2 + missed) // 2 < missed:
+        middle = (missed // 2 + missed) // 2
+        point = holding(middle)
+        if point is not None and point.throughput > best:
+            best, best_p99, best_level = point.throughput, point.p99_ms, middle
     return best, best_p99, best_level, rows
 
 
@@ -456,8 +508,9 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
                 # A wide stability band: a busy host must not abort a candidate; MIN_GAIN absorbs the noise.
                 return run_perf_analyzer(model, server.grpc_url, input_data=data, measurement_ms=measurement_ms,
                                          max_trials=8, stability_percentage=100.0, **load)[0]
-            # Neighbours bind near where the best so far did: the scan starts a doubling below it.
-            start_level = leader.concurrency // 2 if leader.score > 0 else None
+            # Neighbours bind near where the best so far did: the scan starts there, and halves
+            # from there when that level misses.
+            start_level = leader.concurrency if leader.score > 0 else None
             try:
                 m.score, m.p99_ms, m.concurrency, m.rows = _closed_loop(run, candidate, slo_ms, start_level)
             except PerfAnalyzerError as exc:

@@ -121,15 +121,38 @@ def timed(table, now, seconds=30.0):
     return measure
 
 
-def test_a_spent_budget_starts_no_measurement_and_moves_on_no_unconfirmed_win():
-    start, better = Candidate(2, 16, 0, (), False), Candidate(2, 32, 0, (), False)
+def test_a_budget_starts_no_measurement_that_would_end_past_it_and_moves_on_no_unconfirmed_win():
+    start, better = Candidate(2, 16, 0, (), False), Candidate(2, 16, 2500, (), False)
     now = [0.0]
     budget = Budget(100.0, clock=lambda: now[0])
     first, best, measured = search(start, timed({better: 150.0}, now), slo_ms=20, max_instances=2, budget=budget)
-    # start ends at 30 s, then neighbours start at 30, 60 and 90 s; none at 120 s
-    assert budget.ran_out and len(measured) == 4 and better in {m.candidate for m in measured}
-    # better won once, but measuring the pair again would start past the budget: no move
+    # 30 s each: start, then the two delays at 30 and 60 s (better second); one at 90 s would end at 120
+    assert budget.ran_out and [m.candidate for m in measured] == [start, Candidate(2, 16, 1000, (), False), better]
+    # better won once, but measuring the pair again would end past the budget: no move
     assert best.candidate == start and first.scores == []
+
+
+def test_a_budget_keeps_room_to_confirm_a_win_instead_of_measuring_more_neighbours():
+    start, better = Candidate(2, 16, 0, (), False), Candidate(2, 16, 2500, (), False)
+    now = [0.0]
+    budget = Budget(160.0, clock=lambda: now[0])
+    first, best, measured = search(start, timed({better: 150.0}, now), slo_ms=20, max_instances=2, budget=budget)
+    # better wins at 90 s; another neighbour then the pair would end at 180 s: the pair goes first
+    assert len(measured) == 3 and best.candidate == better and best.scores == [150.0, 150.0]
+    assert first.scores == [100.0, 100.0] and now[0] == 150.0 and budget.ran_out
+
+
+def test_a_budget_expects_each_measurement_to_take_as_long_as_the_longest_after_the_first():
+    now = [0.0]
+    budget = Budget(100.0, clock=lambda: now[0])
+
+    def taking(seconds):
+        return lambda candidate: now.__setitem__(0, now[0] + seconds) or Measurement(candidate)
+    budget.timed(taking(40.0), Candidate(2, 16, 0, (), False))   # the start: the only guess so far
+    assert budget.fits(1) and not budget.fits(2) and not budget.ran_out
+    budget.timed(taking(10.0), Candidate(2, 32, 0, (), False))   # 50 s gone, neighbours take 10 s
+    assert budget.fits(5) and not budget.fits(6)
+    assert not budget.allows(6) and budget.ran_out
 
 
 def test_a_budget_with_room_changes_nothing():
@@ -207,7 +230,7 @@ def test_closed_loop_scan_keeps_its_best_level_when_the_queue_overflows():
     from latte.generator.tune import _closed_loop
     from latte.triton.perf import PerfAnalyzerError
 
-    curve = {2: FakePoint(100, 3.0), 4: FakePoint(180, 5.0), 8: FakePoint(175, 9.0), 16: None}
+    curve = {2: FakePoint(100, 3.0), 4: FakePoint(180, 5.0), 8: FakePoint(175, 9.0), 12: None, 16: None}
 
     def run(concurrency):
         point = curve[concurrency[0]]
@@ -216,24 +239,24 @@ def test_closed_loop_scan_keeps_its_best_level_when_the_queue_overflows():
         return point
 
     score, p99, level, rows = _closed_loop(run, Candidate(2, 8, 0, (), True), slo_ms=20)
-    # One doubling without gain (8) is noise; the rejection at 16 ends the scan.
+    # One doubling without gain (8) is noise; the rejection at 16 ends the scan, and 12, midway, is rejected too.
     assert (score, p99, level) == (180, 5.0, 4)
-    assert rows[-1] == {"concurrency": 16, "error": "Exceeds maximum queue size"}
+    assert rows[-2:] == [{"concurrency": c, "error": "Exceeds maximum queue size"} for c in (16, 12)]
 
 
 def test_closed_loop_scan_stops_where_p99_passes_the_slo():
     from latte.generator.tune import _closed_loop
 
-    curve = {2: FakePoint(100, 3.0), 4: FakePoint(180, 25.0)}
+    curve = {2: FakePoint(100, 3.0), 3: FakePoint(150, 21.0), 4: FakePoint(180, 25.0)}
     score, _, level, rows = _closed_loop(lambda concurrency: curve[concurrency[0]], Candidate(2, 8, 0, (), True), 20)
-    assert (score, level, len(rows)) == (100, 2, 2)
+    assert (score, level) == (100, 2) and [r["concurrency"] for r in rows] == [2, 4, 3]
 
 
 def growing_curve():
     """A config whose throughput keeps growing past 32 in flight and whose P99 passes 100 ms at
     128: (perf_analyzer stand-in, the levels it was run at)."""
-    curve = {2: 100, 4: 190, 8: 350, 16: 600, 32: 900, 64: 1200, 128: 1300}
-    p99 = {2: 5, 4: 6, 8: 8, 16: 15, 32: 30, 64: 60, 128: 140}
+    curve = {2: 100, 4: 190, 8: 350, 16: 600, 24: 750, 32: 900, 64: 1200, 96: 1280, 128: 1300}
+    p99 = {2: 5, 4: 6, 8: 8, 16: 15, 24: 22, 32: 30, 64: 60, 96: 95, 128: 140}
     seen = []
 
     def run(concurrency):
@@ -247,8 +270,9 @@ def test_closed_loop_scan_goes_past_a_fixed_range_until_the_slo_binds():
 
     run, seen = growing_curve()
     score, best_p99, level, rows = closed_loop_scan(run, slo_ms=100, first_level=2, last_level=512)
-    assert (score, best_p99, level) == (1200, 60, 64)
-    assert seen == [2, 4, 8, 16, 32, 64, 128]
+    # 128 misses the SLO right above 64: 96, midway, holds it and is the best
+    assert (score, best_p99, level) == (1280, 95, 96)
+    assert seen == [2, 4, 8, 16, 32, 64, 128, 96]
     assert closed_loop_scan(run, slo_ms=100, first_level=2, last_level=32)[:3] == (900, 30, 32)
 
 
@@ -256,12 +280,12 @@ def test_closed_loop_scan_from_a_neighbours_level_skips_the_levels_far_below_it(
     from latte.generator.tune import closed_loop_scan
 
     run, seen = growing_curve()
-    assert closed_loop_scan(run, slo_ms=100, first_level=2, last_level=512, start_level=32)[:3] == (1200, 60, 64)
-    assert seen == [32, 64, 128]
+    assert closed_loop_scan(run, slo_ms=100, first_level=2, last_level=512, start_level=32)[:3] == (1280, 95, 96)
+    assert seen == [32, 64, 128, 96]
     # Started above where this config binds, it halves until a level holds the SLO: that level is its best.
     seen.clear()
     assert closed_loop_scan(run, slo_ms=20, first_level=2, last_level=512, start_level=64)[:3] == (600, 15, 16)
-    assert seen == [64, 32, 16]
+    assert seen == [64, 32, 16, 24]     # 24, midway to the first miss, misses too
     # No level holds it: no score, as from the first level.
     seen.clear()
     assert closed_loop_scan(run, slo_ms=4, first_level=2, last_level=512, start_level=8)[0] == 0.0
