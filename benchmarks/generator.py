@@ -370,6 +370,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--model-analyzer-venv", default=str(MODEL_ANALYZER_VENV),
                         help="where Model Analyzer is installed (default %(default)s)")
     args = parser.parse_args(argv)
+    if args.model_analyzer_from and not (Path(args.model_analyzer_from) / "results.json").is_file():
+        parser.error(f"{args.model_analyzer_from} has no results.json: give the --out directory of a finished run")
     from latte.generator.calibrate import machine_serving_cost
     from latte.triton import find_triton
 

@@ -54,3 +54,9 @@ def test_a_models_stubs_are_told_apart_from_a_model_whose_name_extends_it(monkey
     monkeypatch.setattr(procmem, "stub_instance", instances.get)
     assert cpu.model_stub_pids(1, "identity_latte") == [11, 12]
     assert cpu.model_stub_pids(1, "identity_stock") == [14]
+
+
+def test_a_stub_that_ends_between_listing_and_reading_is_no_instance_of_any_model():
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()   # its /proc entry is gone, as a stub's is once its instance unloads
+    assert procmem.stub_instance(ended.pid) == "?"

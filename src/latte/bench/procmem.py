@@ -71,8 +71,13 @@ def stub_pids(server_pid: int) -> List[int]:
 
 
 def stub_instance(pid: int) -> str:
-    """The model instance a stub serves (its command line carries e.g. mlp_onnx_0_0), or '?'."""
-    args = [a.decode(errors="replace") for a in (PROC / str(pid) / "cmdline").read_bytes().split(b"\0") if a]
+    """The model instance a stub serves (its command line carries e.g. mlp_onnx_0_0), or '?'
+    (also for a stub that has just ended: they end while a model unloads, between listing and reading)."""
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return "?"
+    args = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
     # argv: stub, model.py, shm region, shm size, shm growth, parent pid, backend dir, ipc size, instance, ...
     return args[8] if len(args) > 8 else "?"
 
