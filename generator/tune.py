@@ -415,8 +415,8 @@ def closed_loop_scan(run, slo_ms: float, first_level: int, last_level: int,
             missed = None
             break
         level *= 2
-    if best > 0 and missed is not None and missed // 2 < (missed // 2 + missed) // 2 < missed:
-        middle = (missed // 2 + missed) // 2
+    middle = None if missed is None else (missed // 2 + missed) // 2
+    if best > 0 and middle is not None and missed // 2 < middle < missed:
         point = holding(middle)
         if point is not None and point.throughput > best:
             best, best_p99, best_level = point.throughput, point.p99_ms, middle
