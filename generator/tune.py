@@ -452,8 +452,8 @@ def tune(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, l
     """Search MODEL's neighbourhood in REPO; write the winner's config.pbtxt when write is set.
     Requests have every variable dimension at `length`, or lengths drawn from the
     LengthDistribution `lengths` (what the model will serve: padding and batch planning then
-    cost what they cost in production). With budget_s, no measurement starts once that many
-    seconds have passed since the call (the server's start included)."""
+    cost what they cost in production). With budget_s, a measurement starts only when it should
+    end within that many seconds of the call (the server's start included; see Budget)."""
     import tritonclient.grpc as grpcclient
     from google.protobuf import json_format, text_format
     from tritonclient.utils import InferenceServerException

@@ -157,8 +157,8 @@ model's profile (MODEL.tune.json).""",
     p.add_argument("--measurement-ms", type=int, default=1000, help="perf_analyzer measurement window")
     p.add_argument("--max-steps", type=int, default=4, help="moves to a better neighbour at most (default 4)")
     p.add_argument("--budget-s", type=float, metavar="SECONDS",
-                   help="no measurement starts after this many seconds (the running one finishes); the best "
-                        "candidate so far wins (default: no limit)")
+                   help="a measurement starts only when it should end within this many seconds of the start; "
+                        "the best confirmed candidate wins (default: no limit)")
     p.add_argument("--dry-run", action="store_true", help="measure and print, leave config.pbtxt as it is")
     p.add_argument("--tritonserver", metavar="PATH", help="tritonserver binary or install root")
     p.add_argument("--backend-directory", metavar="DIR", help="folder holding Triton's python/ backend")
