@@ -27,6 +27,16 @@ _TOKEN = re.compile(r"""
 _CLOSE = {"{": "}", "<": ">"}
 
 
+def _repeated(field) -> bool:
+    """Whether a descriptor's field is repeated: `is_repeated` from protobuf 6.31 on (7 drops
+    `label`), `label` before it."""
+    if field is None:
+        return False
+    if hasattr(field, "is_repeated"):
+        return bool(field.is_repeated)
+    return field.label == field.LABEL_REPEATED
+
+
 def _tokens(text: str) -> List[Tuple[str, int]]:
     tokens, line, pos = [], 1, 0
     while pos < len(text):
@@ -93,7 +103,7 @@ class _Walker:
             return
         close = _CLOSE[self.take()[0]]
         nested = field.message_type if field is not None else None
-        repeated = field is not None and field.label == field.LABEL_REPEATED
+        repeated = _repeated(field)
         here = path + (name,)
         if repeated:
             here = path + (name, counts.get(name, 0))
@@ -132,7 +142,7 @@ def format_field_path(path: KeyPath, descriptor) -> str:
     """A key path as the fields read, e.g. ensemble_scheduling.step[1].input_map['x'] (a `descriptor` message)."""
     text, field = "", None
     for part in path:
-        if field is not None and field.label == field.LABEL_REPEATED:
+        if _repeated(field):
             text += f"[{part}]" if isinstance(part, int) else f"[{part!r}]"
             descriptor, field = field.message_type, None
             if descriptor is not None and descriptor.GetOptions().map_entry and isinstance(part, str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Dict, Sequence
 
@@ -71,12 +72,35 @@ class TorchRuntime(Runtime):
             return [p for p in params if p in names]
         return names
 
+    def lane_stream(self):
+        """The calling thread's own CUDA stream on this runtime's device (None on CPU).
+
+        Each scheduler lane is a thread, so lanes get a stream each: one lane's copies and
+        kernels do not queue behind another's on the device's default stream."""
+        if self.device.type != "cuda":
+            return None
+        streams = getattr(_lane, "streams", None)
+        if streams is None:
+            streams = _lane.streams = {}
+        stream = streams.get(self.device)
+        if stream is None:
+            stream = streams[self.device] = self._torch.cuda.Stream(device=self.device)
+            # The weights were copied on the default stream at load: work on this one follows them.
+            stream.wait_stream(self._torch.cuda.default_stream(self.device))
+        return stream
+
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         torch = self._torch
         if getattr(_lane, "threads", None) != self.intra_op_threads:
             # OpenMP's thread count is per calling thread: scheduler lanes set their own.
             torch.set_num_threads(self.intra_op_threads)
             _lane.threads = self.intra_op_threads
+        stream = self.lane_stream()
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            return self._run_on_current_stream(feed)
+
+    def _run_on_current_stream(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        torch = self._torch
         args = [torch.from_numpy(np.ascontiguousarray(feed[name])).to(self.device) for name in self._arg_order]
         if self.half:
             args = [a.half() if a.is_floating_point() else a for a in args]

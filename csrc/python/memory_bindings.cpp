@@ -85,7 +85,7 @@ nb::object empty_array(PyArena& self, nb::handle shape, nb::handle dtype) {
     throw nb::type_error(("shape must be an int or a sequence of ints, got " +
                           std::string(nb::str(nb::repr(shape)).c_str())).c_str());
   }
-  std::size_t bytes = static_cast<std::size_t>(descr->elsize);
+  std::size_t bytes = static_cast<std::size_t>(PyDataType_ELSIZE(descr));
   bool negative = false, overflow = false;
   for (int i = 0; i < dims.len; ++i) {
     if (dims.ptr[i] < 0) negative = true;

@@ -7,3 +7,9 @@
 #define NO_IMPORT_ARRAY
 #endif
 #include <numpy/arrayobject.h>
+
+// NumPy 2's headers hide the descriptor's fields behind accessors (1.x headers lack them), so a
+// build against either numpy works: the device machines build against numpy 2.
+#if NPY_ABI_VERSION < 0x02000000
+#define PyDataType_ELSIZE(descr) ((descr)->elsize)
+#endif

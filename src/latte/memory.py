@@ -22,6 +22,8 @@ __all__ = [
     "cuda_device_memory_compiled",
     "cuda_runtime_available",
     "torch_allocator_library",
+    "torch_arena_check",
+    "torch_arena_statistics",
     "torch_pluggable_allocator",
     "torch_mem_pool",
 ]
@@ -106,6 +108,43 @@ def torch_allocator_library() -> Path:
             "PyTorch allocator plug-in (rebuild on a machine with nvcc / CUDA headers)"
         )
     return path
+
+
+# The figures latte_arena_figures fills, in its order (csrc/src/memory/torch_allocator_plugin.cpp).
+TORCH_ARENA_FIGURES = ("capacity", "live", "allocated", "peak_live", "peak_allocated", "largest_free_block",
+                       "allocations", "failures", "fragmentation_failures")
+
+
+def _plugin() -> Any:
+    import ctypes
+
+    lib = ctypes.CDLL(str(torch_allocator_library()))
+    lib.latte_arena_figures.restype = ctypes.c_int
+    lib.latte_arena_figures.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int]
+    lib.latte_arena_check.restype = ctypes.c_int
+    lib.latte_arena_check.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    return lib
+
+
+def torch_arena_statistics(device: int = 0) -> dict | None:
+    """The plug-in's arena on `device` (bytes and counts; see TORCH_ARENA_FIGURES), or None before
+    its first allocation. torch.cuda.memory_stats() cannot see inside a pluggable allocator."""
+    import ctypes
+
+    values = (ctypes.c_ulonglong * len(TORCH_ARENA_FIGURES))()
+    if _plugin().latte_arena_figures(int(device), values, len(values)) != 0:
+        return None
+    return dict(zip(TORCH_ARENA_FIGURES, (int(v) for v in values)))
+
+
+def torch_arena_check(device: int = 0) -> None:
+    """Walks the plug-in arena's bookkeeping on `device`; raises ValueError naming a broken
+    invariant. Not concurrent with allocations; a device without an arena yet passes."""
+    import ctypes
+
+    message = ctypes.create_string_buffer(512)
+    if _plugin().latte_arena_check(int(device), message, len(message)) == 1:
+        raise ValueError(message.value.decode(errors="replace"))
 
 
 def torch_pluggable_allocator() -> Any:

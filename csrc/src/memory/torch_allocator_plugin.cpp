@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 
@@ -57,6 +58,49 @@ __attribute__((visibility("default"))) void* latte_malloc(ssize_t size, int devi
   } catch (const std::exception&) {
     return nullptr;  // PyTorch turns a null pointer into torch.OutOfMemoryError
   }
+}
+
+// Figures of the device's arena, for callers that cannot see inside a pluggable allocator
+// (torch.cuda.memory_stats() reads zeros for it). Fills `out` with kFigureCount values in
+// the order of latte.memory.TORCH_ARENA_FIGURES; returns 0, or -1 when the device has no arena yet.
+__attribute__((visibility("default"))) int latte_arena_figures(int device, unsigned long long* out, int count) {
+  if (out == nullptr || count <= 0 || device < 0 || device >= kMaxDevices) return -1;
+  latte::memory::ArenaStack* arena = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(arenas_mutex);
+    arena = arenas[device].get();
+  }
+  if (arena == nullptr) return -1;
+  const latte::memory::Statistics s = arena->statistics();
+  const unsigned long long figures[] = {s.capacity,    s.live,           s.allocated,
+                                        s.peak_live,   s.peak_allocated, s.largest_free,
+                                        s.allocations, s.failures,       s.fragmentation_failures};
+  constexpr int kFigureCount = sizeof(figures) / sizeof(figures[0]);
+  std::memcpy(out, figures, sizeof(unsigned long long) * static_cast<std::size_t>(count < kFigureCount ? count : kFigureCount));
+  return 0;
+}
+
+// Walks the device arena's bookkeeping (debug aid for tests; not concurrent with allocations).
+// Returns 0 when every invariant holds, 1 when one is broken (its name in `message`), -1 when
+// the device has no arena yet.
+__attribute__((visibility("default"))) int latte_arena_check(int device, char* message, int capacity) {
+  if (device < 0 || device >= kMaxDevices) return -1;
+  latte::memory::ArenaStack* arena = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(arenas_mutex);
+    arena = arenas[device].get();
+  }
+  if (arena == nullptr) return -1;
+  try {
+    arena->arena().check_invariants();
+  } catch (const std::exception& error) {
+    if (message != nullptr && capacity > 0) {
+      std::strncpy(message, error.what(), static_cast<std::size_t>(capacity) - 1);
+      message[capacity - 1] = '\0';
+    }
+    return 1;
+  }
+  return 0;
 }
 
 __attribute__((visibility("default"))) void latte_free(void* ptr, ssize_t size, int device, cudaStream_t) {

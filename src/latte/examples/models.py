@@ -55,11 +55,15 @@ class SequenceEncoder(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         valid = tokens != 0                                        # [B, L]
-        positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
+        # From the tokens, not torch.arange: a trace would keep arange's device as a constant and
+        # the TorchScript model would then run on the CPU only.
+        positions = torch.cumsum(torch.ones_like(tokens), dim=1) - 1
         h = self.embed(tokens) + self.position(positions)
         q, k, v = self.qkv(h).chunk(3, dim=-1)
         scores = torch.matmul(q, k.transpose(1, 2)) / (self.width ** 0.5)
-        scores = scores.masked_fill(~valid.unsqueeze(1), -1e9)
+        # -1e4, not -1e9: the fill must fit in fp16 (max 65504) for the half-precision variant;
+        # exp(-1e4) is 0 in every precision, so padding still gets no weight.
+        scores = scores.masked_fill(~valid.unsqueeze(1), -1e4)
         h = self.norm1(h + self.proj(torch.matmul(torch.softmax(scores, dim=-1), v)))
         h = self.norm2(h + self.ff(h))
         weights = valid.unsqueeze(-1).to(h.dtype)

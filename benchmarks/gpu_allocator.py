@@ -1,0 +1,277 @@
+"""PyTorch on the GPU with latte's arena against PyTorch's own caching allocator, on a
+variable-shape inference loop: reserved memory, P99 per step, OOMs, fragmentation over time.
+
+Each step draws a batch size (1..8) and a sequence length (lognormal, median 96, 1..2048),
+makes the input on the device, runs the model in inference mode and copies the answer to the
+host. Two models of different shape, built here (no downloads):
+  * `sequence`: the bundled sequence encoder (one attention block, width 32), positions to 2048;
+  * `encoder`: a larger transformer encoder (6 layers, width 512, 8 heads, FFN 2048).
+
+Contenders, each in its own process (the allocator is chosen before CUDA is first used):
+  * `caching`: PyTorch's caching allocator as shipped;
+  * `expandable`: the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, PyTorch's own
+    answer to fragmentation;
+  * `arena`: torch.cuda.memory.change_current_allocator(latte.memory.torch_pluggable_allocator()),
+    every tensor a block of one BuddyArena;
+  * `mempool`: the caching allocator for the weights, a torch.cuda.MemPool over the arena for
+    everything the loop allocates.
+
+Figures: the peak of live tensor bytes; what the allocator held at its peak (the caching
+allocator's reserved segments; the arena's blocks, whose region is reserved once); held / live
+over time; P50 and P99 of the step's wall time (with a synchronise); OOMs. Then every contender
+runs again under one memory cap, 1.25x the caching allocator's peak live bytes: the caching
+allocator through torch.cuda.set_per_process_memory_fraction, the arena with that capacity.
+
+    python3 benchmarks/gpu_allocator.py --steps 100000 --json $OUT/allocator.json   # on a GPU
+    python3 benchmarks/gpu_allocator.py --steps 2000 --cap-steps 1000              # a quick look
+
+Needs a CUDA device and a build of latte with the CUDA toolkit (scripts/gpu_check.sh builds one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CONTENDERS = ("caching", "expandable", "arena", "mempool")
+MODELS = ("sequence", "encoder")
+MAX_LENGTH = 2048
+MIB = 1 << 20
+
+
+# ----------------------------------------------------------------------------------------------
+# One contender in its own process.
+
+
+def build_model(name: str):
+    import torch
+
+    torch.manual_seed(0)
+    if name == "sequence":
+        from latte.examples.models import SequenceEncoder
+
+        model, vocab = SequenceEncoder(max_len=MAX_LENGTH), 1000
+    else:
+        layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.0, batch_first=True)
+        model, vocab = torch.nn.TransformerEncoder(layer, 6, enable_nested_tensor=False), None
+    return model.eval(), vocab
+
+
+def make_input(torch, shape, vocab):
+    batch, length = shape
+    if vocab is not None:
+        return torch.randint(1, vocab, (batch, length), device="cuda")
+    return torch.randn(batch, length, 512, device="cuda")
+
+
+def shapes(steps: int, seed: int):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(96), 1.0, steps), 1, MAX_LENGTH).astype(int)
+    batches = rng.integers(1, 9, steps)
+    return list(zip(batches.tolist(), lengths.tolist()))
+
+
+def run_child(args) -> dict:
+    import numpy as np
+    import torch
+
+    contender = args.contender
+    if contender == "arena":
+        from latte.memory import torch_pluggable_allocator
+
+        torch.cuda.memory.change_current_allocator(torch_pluggable_allocator())
+    torch.cuda.init()
+    total = torch.cuda.get_device_properties(0).total_memory
+    if args.cap and contender in ("caching", "expandable"):
+        torch.cuda.set_per_process_memory_fraction(args.cap / total)
+    model, vocab = build_model(args.model)
+    model = model.cuda()
+    pool = None
+    if contender == "mempool":
+        from latte.memory import torch_mem_pool
+
+        pool = torch_mem_pool()
+
+    def figures():
+        """(live, held) bytes now, and their peaks so far."""
+        if contender in ("arena", "mempool"):
+            from latte.memory import torch_arena_statistics
+
+            s = torch_arena_statistics(0) or {}
+            if contender == "arena":
+                return s.get("live", 0), s.get("allocated", 0), s.get("peak_live", 0), s.get("peak_allocated", 0)
+            # The pool's segments come from the arena; the weights from the caching allocator.
+            return (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(),
+                    torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+        return (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(),
+                torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+
+    plan = shapes(args.steps, args.seed)
+    warmup = min(200, len(plan) // 10)
+    times, ooms, timeline = [], 0, []
+    sample_every = max(1, len(plan) // 20)
+    context = torch.cuda.use_mem_pool(pool) if pool is not None else contextlib.nullcontext()
+    started = time.perf_counter()
+    with torch.inference_mode(), context:
+        for step, shape in enumerate(plan):
+            t0 = time.perf_counter()
+            try:
+                out = model(make_input(torch, shape, vocab))
+                out.float().sum(dim=-1).cpu()
+                del out
+            except (torch.OutOfMemoryError, RuntimeError) as error:
+                # A pluggable allocator's refusal (a null pointer) reaches PyTorch's callers as a
+                # RuntimeError about lazy allocation, not as OutOfMemoryError.
+                if not isinstance(error, torch.OutOfMemoryError) and "lazy allocation" not in str(error):
+                    raise
+                ooms += 1
+                torch.cuda.synchronize()
+                continue
+            torch.cuda.synchronize()
+            if step >= warmup:
+                times.append(time.perf_counter() - t0)
+            if step % sample_every == 0 or step == len(plan) - 1:
+                live, held, peak_live, peak_held = figures()
+                timeline.append({"step": step, "live": live, "held": held, "peak_live": peak_live,
+                                 "peak_held": peak_held})
+    elapsed = time.perf_counter() - started
+    live, held, peak_live, peak_held = figures()
+    result = {"model": args.model, "contender": contender, "cap": args.cap, "steps": len(plan),
+              "elapsed_s": elapsed, "ooms": ooms, "peak_live": peak_live, "peak_held": peak_held,
+              "p50_ms": float(np.percentile(times, 50) * 1e3) if times else None,
+              "p99_ms": float(np.percentile(times, 99) * 1e3) if times else None,
+              "timeline": timeline}
+    if contender in ("arena", "mempool"):
+        from latte.memory import torch_arena_check, torch_arena_statistics
+
+        torch.cuda.synchronize()
+        torch_arena_check(0)
+        result["arena"] = torch_arena_statistics(0)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# The parent: contenders interleaved, one process each.
+
+
+def run_contender(model: str, contender: str, steps: int, seed: int, cap: int | None, arena_bytes: int) -> dict:
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if contender == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if contender in ("arena", "mempool"):
+        env["LATTE_CUDA_ARENA_BYTES"] = str(cap or arena_bytes)
+    command = [sys.executable, __file__, "--child", "--model", model, "--contender", contender,
+               "--steps", str(steps), "--seed", str(seed)] + (["--cap", str(cap)] if cap else [])
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        return {"model": model, "contender": contender, "cap": cap, "error": tail[0]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def ratio(a, b) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def table(results: list[dict], model: str) -> list[str]:
+    rows = [r for r in results if r["model"] == model and not r.get("cap")]
+    base = next((r for r in rows if r["contender"] == "caching" and "error" not in r), None)
+    lines = [f"  {'contender':<11} {'peak live':>10} {'held':>10} {'held/live':>9} {'vs caching':>10} "
+             f"{'P50 ms':>7} {'P99 ms':>7} {'P99 vs':>7} {'OOMs':>5}"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"  {r['contender']:<11} failed: {r['error']}")
+            continue
+        lines.append(
+            f"  {r['contender']:<11} {r['peak_live'] / MIB:>8.1f}Mi {r['peak_held'] / MIB:>8.1f}Mi "
+            f"{r['peak_held'] / max(1, r['peak_live']):>8.2f}x {ratio(r['peak_held'], base and base['peak_held']):>10} "
+            f"{r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f} {ratio(r['p99_ms'], base and base['p99_ms']):>7} {r['ooms']:>5}")
+    over_time = [f"  held/live over time (quarters of the run):"]
+    for r in rows:
+        if "error" in r or not r["timeline"]:
+            continue
+        points = r["timeline"]
+        marks = [points[min(len(points) - 1, round(q * (len(points) - 1)))] for q in (0.25, 0.5, 0.75, 1.0)]
+        over_time.append(f"    {r['contender']:<11} " + "  ".join(
+            f"{m['peak_held'] / max(1, m['peak_live']):.2f}x@{m['step']}" for m in marks))
+    capped = [r for r in results if r["model"] == model and r.get("cap")]
+    if capped:
+        ratio_of_live = capped[0]["cap"] / max(1, base["peak_live"]) if base else float("nan")
+        lines.append(f"  under a cap of {capped[0]['cap'] / MIB:.0f} MiB ({ratio_of_live:.2f}x the caching allocator's peak live):")
+        for r in capped:
+            lines.append(f"    {r['contender']:<11} " + (f"failed: {r['error']}" if "error" in r else
+                                                         f"OOMs {r['ooms']} of {r['steps']} steps, held "
+                                                         f"{r['peak_held'] / MIB:.1f} MiB, P99 {r['p99_ms']:.3f} ms"))
+    return lines + over_time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--steps", type=int, default=100_000, help="steps per contender and model")
+    parser.add_argument("--cap-steps", type=int, default=20_000, help="steps of each capped run (0: none)")
+    parser.add_argument("--cap-ratio", type=float, default=1.25, help="the cap, as a multiple of caching's peak live")
+    parser.add_argument("--seed", type=int, default=20261125)
+    parser.add_argument("--arena-bytes", type=int, default=16 << 30, help="the arena's capacity when uncapped")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--contender", help=argparse.SUPPRESS)
+    parser.add_argument("--cap", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_child(args)))
+        return 0
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_allocator: needs a CUDA device (torch sees none)", file=sys.stderr)
+        return 2
+    models = [m for m in args.models.split(",") if m]
+    contenders = [c for c in args.contenders.split(",") if c]
+    for name in models + contenders:
+        if name not in MODELS + CONTENDERS:
+            parser.error(f"unknown model or contender {name!r}; models: {', '.join(MODELS)}; "
+                         f"contenders: {', '.join(CONTENDERS)}")
+    print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.2f}, {platform.node()}; {args.steps} steps per contender", flush=True)
+    results = []
+
+    def save():  # after every run, so that a run cut short still leaves its figures
+        if args.json:
+            args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                                             "steps": args.steps, "cap_steps": args.cap_steps,
+                                             "results": results}, indent=1))
+
+    for model in models:
+        for contender in contenders:
+            results.append(run_contender(model, contender, args.steps, args.seed, None, args.arena_bytes))
+            print(f"  {model}/{contender}: {json.dumps({k: v for k, v in results[-1].items() if k != 'timeline'})}",
+                  flush=True)
+            save()
+        base = next((r for r in results if r["model"] == model and r["contender"] == "caching" and "error" not in r), None)
+        if args.cap_steps and base:
+            cap = int(base["peak_live"] * args.cap_ratio) // (2 * MIB) * (2 * MIB) + 2 * MIB
+            for contender in contenders:
+                results.append(run_contender(model, contender, args.cap_steps, args.seed + 1, cap, args.arena_bytes))
+                save()
+        print(f"\n{model}:")
+        print("\n".join(table(results, model)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
