@@ -22,10 +22,12 @@ over time; P50 and P99 of the step's wall time (with a synchronise); OOMs. Then 
 runs again under one memory cap, 1.25x the caching allocator's peak live bytes: the caching
 allocator through torch.cuda.set_per_process_memory_fraction, the arena with that capacity.
 
-    python3 benchmarks/gpu_allocator.py --steps 100000 --json $OUT/allocator.json   # on a GPU
-    python3 benchmarks/gpu_allocator.py --steps 2000 --cap-steps 1000              # a quick look
+    PYTHONPATH=build/gpu-site python3 benchmarks/gpu_allocator.py --models sequence --steps 100000 --json build/allocator.json
+    PYTHONPATH=build/gpu-site python3 benchmarks/gpu_allocator.py --steps 2000 --cap-steps 1000    # a quick look
 
-Needs a CUDA device and a build of latte with the CUDA toolkit (scripts/gpu_check.sh builds one).
+Needs a CUDA device and a build of latte with the CUDA toolkit: scripts/gpu_check.sh builds one
+into build/gpu-site on the GPU machine (docs/gpu.md); with .venv's latte built with CUDA,
+`.venv/bin/python benchmarks/gpu_allocator.py ...` works the same.
 """
 
 from __future__ import annotations

@@ -46,8 +46,9 @@ that ran on the lane or worker that last ran their key: the benchmark's own affi
 same for both contenders), "same key" (the lane or worker ran that key in its previous batch),
 lane busy (model time / N cores), and for lanes the scheduler's affinity hit rate and steals; per N the ratio lanes-N / inline of throughput and P99 (median of per-round ratios).
 
-    # the many-core run (16 cores; under ~4 minutes):
-    PYTHONPATH=<site> python3 benchmarks/lanes_cores.py --lanes 2,4,8 --rounds 3 --duration 6 --json $OUT/lanes.json
+    # the many-core run (16 cores; under ~4 minutes), after scripts/gpu_check.sh built latte
+    # into build/gpu-site on that machine (docs/gpu.md):
+    PYTHONPATH=build/gpu-site python3 benchmarks/lanes_cores.py --lanes 2,4,8 --rounds 3 --duration 6 --json build/lanes.json
     # smoke check on the 2-core box (under a minute):
     .venv/bin/python benchmarks/lanes_cores.py --lanes 1,2 --rounds 1 --duration 1
 """

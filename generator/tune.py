@@ -281,7 +281,9 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
     figures follows the noise. A candidate measured more than once scores (in the table) the
     mean of its measurements. Under a budget (start is always measured), a measurement starts
     only when it should end in time; once a neighbour has won, the next one starts only when
-    the confirming pair would still fit after it; and no win is moved to unconfirmed."""
+    the confirming pair would still fit after it; where the rest of the neighbourhood and a pair
+    would not fit, a win is confirmed as soon as it is measured; and no win is moved to
+    unconfirmed."""
     seen: Dict[Candidate, Measurement] = {}
     policy_available = start.queue_policy
     budget = budget or Budget()
@@ -303,10 +305,9 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
                                          f"{', '.join(f'{s:.0f}' for s in m.scores)})"))
         return m
 
-    def confirmed(incumbent: Measurement, step: List[Measurement], check: bool) -> Optional[Measurement]:
+    def confirmed(incumbent: Measurement, step: List[Measurement], check: bool, tried: set) -> Optional[Measurement]:
         """The best neighbour that still beats the incumbent once both are measured again; of
-        those that beat it once, the best CONFIRMATIONS are tried."""
-        tried = set()
+        those that beat it once, the best CONFIRMATIONS a step are tried (`tried` holds them)."""
         while len(tried) < CONFIRMATIONS:
             challenger = pick_next(incumbent, [seen[m.candidate] for m in step if m.candidate not in tried],
                                    slo_ms, check)
@@ -326,14 +327,30 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
     warned = False
     for _ in range(max_steps):
         step: List[Measurement] = []
-        for c in neighbours(best.candidate, slo_ms, max_instances, policy_available):
+        tried: set = set()
+        moved: Optional[Measurement] = None
+        candidates = neighbours(best.candidate, slo_ms, max_instances, policy_available)
+        for index, c in enumerate(candidates):
             check = rate_reachable(seen.values(), slo_ms)
+            untried = [m for m in step if m.candidate not in tried]
             # A win waiting to be confirmed keeps room in the budget for the pair measured again.
-            waiting = best.eligible(slo_ms, check) and pick_next(best, step, slo_ms, check) is not None
+            waiting = best.eligible(slo_ms, check) and pick_next(best, untried, slo_ms, check) is not None
             m = get(c, then=2 if waiting else 0)
             if m is None:
                 break
             step.append(m)
+            # Where the budget cannot measure the rest of the neighbourhood and then a pair, a
+            # win is confirmed at once: waiting for a better one spends the room its pair needs.
+            left = len(candidates) - index - 1
+            if (best.eligible(slo_ms, check) and pick_next(best, [m], slo_ms, check) is not None
+                    and not budget.fits(left + 2)):
+                moved = confirmed(best, [m], check, tried)
+                best = seen[best.candidate]
+                if moved is not None or budget.ran_out:
+                    break
+        if moved is not None:
+            best = moved
+            continue
         check = rate_reachable(seen.values(), slo_ms)
         if not check and not warned:
             warned = True
@@ -345,7 +362,7 @@ def search(start: Candidate, measure: Callable[[Candidate], Measurement], slo_ms
             if not best.eligible(slo_ms, check) or budget.ran_out:
                 break
             continue
-        following = confirmed(best, step, check)
+        following = confirmed(best, step, check, tried)
         best = seen[best.candidate]
         if following is None:
             break

@@ -142,6 +142,27 @@ def test_a_budget_keeps_room_to_confirm_a_win_instead_of_measuring_more_neighbou
     assert first.scores == [100.0, 100.0] and now[0] == 150.0 and budget.ran_out
 
 
+def test_a_budget_too_short_for_the_whole_neighbourhood_confirms_a_win_at_once():
+    start, delay = Candidate(2, 16, 0, (), False), Candidate(2, 16, 1000, (), False)   # delay: the first neighbour
+    now, order = [0.0], []
+    budget = Budget(80.0, clock=lambda: now[0])
+
+    def measure(candidate):
+        order.append(candidate)
+        now[0] += 10.0
+        return scores({delay: 150.0})(candidate)
+
+    first, best, _ = search(start, measure, slo_ms=20, max_instances=2, budget=budget)
+    # At 20 s the rest of start's neighbours and a pair would end past 80 s: the pair comes next.
+    assert order[:4] == [start, delay, start, delay]
+    assert best.candidate == delay and best.scores == [150.0, 150.0] and first.scores == [100.0, 100.0]
+    # With room for the whole neighbourhood, every neighbour is measured before the pair.
+    order.clear()
+    search(start, measure, slo_ms=20, max_instances=2)
+    count = len(neighbours(start, 20, 2))
+    assert count > 3 and len(set(order[:1 + count])) == 1 + count and order[1 + count] == start
+
+
 def test_a_budget_expects_each_measurement_to_take_as_long_as_the_longest_after_the_first():
     now = [0.0]
     budget = Budget(100.0, clock=lambda: now[0])
