@@ -2,39 +2,32 @@
 // A stamp overwritten by another thread means two live blocks overlapped.
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <random>
 #include <thread>
 #include <vector>
 
 #include "check.hpp"
+#include "stress_loop.hpp"
 #include "latte/memory/buddy_arena.hpp"
 #include "latte/error.hpp"
 #include "latte/memory/host_resource.hpp"
 
 using namespace latte::memory;
-using latte::logic_error;
-using latte::out_of_memory;
 
 namespace {
 
-struct Live {
-  std::uint64_t* ptr;
-  std::size_t bytes;
-  std::uint64_t stamp;
-};
-
-void stamp(const Live& b) {
-  const std::size_t words = b.bytes / 8;
-  b.ptr[0] = b.stamp;
-  b.ptr[words - 1] = b.stamp;
-  b.ptr[words / 2] = b.stamp;
+// Three words of the block carry its stamp: the first, the middle and the last.
+void stamp(const latte::testing::StressBlock& b) {
+  auto* words = static_cast<std::uint64_t*>(b.ptr);
+  const std::size_t count = b.bytes / 8;
+  words[0] = words[count / 2] = words[count - 1] = b.stamp;
 }
 
-bool stamp_intact(const Live& b) {
-  const std::size_t words = b.bytes / 8;
-  return b.ptr[0] == b.stamp && b.ptr[words - 1] == b.stamp && b.ptr[words / 2] == b.stamp;
+bool stamp_intact(const latte::testing::StressBlock& b) {
+  const auto* words = static_cast<const std::uint64_t*>(b.ptr);
+  const std::size_t count = b.bytes / 8;
+  return words[0] == b.stamp && words[count / 2] == b.stamp && words[count - 1] == b.stamp;
 }
 
 }  // namespace
@@ -45,36 +38,16 @@ TEST_CASE("threads hammering one arena never share a block") {
   std::printf("stress seed %u, %d ops per thread\n", seed, ops_per_thread);
   HostResource host;
   BuddyArena arena(host, 4 * 1024 * 1024);
+  // Blocks of 8 B to 128 KiB, mostly under 4 KiB.
+  const latte::testing::StressShape shape{64, 8, 512, 16384};
   std::atomic<int> corrupted{0};
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (unsigned t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      std::mt19937_64 rng(seed + t);
-      std::vector<Live> live;
-      for (int op = 0; op < ops_per_thread; ++op) {
-        if (live.size() < 64 && (live.empty() || rng() % 2 == 0)) {
-          const std::size_t bytes = 8 * (1 + rng() % (rng() % 4 == 0 ? 16384 : 512));
-          try {
-            Live b{static_cast<std::uint64_t*>(arena.allocate(bytes)), bytes,
-                   (std::uint64_t(t) << 48) | std::uint64_t(op)};
-            stamp(b);
-            live.push_back(b);
-          } catch (const out_of_memory&) {
-            failures.fetch_add(1);
-          }
-        } else {
-          const std::size_t i = rng() % live.size();
-          if (!stamp_intact(live[i])) corrupted.fetch_add(1);
-          arena.deallocate(live[i].ptr, live[i].bytes);
-          live[i] = live.back();
-          live.pop_back();
-        }
-      }
-      for (const Live& b : live) {
-        if (!stamp_intact(b)) corrupted.fetch_add(1);
-        arena.deallocate(b.ptr, b.bytes);
-      }
+      const auto counts = latte::testing::stress_thread(arena, seed + t, t, ops_per_thread, shape, stamp, stamp_intact);
+      corrupted.fetch_add(counts.corrupted);
+      failures.fetch_add(counts.refusals);
     });
   }
   for (auto& thread : threads) thread.join();

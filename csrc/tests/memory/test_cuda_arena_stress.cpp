@@ -8,35 +8,29 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <thread>
 #include <vector>
 
 #include "check.hpp"
+#include "stress_loop.hpp"
 #include "latte/error.hpp"
 #include "latte/memory/buddy_arena.hpp"
 #include "latte/memory/cuda_device_resource.hpp"
 
 using namespace latte::memory;
-using latte::out_of_memory;
+using latte::testing::StressBlock;
 
 namespace {
 
-struct Live {
-  void* ptr;
-  std::size_t bytes;
-  std::uint64_t stamp;
-};
-
 // The first and last words carry the stamp; the rest of the block is left as it is.
-bool write_stamp(const Live& b) {
+bool write_stamp(const StressBlock& b) {
   const std::uint64_t words[1] = {b.stamp};
   auto* bytes = static_cast<char*>(b.ptr);
   return cudaMemcpy(bytes, words, 8, cudaMemcpyHostToDevice) == cudaSuccess &&
          cudaMemcpy(bytes + b.bytes - 8, words, 8, cudaMemcpyHostToDevice) == cudaSuccess;
 }
 
-bool stamp_intact(const Live& b) {
+bool stamp_intact(const StressBlock& b) {
   std::uint64_t first = 0, last = 0;
   const auto* bytes = static_cast<const char*>(b.ptr);
   return cudaMemcpy(&first, bytes, 8, cudaMemcpyDeviceToHost) == cudaSuccess &&
@@ -61,6 +55,8 @@ TEST_CASE("threads hammering one device arena never share a block") {
   std::printf("device stress seed %u, %d ops per thread\n", seed, ops_per_thread);
   CudaDeviceResource device(0);
   BuddyArena arena(device, 64 * 1024 * 1024);
+  // Blocks of 256 B to 2 MiB, mostly under 16 KiB: the mix of a variable-length batch.
+  const latte::testing::StressShape shape{48, 256, 64, 8192};
   std::atomic<int> corrupted{0};
   std::atomic<int> copy_errors{0};
   std::atomic<int> refusals{0};
@@ -68,31 +64,12 @@ TEST_CASE("threads hammering one device arena never share a block") {
   for (unsigned t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       cudaSetDevice(0);  // the runtime's current device is per thread
-      std::mt19937_64 rng(seed + t);
-      std::vector<Live> live;
-      for (int op = 0; op < ops_per_thread; ++op) {
-        if (live.size() < 48 && (live.empty() || rng() % 2 == 0)) {
-          // Mostly small blocks, a quarter up to 2 MiB: the mix of a variable-length batch.
-          const std::size_t bytes = 256 * (1 + rng() % (rng() % 4 == 0 ? 8192 : 64));
-          try {
-            Live b{arena.allocate(bytes), bytes, (std::uint64_t(t + 1) << 48) | std::uint64_t(op)};
-            if (!write_stamp(b)) copy_errors.fetch_add(1);
-            live.push_back(b);
-          } catch (const out_of_memory&) {
-            refusals.fetch_add(1);
-          }
-        } else {
-          const std::size_t i = rng() % live.size();
-          if (!stamp_intact(live[i])) corrupted.fetch_add(1);
-          arena.deallocate(live[i].ptr, live[i].bytes);
-          live[i] = live.back();
-          live.pop_back();
-        }
-      }
-      for (const Live& b : live) {
-        if (!stamp_intact(b)) corrupted.fetch_add(1);
-        arena.deallocate(b.ptr, b.bytes);
-      }
+      const auto stamp = [&](const StressBlock& b) {
+        if (!write_stamp(b)) copy_errors.fetch_add(1);
+      };
+      const auto counts = latte::testing::stress_thread(arena, seed + t, t + 1, ops_per_thread, shape, stamp, stamp_intact);
+      corrupted.fetch_add(counts.corrupted);
+      refusals.fetch_add(counts.refusals);
     });
   }
   for (auto& thread : threads) thread.join();

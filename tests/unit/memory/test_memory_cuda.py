@@ -9,7 +9,8 @@ import ctypes
 import pytest
 
 from latte import _native
-from latte.memory import BuddyArena, torch_allocator_library
+from latte.memory import (TORCH_ARENA_FIGURES, BuddyArena, torch_allocator_library, torch_arena_check,
+                          torch_arena_statistics)
 
 needs_cuda_build = pytest.mark.skipif(not _native.cuda_device_memory_compiled(), reason="built without the CUDA toolkit")
 
@@ -34,6 +35,26 @@ def test_plugin_exports_the_pluggable_allocator_symbols():
     else:
         assert ptr is None  # no device: a null pointer (PyTorch reports OOM), not a crash
     lib.latte_free(ptr, 1 << 20, 0, None)
+
+
+@needs_cuda_build
+def test_arena_figures_exist_once_the_device_has_an_arena():
+    assert torch_arena_statistics(63) is None          # no arena was made for this device
+    torch_arena_check(63)                              # nothing to walk: passes
+    lib = ctypes.CDLL(str(torch_allocator_library()))
+    lib.latte_malloc.restype = ctypes.c_void_p
+    lib.latte_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    lib.latte_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+    ptr = lib.latte_malloc(3 << 20, 0, None)
+    figures = torch_arena_statistics(0)
+    if not _gpu_present():
+        assert ptr is None and figures is None         # no device, no arena
+        return
+    assert set(figures) == set(TORCH_ARENA_FIGURES)
+    assert figures["live"] >= 3 << 20 and figures["allocations"] >= 1 and figures["failures"] == 0
+    lib.latte_free(ptr, 3 << 20, 0, None)
+    torch_arena_check(0)
+    assert torch_arena_statistics(0)["live"] == figures["live"] - (3 << 20)
 
 
 @needs_cuda_build

@@ -1,0 +1,66 @@
+#pragma once
+// One thread's part of an arena stress test, shared by the host and the device tests: allocate
+// blocks of mixed sizes and stamp them, free a random live block after checking its stamp, and
+// at the end check and free the rest. What a stamp is (words written in host memory, or words
+// copied to the device) is the caller's.
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "latte/error.hpp"
+#include "latte/memory/buddy_arena.hpp"
+
+namespace latte::testing {
+
+struct StressBlock {
+  void* ptr;
+  std::size_t bytes;
+  std::uint64_t stamp;
+};
+
+struct StressShape {
+  std::size_t max_live;       // blocks one thread holds at most
+  std::size_t unit;           // every size is a multiple of this
+  std::uint64_t small_units;  // three sizes in four: up to this many units
+  std::uint64_t large_units;  // one in four: up to this many
+};
+
+struct StressCounts {
+  int corrupted = 0;  // stamps found overwritten: two live blocks overlapped
+  int refusals = 0;   // out-of-memory answers (the arena is meant to run full at times)
+};
+
+template <class Stamp, class Intact>
+StressCounts stress_thread(latte::memory::BuddyArena& arena, std::uint64_t seed, std::uint64_t thread, int ops,
+                           const StressShape& shape, Stamp stamp, Intact intact) {
+  std::mt19937_64 rng(seed);
+  std::vector<StressBlock> live;
+  StressCounts counts;
+  for (int op = 0; op < ops; ++op) {
+    if (live.size() < shape.max_live && (live.empty() || rng() % 2 == 0)) {
+      const std::uint64_t range = rng() % 4 == 0 ? shape.large_units : shape.small_units;
+      const std::size_t bytes = shape.unit * (1 + rng() % range);
+      try {
+        const StressBlock block{arena.allocate(bytes), bytes, (thread << 48) | std::uint64_t(op)};
+        stamp(block);
+        live.push_back(block);
+      } catch (const latte::out_of_memory&) {
+        ++counts.refusals;
+      }
+    } else {
+      const std::size_t i = rng() % live.size();
+      if (!intact(live[i])) ++counts.corrupted;
+      arena.deallocate(live[i].ptr, live[i].bytes);
+      live[i] = live.back();
+      live.pop_back();
+    }
+  }
+  for (const StressBlock& block : live) {
+    if (!intact(block)) ++counts.corrupted;
+    arena.deallocate(block.ptr, block.bytes);
+  }
+  return counts;
+}
+
+}  // namespace latte::testing
