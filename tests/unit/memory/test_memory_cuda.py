@@ -37,6 +37,7 @@ def test_plugin_exports_the_pluggable_allocator_symbols():
     lib.latte_free(ptr, 1 << 20, 0, None)
 
 
+@pytest.mark.gpu  # also runs without a device, where there is no arena to read
 @needs_cuda_build
 def test_arena_figures_exist_once_the_device_has_an_arena():
     assert torch_arena_statistics(63) is None          # no arena was made for this device
