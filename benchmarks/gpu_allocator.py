@@ -105,15 +105,13 @@ def run_child(args) -> dict:
 
     def figures():
         """(live, held) bytes now, and their peaks so far."""
-        if contender in ("arena", "mempool"):
+        if contender == "arena":
             from latte.memory import torch_arena_statistics
 
             s = torch_arena_statistics(0) or {}
-            if contender == "arena":
-                return s.get("live", 0), s.get("allocated", 0), s.get("peak_live", 0), s.get("peak_allocated", 0)
-            # The pool's segments come from the arena; the weights from the caching allocator.
-            return (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(),
-                    torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
+            return s.get("live", 0), s.get("allocated", 0), s.get("peak_live", 0), s.get("peak_allocated", 0)
+        # The caching allocator's own figures; with the MemPool they count the pool's segments,
+        # which come from the arena, beside the weights' from the default pool.
         return (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(),
                 torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved())
 
