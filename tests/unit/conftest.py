@@ -26,20 +26,13 @@ def example_engine(example_repo):
     """Builds an example model's engine as the served model would: `example_engine(model)`
     gives (spec, engine); `bucketed=True` pads ragged inputs to the config's shape buckets,
     other keywords override config parameters."""
-    from google.protobuf.json_format import MessageToDict
-
+    from example_models import example_spec
     from latte.backend.buckets import BucketPlan
-    from latte.backend.config import parse_model_config
     from latte.backend.engine import BatchEngine
     from latte.backend.runtimes import load_runtime
-    from latte.generator.validate import parse_config_file
 
     def build(model, bucketed=False, **parameters):
-        config = MessageToDict(parse_config_file(example_repo / model / "config.pbtxt"),
-                               preserving_proto_field_name=True)
-        for key, value in parameters.items():
-            config.setdefault("parameters", {})[key] = {"string_value": value}
-        spec = parse_model_config(config, example_repo / model, "1")
+        spec = example_spec(example_repo, model, **parameters)
         signature, serving = spec.signature, spec.serving
         runtime = load_runtime(signature.runtime, signature.model_path, [t.name for t in signature.inputs],
                                [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)

@@ -5,21 +5,14 @@ import json
 
 import numpy as np
 import pytest
-from google.protobuf.json_format import MessageToDict
 
+from example_models import example_model
 from latte.backend.standin_stub import InferenceRequest, StandinStub, TritonError
 from latte.examples import EXAMPLES
 
 
 def load(repo, model, **parameters):
-    from latte.generator.validate import parse_config_file
-    from latte.backend.triton_model import LatteModel
-
-    config = MessageToDict(parse_config_file(repo / model / "config.pbtxt"), preserving_proto_field_name=True)
-    for key, value in parameters.items():
-        config.setdefault("parameters", {})[key] = {"string_value": value}
-    return LatteModel({"model_config": json.dumps(config), "model_repository": str(repo / model),
-                       "model_version": "1"}, StandinStub)
+    return example_model(repo, model, **parameters)
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,14 @@ import threading
 
 import numpy as np
 import pytest
-from google.protobuf.json_format import MessageToDict
 
+from example_models import example_model, example_spec
 from latte import _native
-from latte.backend.config import ConfigError, parse_model_config
+from latte.backend.config import ConfigError
 from latte.backend.precision import load_at_precision
-from latte.backend.standin_stub import InferenceRequest, StandinStub
+from latte.backend.standin_stub import InferenceRequest
 from latte.backend.warmup import warmup_shapes
 from latte.examples import EXAMPLES
-from latte.generator.validate import parse_config_file
 
 
 def _cuda_available() -> bool:
@@ -31,19 +30,8 @@ def _cuda_available() -> bool:
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device")]
 
 
-def config_of(repo, model, **parameters):
-    config = MessageToDict(parse_config_file(repo / model / "config.pbtxt"), preserving_proto_field_name=True)
-    for key, value in parameters.items():
-        config.setdefault("parameters", {})[key] = {"string_value": value}
-    return config
-
-
 def load(repo, model, kind="GPU", **parameters):
-    from latte.backend.triton_model import LatteModel
-
-    args = {"model_config": json.dumps(config_of(repo, model, **parameters)), "model_repository": str(repo / model),
-            "model_version": "1", "model_instance_kind": kind, "model_instance_device_id": "0"}
-    return LatteModel(args, StandinStub)
+    return example_model(repo, model, kind=kind, **parameters)
 
 
 def answers(model, feeds):
@@ -118,7 +106,7 @@ def test_a_gpu_model_with_two_lanes_answers_every_request(example_repo):
 
 
 def spec_on_gpu(repo, model, **parameters):
-    return parse_model_config(config_of(repo, model, **parameters), repo / model, "1", device="cuda:0")
+    return example_spec(repo, model, device="cuda:0", **parameters)
 
 
 @pytest.mark.parametrize("example", ["mlp", "cnn", "sequence"])

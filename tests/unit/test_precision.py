@@ -2,22 +2,15 @@
 
 import numpy as np
 import pytest
-from google.protobuf.json_format import MessageToDict
 
-from latte.backend.config import ConfigError, parse_model_config
+from example_models import example_spec
+from latte.backend.config import ConfigError
 from latte.backend.precision import load_at_precision
 from latte.backend.warmup import warmup_shapes
-from latte.generator.validate import parse_config_file
-
-
-def spec_with(repo, model, **params):
-    config = MessageToDict(parse_config_file(repo / model / "config.pbtxt"), preserving_proto_field_name=True)
-    config["parameters"].update({key: {"string_value": value} for key, value in params.items()})
-    return parse_model_config(config, repo / model, "1")
 
 
 def test_int8_onnx_is_served_with_its_measured_accuracy(example_repo):
-    spec = spec_with(example_repo, "mlp_onnx", precision="int8", accuracy_tolerance="0.3")
+    spec = example_spec(example_repo, "mlp_onnx", precision="int8", accuracy_tolerance="0.3")
     runtime, report = load_at_precision(spec, warmup_shapes(spec))
     assert report is not None and 0 < report.relative_l2 <= 0.3
     assert 0.5 <= report.top1_agreement <= 1.0
@@ -26,7 +19,7 @@ def test_int8_onnx_is_served_with_its_measured_accuracy(example_repo):
 
 
 def test_int8_past_the_tolerance_refuses_to_load(example_repo):
-    spec = spec_with(example_repo, "mlp_onnx", precision="int8", accuracy_tolerance="1e-9")
+    spec = example_spec(example_repo, "mlp_onnx", precision="int8", accuracy_tolerance="1e-9")
     with pytest.raises(ConfigError, match=r"int8 vs fp32: relative L2 error .* exceeds accuracy_tolerance=1e-09"):
         load_at_precision(spec, warmup_shapes(spec))
 
@@ -38,4 +31,4 @@ def test_int8_past_the_tolerance_refuses_to_load(example_repo):
 ])
 def test_unavailable_precisions_are_refused_before_loading(example_repo, model, params, message):
     with pytest.raises(ConfigError, match=message):
-        spec_with(example_repo, model, **params)
+        example_spec(example_repo, model, **params)
