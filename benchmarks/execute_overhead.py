@@ -3,6 +3,7 @@ a model call, with stand-in stub objects (no tritonserver), so the figure is lat
 
     .venv/bin/python benchmarks/execute_overhead.py [--requests 1,16] [--calls 1000] [--floor]
     .venv/bin/python benchmarks/execute_overhead.py --instructions [--requests 1,16]
+    .venv/bin/python benchmarks/execute_overhead.py --cold [--requests 1,8]
 
 Serves the ONNX Identity model on FP32[64] (the model call is ~5 us) through
 `LatteModel.execute` with N requests per call; prints the best of 7 runs of `--calls` calls:
@@ -14,6 +15,10 @@ and one native pack of the batch, the same ONNX call, one Tensor and InferenceRe
 request; and prints latte / floor (the median of the interleaved runs' ratios).
 The stand-ins cost far less than the stub's pybind11 objects, so this is a floor for the
 served figure, and a way to compare two versions of the backend on one machine.
+
+--cold times the model call alone, warm (called back to back) and cold (after touching a buffer
+larger than the last-level cache, as the server and perf_analyzer do between a served stub's
+calls): what a batching backend pays per call that a model.py echoing its input does not.
 
 --instructions counts, under valgrind's callgrind, the instructions one call of latte and of
 the floor executes (each load run twice, with 100 and 2,100 calls, and differenced): a figure
@@ -45,6 +50,8 @@ def main(argv=None) -> int:
     parser.add_argument("--floor", action="store_true", help="also time the least a batching backend can do per call")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per call under valgrind (latte and the floor) instead of timing")
+    parser.add_argument("--cold", action="store_true",
+                        help="time the model call alone, warm and with the caches evicted before each call")
     parser.add_argument("--run-calls", nargs=3, metavar=("CONTENDER", "REQUESTS", "CALLS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run_calls:
@@ -53,6 +60,8 @@ def main(argv=None) -> int:
         return 0
     if args.instructions:
         return count_instructions([int(x) for x in args.requests.split(",")])
+    if args.cold:
+        return time_cold_calls([int(x) for x in args.requests.split(",")])
     from latte.backend.standin_stub import InferenceRequest, StandinStub
 
     rng = np.random.default_rng(1)
@@ -146,6 +155,36 @@ def count_instructions(sizes) -> int:
             per_call[contender] = (collected(contender, n, _FEW + _COUNTED) - collected(contender, n, _FEW)) / _COUNTED
         print(f"{n:>13} {per_call['latte']:>17,.0f} {per_call['floor']:>17,.0f} "
               f"{per_call['latte'] / per_call['floor']:>11.2f}x", flush=True)
+    return 0
+
+
+# Larger than the last-level cache of the machines measured (the 2-core box: 32 MiB L3
+# shared; H100 hosts: up to 105 MiB per socket would need more, so --cold is for small boxes).
+_EVICT_BYTES = 64 << 20
+
+
+def time_cold_calls(sizes) -> int:
+    """Median µs of the identity model's runtime call, warm and with the caches evicted."""
+    model = identity_model()
+    model.publisher.close()
+    run = model.runtime.run
+    evict = np.zeros(_EVICT_BYTES, np.uint8)
+    print(f"{'rows/call':>9} {'warm us':>8} {'cold us':>8} {'cold/warm':>10}")
+    for n in sizes:
+        feed = {"INPUT0": np.ones((n, 64), np.float32)}
+        timings = {False: [], True: []}
+        for _ in range(50):
+            run(feed)
+        for _ in range(300):
+            for cold in (False, True):  # interleaved, so a noisy moment hits both
+                if cold:
+                    evict += 1  # every cache line read and written
+                started = time.perf_counter_ns()
+                run(feed)
+                timings[cold].append(time.perf_counter_ns() - started)
+        warm, cold = (sorted(timings[c])[len(timings[c]) // 2] / 1e3 for c in (False, True))
+        print(f"{n:>9} {warm:>8.1f} {cold:>8.1f} {cold / warm:>9.1f}x", flush=True)
+    model.finalize()
     return 0
 
 
