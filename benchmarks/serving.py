@@ -47,7 +47,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -103,14 +103,14 @@ def model_file(example: Example, work: Path) -> Path:
     return repo / f"{example.name}_onnx" / "1" / "model.onnx"
 
 
-def add_contenders(repo: Path, example: Example, source: Path, setting: Setting, ablation: bool = False
+def add_contenders(repo: Path, example: Example, source: Path, setting: Setting, ablations: Sequence[str] = ()
                    ) -> Dict[str, str]:
     """latte, stock and echo copies of the model in `repo` (and latte's ablations); role -> model name."""
     names = {}
     roles = [("latte", "latte", None),
              ("stock", "python", "echo_python_model.py" if example.name == "identity" else "baseline_python_model.py"),
              ("echo", "python", "echo_python_model.py")]
-    roles += [(f"latte_{label}", "latte", None) for label in ABLATIONS] if ablation else []
+    roles += [(f"latte_{label}", "latte", None) for label in ablations]
     for role, backend, script in roles:
         context = model_context(example, "onnx", "model.onnx")
         context.update(name=f"{example.name}_{role}", backend=backend, max_batch_size=setting.max_batch_size,
@@ -302,7 +302,9 @@ def run_model(name: str, args, work: Path) -> dict:
     echo = summary("echo", top, "throughput")
     limit_h = 1.0 / (1.0 / echo + 1.0 / limit)
     result.update(echo=echo, python_backend_limit=limit_h,
-                  ratio=result["latte"]["throughput"] / max(1e-9, result["stock"]["throughput"]),
+                  # None where no level of the stock contender kept its P99 within the SLO
+                  ratio=(result["latte"]["throughput"] / result["stock"]["throughput"]
+                         if result["stock"]["throughput"] > 0 else None),
                   latte_share_of_limit=result["latte"]["throughput"] / limit_h,
                   stock_share_of_limit=result["stock"]["throughput"] / limit_h,
                   p50_ratio_lowest_level=(result["latte"]["p50_ms_lowest_level"]
@@ -320,12 +322,14 @@ def print_results(results: List[dict]) -> None:
     for r in results:
         low = f"{r['latte']['p50_ms_lowest_level']:.2f} / {r['stock']['p50_ms_lowest_level']:.2f} ms " \
               f"({r['p50_ratio_lowest_level']:.2f}x)"
-        print(f"{r['model']:9} {r['latte']['throughput']:>8.0f} {r['stock']['throughput']:>8.0f} {r['ratio']:>5.2f}x "
+        ratio = f"{r['ratio']:>5.2f}x" if r["ratio"] is not None else f"{'-':>6}"
+        print(f"{r['model']:9} {r['latte']['throughput']:>8.0f} {r['stock']['throughput']:>8.0f} {ratio} "
               f"{r['round_ratio_median']:>5.2f}x "
               f"{r['echo']:>7.0f} {r['in_process_limit']:>8.0f} {r['python_backend_limit']:>7.0f} "
               f"{r['latte_share_of_limit']:>7.0%} {r['stock_share_of_limit']:>7.0%} {low:>34}")
     print("(infer/s at the best level with P99 within the SLO, medians of the rounds; rounds: the median of each "
-          "round's latte/stock ratio at the top level; H = 1/(1/echo + 1/in-process))")
+          "round's latte/stock ratio at the top level; H = 1/(1/echo + 1/in-process); ratio '-': no stock level "
+          "within the SLO)")
     for r in results:
         for label, figures in r.get("ablations", {}).items():
             print(f"  {r['model']} ablation {label:18} {figures['throughput']:>8.0f} infer/s "
@@ -357,6 +361,14 @@ def print_results(results: List[dict]) -> None:
                   f"{d['model']:>6.1f} {d['respond']:>8.1f} {d['latte_wall']:>10.1f} {d['echo_wall']:>10.1f}")
 
 
+def ablation_names(text: str) -> List[str]:
+    names = [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in ABLATIONS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown ablation {', '.join(unknown)}; known: {', '.join(ABLATIONS)}")
+    return names
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="identity,sequence,mlp",
@@ -365,8 +377,9 @@ def main(argv=None) -> int:
     parser.add_argument("--concurrency", help="perf_analyzer concurrency levels, comma-separated (default: per model)")
     parser.add_argument("--measurement-ms", type=int, default=2000, help="default: %(default)s")
     parser.add_argument("--decompose", action="store_true", help="also print where latte's time goes per request")
-    parser.add_argument("--ablation", action="store_true",
-                        help=f"also measure latte with one setting changed at a time ({', '.join(ABLATIONS)})")
+    parser.add_argument("--ablation", nargs="?", const=",".join(ABLATIONS), default="", type=ablation_names,
+                        help=f"also measure latte with one setting changed at a time: all of them ({', '.join(ABLATIONS)}), "
+                             "or those named, comma-separated")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE",
                         help="passed to tritonserver as --backend-config, e.g. python,shm-default-byte-size=16777216 "
