@@ -16,9 +16,11 @@ request; and prints latte / floor (the median of the interleaved runs' ratios).
 The stand-ins cost far less than the stub's pybind11 objects, so this is a floor for the
 served figure, and a way to compare two versions of the backend on one machine.
 
---cold times the model call alone, warm (called back to back) and cold (after touching a buffer
-larger than the last-level cache, as the server and perf_analyzer do between a served stub's
-calls): what a batching backend pays per call that a model.py echoing its input does not.
+--cold times the model call alone, latte's call and the floor's, each warm (right after the same
+call) and cold (after touching a buffer larger than the last-level cache, as the server and
+perf_analyzer do between a served stub's calls): what a served call costs that a warm timing
+does not show, and what a batching backend pays per call that a model.py echoing its input
+does not.
 
 --instructions counts, under valgrind's callgrind, the instructions one call of latte and of
 the floor executes (each load run twice, with 100 and 2,100 calls, and differenced): a figure
@@ -51,7 +53,7 @@ def main(argv=None) -> int:
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per call under valgrind (latte and the floor) instead of timing")
     parser.add_argument("--cold", action="store_true",
-                        help="time the model call alone, warm and with the caches evicted before each call")
+                        help="time the model call alone, latte's call and the floor's, warm and with the caches evicted")
     parser.add_argument("--run-calls", nargs=3, metavar=("CONTENDER", "REQUESTS", "CALLS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run_calls:
@@ -164,26 +166,38 @@ _EVICT_BYTES = 64 << 20
 
 
 def time_cold_calls(sizes) -> int:
-    """Median µs of the identity model's runtime call, warm and with the caches evicted."""
+    """Median µs, warm and with the caches evicted, of the identity model's runtime call alone,
+    of latte's `execute` and of the least a batching backend can do (least_call), N requests
+    of one row each."""
+    from latte.backend.standin_stub import InferenceRequest, StandinStub
+
     model = identity_model()
     model.publisher.close()
     run = model.runtime.run
+    floor = least_call(model, StandinStub)
     evict = np.zeros(_EVICT_BYTES, np.uint8)
-    print(f"{'rows/call':>9} {'warm us':>8} {'cold us':>8} {'cold/warm':>10}")
+    print(f"{'requests/call':>13} {'':>8} {'warm us':>8} {'cold us':>8} {'cold/warm':>10}")
     for n in sizes:
+        requests = [InferenceRequest({"INPUT0": np.ones((1, 64), np.float32)}) for _ in range(n)]
         feed = {"INPUT0": np.ones((n, 64), np.float32)}
-        timings = {False: [], True: []}
-        for _ in range(50):
-            run(feed)
+        calls = {"model": lambda: run(feed), "latte": lambda: model.execute(requests), "floor": lambda: floor(requests)}
+        timings = {(name, cold): [] for name in calls for cold in (False, True)}
+        for call in calls.values():
+            for _ in range(50):
+                call()
         for _ in range(300):
-            for cold in (False, True):  # interleaved, so a noisy moment hits both
-                if cold:
-                    evict += 1  # every cache line read and written
-                started = time.perf_counter_ns()
-                run(feed)
-                timings[cold].append(time.perf_counter_ns() - started)
-        warm, cold = (sorted(timings[c])[len(timings[c]) // 2] / 1e3 for c in (False, True))
-        print(f"{n:>9} {warm:>8.1f} {cold:>8.1f} {cold / warm:>9.1f}x", flush=True)
+            for name, call in calls.items():
+                for cold in (False, True):  # interleaved, so a noisy moment hits every contender
+                    if cold:
+                        evict += 1  # every cache line read and written
+                    else:
+                        call()  # the same call just before: its code and data in the caches
+                    started = time.perf_counter_ns()
+                    call()
+                    timings[name, cold].append(time.perf_counter_ns() - started)
+        for name in calls:
+            warm, cold = (sorted(timings[name, c])[len(timings[name, c]) // 2] / 1e3 for c in (False, True))
+            print(f"{n:>13} {name:>8} {warm:>8.1f} {cold:>8.1f} {cold / warm:>9.1f}x", flush=True)
     model.finalize()
     return 0
 
