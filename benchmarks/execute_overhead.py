@@ -17,8 +17,8 @@ The stand-ins cost far less than the stub's pybind11 objects, so this is a floor
 served figure, and a way to compare two versions of the backend on one machine.
 
 --cold times the model call alone, latte's call and the floor's, each warm (right after the same
-call) and cold (after touching a buffer larger than the last-level cache, as the server and
-perf_analyzer do between a served stub's calls): what a served call costs that a warm timing
+call) and cold (after touching a 64 MiB buffer, many times a core's own caches, as the server
+and perf_analyzer do between a served stub's calls): what a served call costs that a warm timing
 does not show, and what a batching backend pays per call that a model.py echoing its input
 does not.
 
@@ -160,8 +160,9 @@ def count_instructions(sizes) -> int:
     return 0
 
 
-# Larger than the last-level cache of the machines measured (the 2-core box: 32 MiB L3
-# shared; H100 hosts: up to 105 MiB per socket would need more, so --cold is for small boxes).
+# Many times a core's own caches (L2: 2 MiB per core on the 2-core box), which is what a
+# served stub loses to tritonserver and perf_analyzer between two calls; not necessarily
+# the whole of a large shared L3.
 _EVICT_BYTES = 64 << 20
 
 
