@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per call under valgrind (latte and the floor) instead of timing")
     parser.add_argument("--cold", action="store_true",
-                        help="time the model call alone, latte's call and the floor's, warm and with the caches evicted")
+                        help="time the model call alone, latte's call and the floor's, warm and after touching 64 MiB")
     parser.add_argument("--run-calls", nargs=3, metavar=("CONTENDER", "REQUESTS", "CALLS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run_calls:
@@ -167,9 +167,9 @@ _EVICT_BYTES = 64 << 20
 
 
 def time_cold_calls(sizes) -> int:
-    """Median µs, warm and with the caches evicted, of the identity model's runtime call alone,
-    of latte's `execute` and of the least a batching backend can do (least_call), N requests
-    of one row each."""
+    """Median µs, warm and after touching 64 MiB (a core's own caches evicted, dirty lines left
+    to write back), of the identity model's runtime call alone, of latte's `execute` and of the
+    least a batching backend can do (least_call), N requests of one row each."""
     from latte.backend.standin_stub import InferenceRequest, StandinStub
 
     model = identity_model()

@@ -332,8 +332,9 @@ def print_results(results: List[dict]) -> None:
           "within the SLO)")
     for r in results:
         for label, figures in r.get("ablations", {}).items():
-            print(f"  {r['model']} ablation {label:18} {figures['throughput']:>8.0f} infer/s "
-                  f"({figures['throughput'] / max(1e-9, r['latte']['throughput']):.2f}x latte's defaults)")
+            defaults = r["latte"]["throughput"]
+            relative = f"{figures['throughput'] / defaults:.2f}x" if defaults > 0 else "-"
+            print(f"  {r['model']} ablation {label:18} {figures['throughput']:>8.0f} infer/s ({relative} latte's defaults)")
     print(f"\n{'model':9} {'level':>5} {'latte CPU us/req (server+stub+client)':>40} "
           f"{'stock CPU us/req':>30} {'stock/latte':>11} {'rounds':>18}")
     for r in results:
