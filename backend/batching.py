@@ -17,6 +17,7 @@ import numpy as np
 
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
+from latte.backend.dtypes import is_string
 from latte._native import pack_arrays
 from latte.backend.planning import CostModel, plan_by_cost
 from latte.backend.requests import UNMEASURED, ParsedRequest
@@ -192,16 +193,27 @@ def assemble_columns(spec: ModelSpec, columns: Dict[str, List[np.ndarray]], memb
             if len(parts) == 1 and inner == parts[0].shape[1:]:
                 out = parts[0]  # a request alone at its own length: nothing to pad
             else:
-                out = allocate((rows, *inner), t.dtype)
                 # One native copy of every part, the padding written around them.
-                pack_arrays(parts, out, pad_bytes(spec.serving.pad_value, t.dtype))
+                out = packed(parts, (rows, *inner), t.dtype, spec.serving.pad_value, allocate)
         elif len(parts) == 1:
             out = parts[0]
         else:
-            out = allocate((rows, *parts[0].shape[1:]), t.dtype)
-            pack_arrays(parts, out, pad_bytes(spec.serving.pad_value, t.dtype))  # nothing to pad: a copy, ~4x np.concatenate's speed
+            out = packed(parts, (rows, *parts[0].shape[1:]), t.dtype, spec.serving.pad_value, allocate)
         inputs[t.name] = out
     return Batch(inputs=inputs, member_rows=member_rows, lengths=lengths, padded_length=padded, rows=total)
+
+
+def packed(parts: Sequence[np.ndarray], shape: tuple, dtype: np.dtype, pad_value: float,
+           allocate: Allocate = np.empty) -> np.ndarray:
+    """`parts` one after another along the rows in a new array of `shape`, each padded to it:
+    one native copy (~4x np.concatenate's speed) into memory from `allocate`. Strings hold
+    references, which a byte copy would not count and the arena must not keep: they are
+    concatenated by numpy (they are never padded; the config refuses ragged strings)."""
+    if is_string(dtype):
+        return np.concatenate(parts)
+    out = allocate(shape, dtype)
+    pack_arrays(parts, out, pad_bytes(pad_value, dtype))
+    return out
 
 
 _PAD_BYTES: Dict[Tuple[float, np.dtype], bytes] = {}

@@ -18,7 +18,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from latte.backend.buckets import BucketPlan
-from latte.backend.dtypes import to_numpy
+from latte.backend.dtypes import is_string, to_numpy
 from latte.backend.errors import ConfigError
 from latte.backend.planning import parse_planning
 
@@ -196,6 +196,9 @@ def _tensor(entry: Mapping, where: str) -> TensorSpec:
         raise ConfigError(f"{where} {name!r}: dims must be positive or -1, got {list(dims)}")
     if entry.get("reshape"):
         raise ConfigError(f"{where} {name!r}: reshape is not supported by the latte backend")
+    if entry.get("allow_ragged_batch") and is_string(dtype):
+        raise ConfigError(f"{where} {name!r}: strings are not padded into a batch; declare TYPE_STRING "
+                          "inputs without allow_ragged_batch")
     return TensorSpec(name=name, dtype=dtype, dims=dims,
                       ragged=bool(entry.get("allow_ragged_batch", False)),
                       optional=bool(entry.get("optional", False)))
@@ -286,11 +289,17 @@ def cpu_model() -> str:
     return ""
 
 
+def parse_tensors(config: Mapping) -> Tuple[Tuple[TensorSpec, ...], Tuple[TensorSpec, ...]]:
+    """The inputs and outputs a model config declares, checked."""
+    return (tuple(_tensor(t, "input") for t in config.get("input", [])),
+            tuple(_tensor(t, "output") for t in config.get("output", [])))
+
+
 def parse_signature(config: Mapping, params: Mapping[str, str], model_dir: Path, version: str) -> ModelSignature:
     """The model's tensors, max_batch_size and file; the parameters add valid ranges, the file and runtime."""
     name = config.get("name") or model_dir.name
-    inputs = _with_valid_ranges(name, tuple(_tensor(t, "input") for t in config.get("input", [])), params)
-    outputs = tuple(_tensor(t, "output") for t in config.get("output", []))
+    inputs, outputs = parse_tensors(config)
+    inputs = _with_valid_ranges(name, inputs, params)
     if not inputs:
         raise ConfigError(f"model {name!r}: the config declares no input")
     if not outputs:

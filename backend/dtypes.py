@@ -18,20 +18,29 @@ TRITON_TO_NUMPY = {
     "TYPE_FP32": np.dtype(np.float32),
     "TYPE_FP64": np.dtype(np.float64),
 }
-NUMPY_TO_TRITON = {v: k for k, v in TRITON_TO_NUMPY.items()}
-# Every type a Triton config may declare: latte's runtimes serve those above; a Python-backend
-# step of a generated pipeline may also take strings and bfloat16.
-TRITON_TYPES = tuple(TRITON_TO_NUMPY) + ("TYPE_BF16", "TYPE_STRING")
+# Strings (Triton's BYTES) arrive as numpy object arrays of bytes: a model reads and answers
+# them (a text pipeline's first step tokenizes them), but they are never padded, packed
+# natively or held in the arena, whose memory holds no Python references.
+STRING = np.dtype(object)
+SERVED_TYPES = {**TRITON_TO_NUMPY, "TYPE_STRING": STRING}
+NUMPY_TO_TRITON = {v: k for k, v in SERVED_TYPES.items()}
+# Every type a Triton config may declare: latte serves those above; a Python-backend model of a
+# generated repository may also take bfloat16.
+TRITON_TYPES = tuple(SERVED_TYPES) + ("TYPE_BF16",)
 
 
 def to_numpy(triton_type: str) -> np.dtype:
     try:
-        return TRITON_TO_NUMPY[triton_type]
+        return SERVED_TYPES[triton_type]
     except KeyError:
         raise ValueError(
             f"data type {triton_type} is not supported by the latte backend "
-            f"(supported: {', '.join(sorted(TRITON_TO_NUMPY))})"
+            f"(supported: {', '.join(sorted(SERVED_TYPES))})"
         ) from None
+
+
+def is_string(dtype: np.dtype) -> bool:
+    return dtype.kind == "O"
 
 
 def to_triton(dtype) -> str:
@@ -43,5 +52,5 @@ def to_triton(dtype) -> str:
 
 
 def wire_name(triton_type: str) -> str:
-    """The name used on the wire and by tritonclient (TYPE_FP32 -> FP32)."""
-    return triton_type[len("TYPE_"):]
+    """The name used on the wire and by tritonclient (TYPE_FP32 -> FP32, TYPE_STRING -> BYTES)."""
+    return "BYTES" if triton_type == "TYPE_STRING" else triton_type[len("TYPE_"):]

@@ -9,9 +9,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Un
 
 import numpy as np
 
-from latte._native import pack_arrays
-from latte.backend.batching import (Allocate, affinity_key, assemble, assemble_columns, chunk_by_rows, pad_bytes,
-                                    plan_batches, plan_rows, ragged_length, split, uniform_shapes)
+from latte.backend.batching import (Allocate, Batch, affinity_key, assemble, assemble_columns, chunk_by_rows,
+                                    packed, plan_batches, plan_rows, ragged_length, split, uniform_shapes)
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
@@ -19,6 +18,7 @@ from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
 from latte.backend.planning import CostModel
 from latte.backend.requests import ParsedRequest
 from latte.backend.runtimes import Runtime
+from latte.backend.runtimes.base import as_declared
 from latte.backend.sessions import SessionStore
 
 Result = Union[Dict[str, np.ndarray], Exception]
@@ -96,7 +96,7 @@ class BatchEngine:
         # Every request has one shape key (ragged inputs of one rank): a plain call is planned
         # from its lengths alone (plan_columns).
         self._one_key = spec.signature.batched and spec.signature.ragged_inputs and uniform_shapes(spec)
-        self._pads = {t.name: pad_bytes(spec.serving.pad_value, t.dtype) for t in spec.signature.inputs}
+        self._pad_value = spec.serving.pad_value
 
     @property
     def takes_columns(self) -> bool:
@@ -177,12 +177,12 @@ class BatchEngine:
                 feed[name] = arrays[0]
             else:
                 first = arrays[0]
-                feed[name] = out = self.allocate((total, *first.shape[1:]), first.dtype)
-                pack_arrays(arrays, out, self._pads[name])
+                feed[name] = packed(arrays, (total, *first.shape[1:]), first.dtype, self._pad_value, self.allocate)
+        batch = Batch(inputs=feed, member_rows=rows, lengths=[None] * len(rows), rows=total)
         called = self.clock()
-        outputs = self._call(feed)
+        outputs = self._call(batch)
         model_seconds = self.clock() - called
-        del feed  # arena-backed buffers go back as soon as the call is over
+        del feed, batch  # arena-backed buffers go back as soon as the call is over
         for name, array in outputs.items():
             if array.ndim == 0 or array.shape[0] != total:
                 raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {total} rows for this batch")
@@ -209,7 +209,7 @@ class BatchEngine:
                                      [lengths[i] for i in members] if lengths is not None else [None] * len(members),
                                      self.buckets, self.allocate)
             called = self.clock()
-            outputs = self._call(batch.inputs)
+            outputs = self._call(batch)
             called = self.clock() - called
             for i, outcome in zip(members, split(self.spec, batch, outputs)):
                 results[i] = outcome
@@ -339,7 +339,7 @@ class BatchEngine:
         try:
             batch = assemble(self.spec, requests, self.buckets, self.allocate)
             called = self.clock()
-            outputs = self._call(batch.inputs)
+            outputs = self._call(batch)
             called = self.clock() - called
             parts = split(self.spec, batch, outputs)
             self._record(batch, len(requests), started, failed=False, model_seconds=called)
@@ -357,15 +357,9 @@ class BatchEngine:
         finally:
             del batch  # arena-backed input buffers go back as soon as the call is over
 
-    def _call(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        outputs = self.runtime.run(feed)
-        dtypes = self._out_dtypes
-        for name, value in outputs.items():
-            # Runtimes hand back numpy arrays, mostly of the declared type already; a tensor
-            # of a framework, or another type, is converted here.
-            if type(value) is not np.ndarray or value.dtype != dtypes[name]:
-                outputs[name] = np.asarray(value, dtype=dtypes[name])
-        return outputs
+    def _call(self, batch: Batch) -> Dict[str, np.ndarray]:
+        """The one place a batch meets the model: its runtime, or the graph of steps it runs."""
+        return as_declared(self.runtime.run_batch(batch), self._out_dtypes)
 
     def _record(self, batch, requests: int, started: float, failed: bool, model_seconds: float = 0.0) -> None:
         if self.on_batch is not None:

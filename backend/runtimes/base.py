@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Mapping, Sequence
 
 import numpy as np
 
@@ -25,8 +25,29 @@ class Runtime:
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def run_batch(self, batch) -> Dict[str, np.ndarray]:
+        """Run one planned batch (batching.Batch): its inputs, and who its rows belong to,
+        which a graph of steps needs (a Python model step answers each request of the batch
+        on its own) and a model does not."""
+        return self.run(batch.inputs)
+
+    def step_figures(self) -> Dict[str, Dict[str, float]]:
+        """Per step of a graph: the seconds, rows and calls it has run so far. A model is one
+        step, counted by the engine's own figures: nothing here."""
+        return {}
+
     def close(self) -> None:
         pass
+
+
+def as_declared(outputs: Dict[str, np.ndarray], dtypes: Mapping[str, np.dtype]) -> Dict[str, np.ndarray]:
+    """Outputs as numpy arrays of their declared types. Runtimes hand back numpy arrays, mostly
+    of the declared type already; a tensor of a framework, or another type, is converted."""
+    for name, value in outputs.items():
+        dtype = dtypes.get(name)
+        if dtype is not None and (type(value) is not np.ndarray or value.dtype != dtype):
+            outputs[name] = np.asarray(value, dtype=dtype)
+    return outputs
 
 
 def load_runtime(kind: str, path, input_names: Sequence[str], output_names: Sequence[str],

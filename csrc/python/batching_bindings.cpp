@@ -106,6 +106,9 @@ void pack_arrays(nb::sequence arrays, nb::handle out, nb::bytes pad) {
   auto* oarr = reinterpret_cast<PyArrayObject*>(optr);
   LATTE_EXPECTS(PyArray_CHKFLAGS(oarr, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE | NPY_ARRAY_ALIGNED),
                 "pack_arrays: out must be a writable C-contiguous array");
+  // A byte copy of object pointers would neither count their references nor keep them alive.
+  LATTE_EXPECTS(!PyDataType_REFCHK(PyArray_DESCR(oarr)),
+                "pack_arrays: arrays of Python objects hold references; concatenate them instead");
   const int itemsize = static_cast<int>(PyArray_ITEMSIZE(oarr));
   LATTE_EXPECTS(pad.size() == static_cast<std::size_t>(itemsize), "pack_arrays: pad must be one element of out's type");
   const int ndim = PyArray_NDIM(oarr);

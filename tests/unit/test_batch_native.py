@@ -66,3 +66,17 @@ def test_packing_refuses_what_would_overrun_the_batch():
         pack_arrays([np.ones((1, 5), np.int64)], out, pad_bytes(0.0, np.dtype(np.int64)))
     with pytest.raises(ValueError, match="data type differs"):
         pack_arrays([np.ones((1, 4), np.int32)], out, pad_bytes(0.0, np.dtype(np.int64)))
+
+
+def test_packing_refuses_arrays_of_python_objects():
+    out = np.empty((2, 1), object)
+    with pytest.raises(ValueError, match="arrays of Python objects hold references"):
+        pack_arrays([np.array([[b"a"]], object), np.array([[b"b"]], object)], out, b"\0" * out.itemsize)
+
+
+def test_strings_are_concatenated_not_packed():
+    from latte.backend.batching import packed
+
+    parts = [np.array([[b"one"]], object), np.array([[b"two"], [b"three"]], object)]
+    out = packed(parts, (3, 1), np.dtype(object), 0.0, allocate=lambda shape, dtype: 1 / 0)
+    assert out.tolist() == [[b"one"], [b"two"], [b"three"]]

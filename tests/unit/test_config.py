@@ -50,7 +50,9 @@ def test_parse_args_reads_what_triton_passes(tmp_path):
     ({"parameters": {"model_file": {"string_value": "missing.onnx"}}}, "does not exist"),
     ({"parameters": {"intra_op_threads": {"string_value": "zero"}}}, "must be an integer"),
     ({"parameters": {"pad_value": {"string_value": "x"}}}, "pad_value"),
-    ({"output": [{"name": "y", "data_type": "TYPE_STRING", "dims": [1]}]}, "not supported"),
+    ({"output": [{"name": "y", "data_type": "TYPE_BF16", "dims": [1]}]}, "not supported"),
+    ({"input": [{"name": "text", "data_type": "TYPE_STRING", "dims": [-1], "allow_ragged_batch": True}]},
+     "strings are not padded"),
     ({"parameters": {"valid_range:tokens": {"string_value": "999..0"}}}, r"valid_range:tokens.*LOW\.\.HIGH"),
     ({"parameters": {"valid_range:words": {"string_value": "0..9"}}}, "names no input"),
 ])

@@ -27,5 +27,11 @@ def test_one_seed_gives_one_set_of_values():
 
 
 def test_a_type_latte_cannot_serve_is_named():
-    with pytest.raises(ValueError, match="TYPE_STRING is not supported by the latte backend"):
-        sample_values("TYPE_STRING", (1,), np.random.default_rng(0))
+    with pytest.raises(ValueError, match="TYPE_BF16 is not supported by the latte backend"):
+        sample_values("TYPE_BF16", (1,), np.random.default_rng(0))
+
+
+def test_strings_are_words_of_text_as_bytes():
+    texts = sample_values("TYPE_STRING", (3, 1), np.random.default_rng(0))
+    assert texts.dtype == object and texts.shape == (3, 1)
+    assert all(isinstance(t, bytes) and t.split() for t in texts.reshape(-1))
