@@ -242,7 +242,9 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray]) -> List
             raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {total} rows for this batch")
     results = []
     at = 0
-    if not spec.signature.trimmed_outputs or batch.padded_length is None:
+    # A graph of steps says each request's own length of its ragged outputs (GraphOutputs).
+    own = getattr(outputs, "lengths", None)
+    if not own and (not spec.signature.trimmed_outputs or batch.padded_length is None):
         # Nothing to trim: each request's share is a view of its rows.
         if len(batch.member_rows) == 1:
             return [outputs]
@@ -258,11 +260,15 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray]) -> List
             at += rows
         return results
     declared = {t.name: t.dims for t in spec.signature.outputs}
-    for rows, length in zip(batch.member_rows, batch.lengths):
+    for member, (rows, length) in enumerate(zip(batch.member_rows, batch.lengths)):
         per_request = {}
         for name, array in outputs.items():
             index = [slice(at, at + rows)]
+            cut = own.get(name) if own else None
             for size, dim in zip(array.shape[1:], declared.get(name, ())):
+                if cut is not None:
+                    index.append(slice(0, cut[member]) if dim == -1 else slice(None))
+                    continue
                 trim = dim == -1 and length is not None and size == batch.padded_length
                 index.append(slice(0, length) if trim else slice(None))
             per_request[name] = array[tuple(index)]

@@ -24,18 +24,24 @@ from latte.backend.sessions import SessionStore
 Result = Union[Dict[str, np.ndarray], Exception]
 
 
-def model_failure(model: str, exc: BaseException) -> ModelError:
-    """The client's one line for an exception raised by the model: its type and the line that
-    says what went wrong (a TorchScript error opens with a generic line and a traceback and
-    ends with the exception raised inside the model)."""
+def failure_text(exc: BaseException) -> str:
+    """'Type: the line that says what went wrong' (a TorchScript error opens with a generic line
+    and a traceback and ends with the exception raised inside the model)."""
     text = str(exc).strip()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     traceback_like = len(lines) > 1 and ("Traceback" in text or "TorchScript" in lines[0])
     first = (lines[-1] if traceback_like else lines[0]) if lines else ""
     if len(first) > 300:
         first = first[:297] + "..."
-    return ModelError(f"model {model!r} failed: {type(exc).__name__}" + (f": {first}" if first else ""),
-                      detail=f"{type(exc).__name__}: {text}")
+    return type(exc).__name__ + (f": {first}" if first else "")
+
+
+def model_failure(model: str, exc: BaseException) -> ModelError:
+    """The client's one line for an exception raised by the model: its type and the line that
+    says what went wrong. A step of a graph that failed is worded already, with the step."""
+    if isinstance(exc, ModelError):
+        return ModelError(f"model {model!r}: {exc}", detail=exc.detail)
+    return ModelError(f"model {model!r} failed: {failure_text(exc)}", detail=f"{type(exc).__name__}: {str(exc).strip()}")
 
 
 @dataclass(slots=True)
@@ -92,7 +98,8 @@ class BatchEngine:
         self.on_batch = on_batch
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
         self._out_dtypes = {t.name: t.dtype for t in spec.signature.outputs}
-        self._one_shape = spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
+        self._one_shape = (spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
+                           and not runtime.trims_outputs)
         # Every request has one shape key (ragged inputs of one rank): a plain call is planned
         # from its lengths alone (plan_columns).
         self._one_key = spec.signature.batched and spec.signature.ragged_inputs and uniform_shapes(spec)
@@ -352,7 +359,8 @@ class BatchEngine:
             if batch is not None:
                 self._record(batch, len(requests), started, failed=True)
             if len(requests) == 1:
-                return [model_failure(self.spec.signature.name, exc)]
+                # A step of a graph that refuses what this request brought answers it as a bad request.
+                return [exc if isinstance(exc, RequestError) else model_failure(self.spec.signature.name, exc)]
             return [result for request in requests for result in self._run_requests([request])]
         finally:
             del batch  # arena-backed input buffers go back as soon as the call is over

@@ -174,6 +174,9 @@ _DESCRIPTIONS = {
     "latte_arena_failures": "Arena allocation failures (all; fragmentation: with live + request <= 80% of capacity)",
     "latte_sessions": "Sessions by state (live, started, ended, expired)",
     "latte_scheduler": "Scheduler figures (affinity_hit_rate, steals, batches, ...)",
+    "latte_step_us_total": "Time spent in each step of a fused model's graph",
+    "latte_step_rows_total": "Rows each step of a fused model's graph has run",
+    "latte_step_calls_total": "Batches each step of a fused model's graph has run",
     "latte_thread_budget": "Threads the model's instances compute on (instances x lanes x intra_op_threads), "
                            "by state: within the usable cores or oversubscribed",
 }
@@ -248,6 +251,7 @@ class TritonPublisher:
         self._thread.join(timeout=5)
 
 
+_STEP_SERIES = ("latte_step_us_total", "latte_step_rows_total", "latte_step_calls_total")
 _EXECUTE_CALLS = ("latte_execute_calls_total", ())
 _EXECUTE_REQUESTS = ("latte_execute_requests_total", ())
 _STAGE_READ = ("latte_execute_us_total", (("stage", "read"),))
@@ -277,6 +281,7 @@ class BackendMetrics:
         self._outcome_keys: Dict[str, Tuple[str, Labels]] = {}
         self._priority_keys: Dict[int, Tuple[str, Labels]] = {}
         self._keep_plain = self.aggregate.alike(_fold_plain_calls)
+        self._steps_seen: Dict[str, Tuple[float, float, float]] = {}
 
     def requests(self, counts: Mapping[Tuple[str, int], int], seconds: float) -> None:
         """Requests answered together: (outcome, priority) -> how many."""
@@ -350,6 +355,21 @@ class BackendMetrics:
     def sessions(self, live: int, started: int, ended: int, expired: int) -> None:
         for state, value in (("live", live), ("started", started), ("ended", ended), ("expired", expired)):
             self.aggregate.set("latte_sessions", {"state": state}, value)
+
+    def steps(self, figures: Mapping[str, Mapping[str, float]]) -> None:
+        """A graph's steps, from the runtime's running totals: time inside each, and the rows
+        and batches it has run (counted as what was added since the last reading)."""
+        increments = []
+        for step, f in figures.items():
+            labels = (("step", step),)
+            seen = self._steps_seen.get(step, (0.0, 0.0, 0.0))
+            now = (f["seconds"] * 1e6, float(f["rows"]), float(f["calls"]))
+            for name, value, before in zip(_STEP_SERIES, now, seen):
+                if value > before:
+                    increments.append(((name, labels), value - before))
+            self._steps_seen[step] = now
+        if increments:
+            self.aggregate.add_all(increments)
 
     def thread_budget(self, state: str, threads: int) -> None:
         self.aggregate.set("latte_thread_budget", {"state": state}, threads)

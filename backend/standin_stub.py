@@ -131,3 +131,47 @@ class StandinStub:
     InferenceResponse = InferenceResponse
     Logger = Logger
     MetricFamily = MetricFamily
+
+
+class TritonModelException(Exception):
+    pass
+
+
+def get_input_tensor_by_name(request, name: str) -> Optional[Tensor]:
+    return next((t for t in request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(response, name: str) -> Optional[Tensor]:
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def _config_entry(model_config: Mapping, key: str, name: str) -> Optional[Mapping]:
+    return next((t for t in model_config.get(key, []) if t.get("name") == name), None)
+
+
+def get_input_config_by_name(model_config: Mapping, name: str) -> Optional[Mapping]:
+    return _config_entry(model_config, "input", name)
+
+
+def get_output_config_by_name(model_config: Mapping, name: str) -> Optional[Mapping]:
+    return _config_entry(model_config, "output", name)
+
+
+def triton_string_to_numpy(triton_type: str):
+    from latte.backend.dtypes import to_numpy
+
+    return to_numpy(triton_type).type
+
+
+def standin_module():
+    """A module that stands for triton_python_backend_utils where there is no stub (tests, a
+    graph of steps run in this process): what a Python-backend model.py commonly uses of it."""
+    import types
+
+    module = types.ModuleType("triton_python_backend_utils", __doc__)
+    for name in ("Tensor", "TritonError", "InferenceResponse", "Logger", "MetricFamily", "TritonModelException",
+                 "get_input_tensor_by_name", "get_output_tensor_by_name", "get_input_config_by_name",
+                 "get_output_config_by_name", "triton_string_to_numpy"):
+        setattr(module, name, globals()[name])
+    module.TRITONSERVER_RESPONSE_COMPLETE_FINAL = StandinStub.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    return module

@@ -75,12 +75,13 @@ class LatteModel:
         oversubscribed = thread_budget_warning(spec)
         if oversubscribed is not None:
             pb.Logger.log_warn(f"latte: {oversubscribed}")
-        self.runtime, accuracy = load_at_precision(spec, warmup_shapes(spec))
-        if accuracy is not None:
-            pb.Logger.log_info(f"latte: {signature.name}: {accuracy.text()}")
-        # Batch buffers and session state live here, so memory stays flat however shapes vary.
+        # Batch buffers, a graph's intermediates and session state live here, so memory stays
+        # flat however shapes vary.
         self.arena = BuddyArena(serving.arena_bytes, "cpu")
         allocate = self.arena.empty
+        self.runtime, accuracy = load_at_precision(spec, warmup_shapes(spec), allocate)
+        if accuracy is not None:
+            pb.Logger.log_info(f"latte: {signature.name}: {accuracy.text()}")
         self.sessions = (SessionStore(serving.session_ttl_s, serving.max_sessions, serving.max_sequence_length,
                                       allocate) if serving.session_input else None)
         if serving.session_input and serving.instance_count > 1:
@@ -133,8 +134,10 @@ class LatteModel:
         # the collector's sight, a full collection no longer walks it (~15 ms pauses in the
         # request path, measured in process with onnxruntime loaded).
         gc.freeze()
+        described = self.runtime.describe()
+        steps = f", {described}" if described else ""
         pb.Logger.log_info(
-            f"latte: {signature.name} ready ({signature.runtime}, {signature.model_path.name}, max_batch_size={signature.max_batch_size}, "
+            f"latte: {signature.name} ready ({signature.runtime}, {signature.model_path.name}{steps}, max_batch_size={signature.max_batch_size}, "
             f"intra_op_threads={serving.intra_op_threads}, scheduler={serving.scheduler}, lanes={serving.lanes}, buckets={list(serving.bucket_edges or [])}, "
             f"warmup batches={warmed}, arena={serving.arena_bytes >> 20} MiB, batch planning={planning})"
         )
@@ -388,6 +391,7 @@ class LatteModel:
         if self.dispatcher is not None:
             self.metrics.scheduler(self.dispatcher.metrics())
         self.metrics.arena(self.arena.stats())
+        self.metrics.steps(self.runtime.step_figures())
         if self.sessions is not None:
             self.sessions.reap()
             s = self.sessions.stats()

@@ -12,8 +12,16 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from latte.backend.config import ModelSpec
+from latte.backend.dtypes import is_string
 from latte.backend.planning import CostModel
 from latte.backend.requests import ParsedRequest
+
+
+def _ones(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """Ones, not zeros (zero is the usual padding value and may be masked away); text for strings."""
+    if is_string(dtype):
+        return np.full(shape, b"warm up text", dtype=object)
+    return np.ones(shape, dtype=dtype)
 
 
 def warmup_requests(spec: ModelSpec) -> List[ParsedRequest]:
@@ -27,8 +35,7 @@ def warmup_requests(spec: ModelSpec) -> List[ParsedRequest]:
                 continue
             inner = tuple(length if d == -1 else d for d in t.dims)
             shape = ((rows,) if spec.signature.batched else ()) + inner
-            # Ones, not zeros: zero is the usual padding value and may be masked away.
-            feed[t.name] = np.ones(shape, dtype=t.dtype)
+            feed[t.name] = _ones(shape, t.dtype)
         requests.append(ParsedRequest(inputs=feed, rows=rows))
     return requests
 
@@ -42,7 +49,7 @@ def _one_row_requests(spec: ModelSpec, length: int, count: int) -> List[ParsedRe
     for t in spec.signature.inputs:
         if t.optional:
             continue
-        feed[t.name] = np.ones((1, *(length if d == -1 else d for d in t.dims)), dtype=t.dtype)
+        feed[t.name] = _ones((1, *(length if d == -1 else d for d in t.dims)), t.dtype)
     return [ParsedRequest(inputs=feed, rows=1) for _ in range(count)]
 
 

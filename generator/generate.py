@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -13,7 +13,8 @@ from latte.backend.config import ThreadBudget
 from latte.backend.dtypes import TRITON_TO_NUMPY
 from latte.backend.samples import sample_values
 from latte.generator.calibrate import ServingCost, machine_serving_cost
-from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, TensorInfo, check_ensemble
+from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, StepWiring, TensorInfo, check_ensemble
+from latte.generator.fuse import Fusion, fuse_ensemble, step_source, write_fused_model
 from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
 from latte.generator.operating_point import plan_operating_points, write_operating_points
 from latte.generator.profile_data import Profile, latency_ceiling_ms
@@ -217,13 +218,52 @@ def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, l
     return profile
 
 
+def fuse_spec_ensembles(spec: PipelineSpec, plans: List[ModelPlan], contexts: List[Dict],
+                        templates: Optional[Path] = None) -> Dict[str, Fusion]:
+    """Each ensemble of the spec with the steps latte can run fused (fuse.py), by name."""
+    sources = {}
+    by_name = {plan.name: plan for plan in plans}
+    for plan in plans:
+        message = parse_config(render_model_config(plan.context, templates), f"{plan.name}/config.pbtxt")
+        entry = spec.model(plan.name)
+        sources[plan.name] = step_source(message, plan.files, entry.function if entry else None)
+    fusions = {}
+    for context in contexts:
+        wiring = EnsembleWiring(
+            name=context["name"], max_batch_size=context["max_batch_size"],
+            inputs={t["name"]: TensorInfo(t["data_type"], tuple(t["dims"])) for t in context["inputs"]},
+            outputs={t["name"]: TensorInfo(t["data_type"], tuple(t["dims"])) for t in context["outputs"]},
+            steps=[StepWiring(s["model"], dict(s["inputs"]), dict(s["outputs"])) for s in context["steps"]])
+        fusions[context["name"]] = fuse_ensemble(wiring, {s.model: sources[s.model] for s in wiring.steps},
+                                                 taken=list(by_name))
+    return fusions
+
+
+def write_ensembles(repo: Path, contexts: List[Dict], fusions: Mapping[str, Fusion],
+                    templates: Optional[Path] = None) -> None:
+    """Each ensemble as its fusion left it: a fused model under its name, or Triton's ensemble
+    around the steps that did not fuse (the fused groups among them), or as it was."""
+    for context in contexts:
+        fusion = fusions.get(context["name"])
+        for model in fusion.fused if fusion else []:
+            write_fused_model(repo, model, templates)
+        if fusion is not None and fusion.replaced:
+            continue
+        if fusion is not None and fusion.steps is not None:
+            context = {**context, "steps": fusion.steps}
+        write_ensemble(repo, context, templates)
+
+
 def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, profiles_dir: Optional[Path] = None,
-             log: Callable[[str], None] = lambda line: None, install=None, recalibrate: bool = False) -> List[ModelPlan]:
+             log: Callable[[str], None] = lambda line: None, install=None, recalibrate: bool = False,
+             fuse: bool = True) -> List[ModelPlan]:
     """Write a model repository for the spec at spec_path into repo and validate it.
 
     A model profiled here gets this machine's serving cost: calibrated on a tritonserver
     (install, default: found as `latte tritonserver` finds it) once per machine and kept
-    (calibrate.machine_serving_cost), or measured again with `recalibrate`."""
+    (calibrate.machine_serving_cost), or measured again with `recalibrate`. With `fuse`, each
+    ensemble's steps that latte can run become one latte model (fuse.py); the summary of what
+    fused, and why any step did not, goes to `log`."""
     spec = load_spec(spec_path)
     repo = Path(repo)
     profiles_dir = Path(profiles_dir) if profiles_dir else spec.directory / "profiles"
@@ -249,8 +289,11 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
         _refuse_stall(plan, templates)
         write_model(repo, plan.context, plan.files, templates=templates, warmup_files=plan.warmup_files,
                     versions=plan.version_files or None)
-    for context in ensembles:
-        write_ensemble(repo, context, templates)
+    fusions = fuse_spec_ensembles(spec, plans, ensembles, templates) if fuse else {}
+    for fusion in fusions.values():
+        for line in fusion.summary():
+            log(line)
+    write_ensembles(repo, ensembles, fusions, templates)
     write_operating_points(repo, plan_operating_points(spec, plans, profiles_dir))
     validate_repository(repo)
     return plans

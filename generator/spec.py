@@ -5,6 +5,7 @@
       - name: tokenize                      # a small step written by the user as model.py
         file: tokenize.py
         backend: python                     # implied by the .py extension
+        function: tokenize                  # optional: a function on batch arrays a fused model calls
         max_batch_size: 8
         inputs:  [{name: TEXT, data_type: TYPE_STRING, dims: [1]}]
         outputs: [{name: TOKENS, data_type: TYPE_INT64, dims: [-1]}]
@@ -45,11 +46,12 @@ from latte.backend.dtypes import TRITON_TYPES
 # A step of a spec is the wiring the DAG check verifies, so both use one type.
 from latte.generator.dag import StepWiring as Step
 from latte.generator.derive import DEFAULT_PRIORITY_QUEUE, PRIORITY_QUEUES
+from latte.generator.fuse import python_definitions
 from latte.generator.yaml_lines import KeyPath, Located, SpecError, load
 
 BACKENDS = ("latte", "python")
 PYTHON_DEFAULT_MAX_BATCH = 16
-MODEL_KEYS = {"name", "file", "backend", "runtime", "slo_ms", "arrival_rate", "priority_levels", "priority_queue", "profile",
+MODEL_KEYS = {"name", "file", "function", "backend", "runtime", "slo_ms", "arrival_rate", "priority_levels", "priority_queue", "profile",
               "overrides", "inputs", "outputs", "max_batch_size", "instance_count", "intra_op_threads",
               "backend_overhead_ms", "versions", "version_policy", "response_cache"}
 VERSION_KEYS = {"version", "file"}
@@ -96,6 +98,7 @@ class ModelEntry:
     versions: Dict[int, Path] = field(default_factory=dict)
     version_policy: Optional[Dict[str, Any]] = None   # {"all": {}}, {"latest": N} or {"specific": [..]}
     response_cache: bool = False
+    function: Optional[str] = None       # python models: a plain function on batch arrays a fused model calls
 
 
 @dataclass
@@ -232,7 +235,13 @@ def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
                 raise doc.error(path + (key,), "only latte models are profiled and derived; remove it")
         if entry.max_batch_size is None:
             entry.max_batch_size = PYTHON_DEFAULT_MAX_BATCH
+        if "function" in raw:
+            entry.function = reader.string(path + ("function",))
+            if entry.function not in python_definitions(file):
+                raise doc.error(path + ("function",), f"{file.name} defines no function {entry.function!r}")
         return entry
+    if "function" in raw:
+        raise doc.error(path + ("function",), "names a function of a python model's file; a latte model has none")
 
     entry.runtime = raw.get("runtime") or RUNTIME_BY_EXTENSION.get(file.suffix)
     if entry.runtime not in RUNTIMES:

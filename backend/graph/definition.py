@@ -7,12 +7,14 @@
        {"name": "tokenize", "folder": "steps/tokenize", "function": "tokenize",
         "inputs": {"TEXT": "TEXT"}, "outputs": {"TOKENS": "tokens"},
         "config": {...the step's model config, as Triton hands it to a model...}},
-       ...]}
+       ...],
+     "samples": [{"TEXT": ["a first text"]}, {"TEXT": ["another"]}]}    # optional
 
 Each step is a model folder under the version folder (`folder/config` is not read: the
 config travels in the graph, `folder/1/` holds the step's files); its `inputs` and `outputs`
 map the step's own tensor names to the graph's, as an ensemble's input_map and output_map do.
-The steps are put in a topological order here; a tensor that is produced twice, read but
+`samples` are requests (one row each, without the batch dimension) the steps accept, run
+through the graph at load to check every edge. The steps are put in a topological order here; a tensor that is produced twice, read but
 never produced, or a cycle is a ConfigError naming the step.
 """
 
@@ -26,7 +28,6 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from latte.backend.errors import ConfigError
 
 GRAPH_FORMAT = "latte-graph/1"
-GRAPH_FILE = "graph.json"
 STEP_VERSION = "1"
 
 
@@ -65,6 +66,8 @@ class GraphDefinition:
     producers: Dict[str, Tuple[int, str]] = field(default_factory=dict)
     # graph tensor -> index of the last step that reads it (graph outputs: never freed)
     last_readers: Dict[str, int] = field(default_factory=dict)
+    # requests (input name -> one row's values, as nested lists) the steps accept: the load check
+    samples: Tuple[Mapping, ...] = ()
 
     def where(self, step: StepDefinition) -> str:
         return f"{self.path}: step {step.name!r}"
@@ -166,5 +169,10 @@ def load_graph(path: Path) -> GraphDefinition:
             last[tensor] = i
     for t in outputs:
         last.pop(t.name, None)  # answered to the client: kept to the end
+    samples = raw.get("samples") or []
+    names = {t.name for t in inputs}
+    if not isinstance(samples, list) or not all(isinstance(s, dict) and set(s) == names for s in samples):
+        raise ConfigError(f"{path}: 'samples' must be a list of requests, each giving every input "
+                          f"({', '.join(sorted(names))})")
     return GraphDefinition(path=path, inputs=inputs, outputs=outputs, steps=tuple(ordered),
-                           producers=producers, last_readers=last)
+                           producers=producers, last_readers=last, samples=tuple(samples))

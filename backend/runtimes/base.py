@@ -17,6 +17,7 @@ class Runtime:
     """
 
     kind = "base"
+    trims_outputs = False  # whether outputs carry each request's own length to be cut to (a graph's ragged ones)
 
     def __init__(self, input_names: Sequence[str], output_names: Sequence[str]) -> None:
         self.input_names: List[str] = list(input_names)
@@ -36,6 +37,10 @@ class Runtime:
         step, counted by the engine's own figures: nothing here."""
         return {}
 
+    def describe(self) -> str:
+        """What the server log's ready line should add about this runtime ("": nothing)."""
+        return ""
+
     def close(self) -> None:
         pass
 
@@ -51,7 +56,16 @@ def as_declared(outputs: Dict[str, np.ndarray], dtypes: Mapping[str, np.dtype]) 
 
 
 def load_runtime(kind: str, path, input_names: Sequence[str], output_names: Sequence[str],
-                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu", half: bool = False) -> Runtime:
+                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu", half: bool = False,
+                 allocate=np.empty) -> Runtime:
+    """The runtime of `kind` for the model at `path`; `allocate` gives a graph of steps the
+    model's arena for the buffers its steps make."""
+    if kind == "graph":
+        if half:
+            raise RuntimeLoadError("a graph of steps runs each step at its own precision; set precision per step")
+        from latte.backend.graph.runtime import GraphRuntime
+
+        return GraphRuntime(path, input_names, output_names, intra_op_threads, inter_op_threads, device, allocate)
     if kind in ("torchscript", "torch_export"):
         from latte.backend.runtimes.torch_runtime import TorchRuntime
 

@@ -72,6 +72,11 @@ SLO (profiling it first when the spec names no profile), render config.pbtxt for
 and ensemble from Jinja2 templates, copy model files into version folders, write warm-up
 data, and validate the result as `latte validate` does.
 
+Each ensemble's steps that latte can run (latte and python models on one device) are fused
+into one latte model under the ensemble's name, which runs them in one process with no hop
+through Triton between steps; the summary says what fused and why any step did not.
+--no-fuse renders Triton's ensemble as written.
+
 Spec outline (see docs/generator.md for every key):
   resources: {cores: 2, gpus: 0}
   models:
@@ -96,6 +101,9 @@ examples:
                    "(default: profiles/ next to the spec)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure this machine's serving cost again (it is kept for a week, per machine)")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="render each ensemble as Triton's ensemble of separate models, as written, instead of "
+                        "fusing the steps latte can run into one latte model (docs/pipelines.md)")
     p.set_defaults(handler=_generate)
 
     p = sub.add_parser(
@@ -246,7 +254,8 @@ def _generate(args) -> int:
     from latte.generator.generate import generate
 
     plans = generate(Path(args.spec), Path(args.out), Path(args.templates) if args.templates else None,
-                     Path(args.profiles) if args.profiles else None, log=print, recalibrate=args.recalibrate)
+                     Path(args.profiles) if args.profiles else None, log=print, recalibrate=args.recalibrate,
+                     fuse=not args.no_fuse)
     for plan in plans:
         if plan.derivation is not None:
             print(derivation_report(plan.name, plan.derivation))

@@ -21,7 +21,8 @@ resources: {{cores: {cores}}}
 models:
   - name: tokenize
     file: tokenize.py
-    max_batch_size: 8
+    function: tokenize
+    max_batch_size: 32
     inputs:  [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
     outputs: [{{name: TOKENS, data_type: TYPE_INT64, dims: [-1]}}]
   - name: encoder
@@ -29,7 +30,8 @@ models:
     slo_ms: {slo_ms}
 {profile_line}  - name: normalize
     file: normalize.py
-    max_batch_size: 8
+    function: normalize
+    max_batch_size: 32
     inputs:  [{{name: RAW, data_type: TYPE_FP32, dims: [32]}}]
     outputs:
       - {{name: EMBEDDING, data_type: TYPE_FP32, dims: [32]}}

@@ -1,0 +1,325 @@
+"""A graph of steps behind the runtime contract: a fused model's `run_batch(batch)` walks its
+steps in topological order, each once per batch, the batch's tensors handed from step to
+step in this process (no hop through Triton between them).
+
+Intermediates come from the model's arena where a step makes them and are dropped as soon
+as their last reader has run. At load every model step times its planner's costs, then a
+sample batch runs through the graph and every edge is checked: a step whose output's data
+type or shape differs from what its readers declare is refused, naming the step, the tensor
+and both sides. A step that raises fails the batch, with the step named; the engine then
+answers each request alone, so only the requests the step fails on fail.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from latte.backend.batching import Allocate, Batch
+from latte.backend.engine import failure_text
+from latte.backend.config import TensorSpec, parameters_of, parse_model_config, parse_tensors
+from latte.backend.dtypes import NUMPY_TO_TRITON, is_string, to_numpy, wire_name
+from latte.backend.errors import ConfigError, ModelError, RequestError
+from latte.backend.graph.definition import GraphDefinition, StepDefinition, TensorDeclaration, load_graph
+from latte.backend.graph.python_model import STEP_FILE, PythonModelStep, load_step_module, step_function
+from latte.backend.graph.steps import FunctionStep, ModelStep, Step
+from latte.backend.graph.values import Value, member_lengths, stack_members, variable_axes
+from latte.backend.runtimes.base import Runtime
+
+# Rows of the sample batch run at load; lengths of its variable dimensions, one per row.
+CHECK_LENGTHS = (3, 9, 5)
+
+
+class GraphOutputs(dict):
+    """A graph's outputs, with each request's own length of every ragged output, by which the
+    engine trims the answers once, at the end."""
+
+    __slots__ = ("lengths",)
+
+    def __init__(self, outputs: Mapping[str, np.ndarray], lengths: Dict[str, List[int]]) -> None:
+        super().__init__(outputs)
+        self.lengths = lengths
+
+
+def _type_text(dtype: np.dtype) -> str:
+    name = NUMPY_TO_TRITON.get(np.dtype(dtype))
+    return wire_name(name) if name else str(dtype)
+
+
+def _declared_text(spec: TensorSpec) -> str:
+    return f"{_type_text(spec.dtype)} {spec.shape_text(True)}"
+
+
+def _value_text(value: Value) -> str:
+    return f"{_type_text(value.array.dtype)} {list(value.array.shape)}"
+
+
+def _agrees(value: Value, spec: TensorSpec) -> bool:
+    array = value.array
+    if array.dtype != spec.dtype or array.ndim != len(spec.dims) + 1:
+        return False
+    return all(d == -1 or d == size for d, size in zip(spec.dims, array.shape[1:]))
+
+
+def _spec_of(declaration: TensorDeclaration) -> TensorSpec:
+    return TensorSpec(declaration.name, to_numpy(declaration.data_type), declaration.dims)
+
+
+def _sample_array(values, dtype: np.dtype) -> np.ndarray:
+    """One row of a graph.json sample; strings as the bytes Triton hands a model."""
+    if is_string(dtype):
+        encoded = np.asarray(values, dtype=object)
+        flat = [v.encode() if isinstance(v, str) else bytes(v) for v in encoded.reshape(-1)]
+        return np.array(flat, dtype=object).reshape(encoded.shape)
+    return np.asarray(values, dtype=dtype)
+
+
+class GraphRuntime(Runtime):
+    kind = "graph"
+
+    def __init__(self, path, input_names: Sequence[str], output_names: Sequence[str], intra_op_threads: int,
+                 inter_op_threads: int, device: str = "cpu", allocate: Allocate = np.empty) -> None:
+        super().__init__(input_names, output_names)
+        self.graph = graph = load_graph(Path(path))
+        declared_in, declared_out = [t.name for t in graph.inputs], [t.name for t in graph.outputs]
+        if sorted(declared_in) != sorted(input_names) or sorted(declared_out) != sorted(output_names):
+            raise ConfigError(f"{graph.path}: the graph takes {declared_in} and answers {declared_out}; the model "
+                              f"config declares inputs {list(input_names)} and outputs {list(output_names)}")
+        self.device = device
+        self.allocate = allocate
+        self._threads = (intra_op_threads, inter_op_threads)
+        self.steps: List[Step] = []
+        try:
+            for definition in graph.steps:
+                self.steps.append(self._load(definition))
+        except Exception:
+            self.close()
+            raise
+        self._inputs = {t.name: _spec_of(t) for t in graph.inputs}
+        self._outputs = {t.name: _spec_of(t) for t in graph.outputs}
+        self._input_axes = {name: variable_axes(spec.dims) for name, spec in self._inputs.items()}
+        self._ragged_outputs = [t.name for t in graph.outputs if -1 in t.dims]
+        self.trims_outputs = bool(self._ragged_outputs)
+        self._wiring = [(tuple(d.inputs.items()), tuple(d.outputs.items())) for d in graph.steps]
+        self._frees = self._plan_frees(graph)
+        self._lock = threading.Lock()  # scheduler lanes run batches from their own threads
+        self._figures = [[0.0, 0, 0] for _ in self.steps]  # seconds, rows, calls
+        self.notes: List[str] = []  # what the server log should say about the graph
+        self._checked = False
+        try:
+            for step in self.steps:
+                step.measure()
+            self.check()
+        except Exception:
+            self.close()
+            raise
+        self._figures = [[0.0, 0, 0] for _ in self.steps]
+
+    # -- load ---------------------------------------------------------------------------
+    def _load(self, definition: StepDefinition) -> Step:
+        config, name = definition.config, definition.name
+        params = parameters_of(config)
+        if definition.backend == "python":
+            try:
+                inputs, outputs = parse_tensors(config)
+                pad = float(params.get("pad_value") or 0.0)
+            except (ConfigError, ValueError) as exc:
+                raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
+            path = definition.version_dir / STEP_FILE
+            if definition.function:
+                function = step_function(load_step_module(path, name), definition.function, name, path)
+                return FunctionStep(name, function, inputs, outputs, pad, self.allocate)
+            return PythonModelStep.load(name, path, definition.folder, config, inputs, outputs, self.device, pad,
+                                        self.allocate)
+        if definition.backend != "latte":
+            raise ConfigError(f"{self.graph.where(definition)}: backend {definition.backend!r} cannot run inside a "
+                              "graph (latte runs python and latte steps; `latte fuse` converts onnxruntime and "
+                              "pytorch steps)")
+        from latte.backend.precision import load_at_precision
+        from latte.backend.warmup import warmup_shapes
+
+        intra, inter = self._threads
+        # The graph's thread budget is the fused model's: every step computes on it.
+        threaded = dict(config)
+        threaded["parameters"] = {**(config.get("parameters") or {}),
+                                  "intra_op_threads": {"string_value": str(intra)},
+                                  "inter_op_threads": {"string_value": str(inter)}}
+        threaded.pop("instance_group", None)
+        try:
+            spec = parse_model_config(threaded, definition.folder, "1", device=self.device)
+            runtime, _ = load_at_precision(spec, warmup_shapes(spec))
+        except ConfigError as exc:
+            raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
+        return ModelStep(name, spec, runtime, self.allocate)
+
+    def _plan_frees(self, graph: GraphDefinition) -> List[Tuple[str, ...]]:
+        """Per step, the tensors no later step reads: dropped once it has run."""
+        outputs = {t.name for t in graph.outputs}
+        frees: List[List[str]] = [[] for _ in graph.steps]
+        for tensor, index in graph.last_readers.items():
+            frees[index].append(tensor)
+        read = set(graph.last_readers)
+        for index, step in enumerate(graph.steps):
+            frees[index].extend(t for t in step.outputs.values() if t not in read and t not in outputs)
+        return [tuple(f) for f in frees]
+
+    # -- run ----------------------------------------------------------------------------
+    def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        rows = next(iter(feed.values())).shape[0]
+        return self.run_batch(Batch(inputs=feed, member_rows=[1] * rows, lengths=[None] * rows, rows=rows))
+
+    def run_batch(self, batch: Batch) -> Dict[str, np.ndarray]:
+        if self._checked:
+            return self._walk(batch, check=False)
+        outputs = self._walk(batch, check=True)
+        self._checked = True
+        return outputs
+
+    def _values(self, batch: Batch) -> Dict[str, Value]:
+        values = {}
+        lengths = batch.lengths if any(n is not None for n in batch.lengths) else None
+        for name, array in batch.inputs.items():
+            axes = self._input_axes.get(name, ())
+            row_lengths = None
+            if axes and lengths is not None:
+                width = array.shape[axes[0]]
+                row_lengths = np.repeat(np.asarray([width if n is None else n for n in lengths], dtype=np.int64),
+                                        batch.member_rows)
+            values[name] = Value(array, axes, row_lengths)
+        return values
+
+    def _walk(self, batch: Batch, check: bool) -> Dict[str, np.ndarray]:
+        members = batch.member_rows
+        values = self._values(batch)
+        clock = time.perf_counter
+        spent = []
+        for index, step in enumerate(self.steps):
+            reads, writes = self._wiring[index]
+            inputs = {own: values[tensor] for own, tensor in reads}
+            if check:
+                self._check_inputs(index, inputs)
+            started = clock()
+            try:
+                produced = step.run(inputs, members)
+            except (RequestError, MemoryError):
+                raise  # worded for the client already (RequestError), or the arena's (MemoryError)
+            except Exception as exc:
+                raise ModelError(f"step {step.name!r} failed: {failure_text(exc)}",
+                                 detail=f"step {step.name!r}: {type(exc).__name__}: {exc}") from exc
+            spent.append(clock() - started)
+            if check:
+                self._check_outputs(index, produced)
+            for own, tensor in writes:
+                values[tensor] = produced[own]
+            del inputs, produced
+            for tensor in self._frees[index]:
+                values.pop(tensor, None)
+        rows = batch.rows
+        with self._lock:
+            for figures, seconds in zip(self._figures, spent):
+                figures[0] += seconds
+                figures[1] += rows
+                figures[2] += 1
+        if check:
+            for name, spec in self._outputs.items():
+                if not _agrees(values[name], spec):
+                    raise ConfigError(f"{self.graph.path}: graph output {name!r} comes out "
+                                      f"{_value_text(values[name])}; the model config declares {_declared_text(spec)}")
+        lengths = {}
+        for name in self._ragged_outputs:
+            found = values[name].row_lengths()
+            if found is not None and values[name].lengths is not None:
+                lengths[name] = member_lengths(found, members)
+        return GraphOutputs({name: values[name].array for name in self.output_names}, lengths)
+
+    # -- checks at load -----------------------------------------------------------------
+    def _producer(self, tensor: str) -> str:
+        found = self.graph.producers.get(tensor)
+        if found is None:
+            return f"graph input {tensor!r}"
+        index, own = found
+        return f"step {self.steps[index].name!r} output {own!r}"
+
+    def _check_inputs(self, index: int, inputs: Mapping[str, Value]) -> None:
+        step = self.steps[index]
+        reads = dict(self._wiring[index][0])
+        for spec in step.inputs:
+            value = inputs.get(spec.name)
+            if value is None:
+                raise ConfigError(f"{self.graph.path}: step {step.name!r} input {spec.name!r} is not wired to "
+                                  "any graph tensor")
+            if not _agrees(value, spec):
+                raise ConfigError(f"{self.graph.path}: {self._producer(reads[spec.name])} is "
+                                  f"{_value_text(value)}, but step {step.name!r} reads it as input {spec.name!r} "
+                                  f"declared {_declared_text(spec)}")
+
+    def _check_outputs(self, index: int, produced: Mapping[str, Value]) -> None:
+        step = self.steps[index]
+        for spec in step.outputs:
+            value = produced.get(spec.name)
+            if value is None:
+                raise ConfigError(f"{self.graph.path}: step {step.name!r} produced no output {spec.name!r}")
+            if not _agrees(value, spec):
+                raise ConfigError(f"{self.graph.path}: step {step.name!r} output {spec.name!r} comes out "
+                                  f"{_value_text(value)}; the step declares {_declared_text(spec)}")
+
+    def sample_batch(self, seed: int = 0) -> Batch:
+        """A small batch, one row per request: the graph's own samples (graph.json "samples",
+        real inputs its steps accept), else made-up values with variable dimensions of
+        different lengths (CHECK_LENGTHS)."""
+        from latte.backend.samples import sample_values
+
+        rng = np.random.default_rng(seed)
+        requests = []
+        for i, length in enumerate(CHECK_LENGTHS if not self.graph.samples else self.graph.samples):
+            request = {}
+            for name, spec in self._inputs.items():
+                if self.graph.samples:
+                    request[name] = _sample_array(length[name], spec.dtype)[None]
+                else:
+                    dims = [length if d == -1 else d for d in spec.dims]
+                    request[name] = sample_values(spec.dtype, [1, *dims], rng)
+            requests.append(request)
+        inputs, lengths = {}, [None] * len(requests)
+        for name in self._inputs:
+            axes = self._input_axes[name]
+            parts = [request[name] for request in requests]
+            if axes:
+                inputs[name] = stack_members(parts, axes, 0.0).array
+                lengths = [max(n or 0, part.shape[axes[0]]) for n, part in zip(lengths, parts)]
+            else:
+                inputs[name] = np.concatenate(parts)
+        ragged = any(n is not None for n in lengths)
+        return Batch(inputs=inputs, member_rows=[1] * len(requests), lengths=lengths,
+                     padded_length=max(lengths) if ragged else None, rows=len(requests))
+
+    def check(self) -> None:
+        """Run a sample batch through the graph and check every edge; raises ConfigError. When
+        a step fails on made-up inputs, the edges are checked on the first batch served."""
+        try:
+            self._walk(self.sample_batch(), check=True)
+        except ModelError as exc:
+            if self.graph.samples:
+                raise ConfigError(f"{self.graph.path}: the graph's own samples fail: {exc}") from None
+            self.notes.append(f"made-up inputs fail a step ({exc}); the graph's edges are checked on the first "
+                              "batch served (graph.json \"samples\" gives inputs to check them at load)")
+            return
+        self._checked = True
+
+    # -- figures, close -----------------------------------------------------------------
+    def step_figures(self) -> Dict[str, Dict[str, float]]:
+        with self._lock:
+            return {step.name: {"seconds": f[0], "rows": f[1], "calls": f[2]}
+                    for step, f in zip(self.steps, self._figures)}
+
+    def describe(self) -> str:
+        text = "graph: " + " -> ".join(f"{step.name} ({step.kind})" for step in self.steps)
+        return "; ".join([text, *self.notes])
+
+    def close(self) -> None:
+        for step in self.steps:
+            step.close()

@@ -1,0 +1,177 @@
+"""The steps a graph runs, behind one small interface: `run(values, members) -> values`.
+
+- ModelStep: an ONNX, TorchScript or torch.export model, run through latte's planner: a ragged
+  tensor is planned by its rows' lengths into sub-batches (cost model measured at load, as a
+  served model's is), each padded to its longest row, and the outputs put back in row order.
+- FunctionStep: a plain Python function on batch arrays, called once per batch.
+- python_model.PythonModelStep: an unchanged TritonPythonModel, called in process.
+
+`values` are keyed by the step's own tensor names (the graph maps them); a step raises when
+it fails, and the graph says which step it was.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from latte.backend.batching import Allocate, chunk_by_rows, plan_rows
+from latte.backend.buckets import BucketPlan
+from latte.backend.config import ModelSpec, TensorSpec
+from latte.backend.engine import BatchEngine
+from latte.backend.errors import RequestError
+from latte.backend.graph.values import Value, gather, measure_lengths, repadded, scatter, variable_axes
+from latte.backend.runtimes.base import Runtime, as_declared
+
+Values = Dict[str, Value]
+
+
+class Step:
+    """One node of a graph: its name and the tensors it reads and writes, under its own names."""
+
+    kind = "step"
+
+    def __init__(self, name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                 pad_value: float = 0.0) -> None:
+        self.name = name
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self.pad_value = pad_value
+        self.output_axes = {t.name: variable_axes(t.dims) for t in outputs}
+
+    def run(self, values: Values, members: Sequence[int]) -> Values:
+        raise NotImplementedError
+
+    def measure(self) -> None:
+        """Time what the step's planning needs, once at load (a model step's cost model)."""
+
+    def close(self) -> None:
+        pass
+
+
+class ModelStep(Step):
+    kind = "model"
+
+    def __init__(self, name: str, spec: ModelSpec, runtime: Runtime, allocate: Allocate = np.empty) -> None:
+        signature, serving = spec.signature, spec.serving
+        super().__init__(name, signature.inputs, signature.outputs, serving.pad_value)
+        self.spec = spec
+        self.runtime = runtime
+        self.allocate = allocate
+        # The step's own planner, as a served model has one: buckets, and a cost model measured
+        # at load (measure), over the step's runtime.
+        self.engine = BatchEngine(spec, runtime, buckets=BucketPlan(serving.bucket_edges) if serving.bucket_edges
+                                  else None, allocate=allocate)
+        self.max_rows = max(1, signature.max_batch_size)
+        self.max_length = serving.max_sequence_length
+        # Every input with a variable dimension is padded and planned by its rows' lengths: inside
+        # a graph rows of one batch differ in length whether or not the step's config says
+        # allow_ragged_batch (Triton's batcher never mixed them; the graph's batch does).
+        self._variable = {t.name for t in signature.inputs if -1 in t.dims}
+        self._dtypes = {t.name: t.dtype for t in signature.outputs}
+
+    def measure(self) -> None:
+        from latte.backend.warmup import measure_cost_model
+
+        measured = measure_cost_model(self.engine)
+        if measured is not None:
+            self.engine.cost_model = measured
+
+    def plan(self, lengths: Optional[np.ndarray], rows: int) -> List[Optional[np.ndarray]]:
+        """Row indices of each sub-batch; [None] when the whole batch is one call, in order."""
+        if lengths is None:
+            if rows <= self.max_rows:
+                return [None]
+            return [np.asarray(group) for group in chunk_by_rows(list(range(rows)), [1] * rows, self.max_rows)]
+        groups = plan_rows(self.spec, [1] * rows, lengths.tolist(), self.engine.buckets, self.engine.cost_model)
+        if len(groups) == 1 and len(groups[0]) == rows and groups[0] == sorted(groups[0]):
+            return [None]
+        return [np.asarray(group) for group in groups]
+
+    def _lengths(self, values: Values) -> Optional[np.ndarray]:
+        lengths = None
+        for name in self._variable:
+            found = values[name].row_lengths()
+            if found is not None:
+                lengths = found if lengths is None else np.maximum(lengths, found)
+        if lengths is not None and self.max_length and len(lengths) and int(lengths.max()) > self.max_length:
+            longest = int(lengths.max())
+            raise RequestError(f"step {self.name!r}: length {longest} exceeds the step's maximum of {self.max_length}")
+        return lengths
+
+    def run(self, values: Values, members: Sequence[int]) -> Values:
+        rows = values[self.inputs[0].name].rows
+        lengths = self._lengths(values)
+        variable = self._variable
+        padded = {t.name: repadded(values[t.name], self.pad_value, self.allocate) if t.name in variable
+                  else values[t.name].array for t in self.inputs}
+        parts: List[Tuple[Optional[np.ndarray], Optional[int], Dict[str, np.ndarray]]] = []
+        for group in self.plan(lengths, rows):
+            length = None if lengths is None else int((lengths if group is None else lengths[group]).max())
+            feed = {t.name: gather(padded[t.name], values[t.name].axes if t.name in variable else (), group,
+                                   length if t.name in variable else None, self.allocate) for t in self.inputs}
+            outputs = as_declared(self.runtime.run(feed), self._dtypes)
+            expected = rows if group is None else len(group)
+            for name, array in outputs.items():
+                if array.ndim == 0 or array.shape[0] != expected:
+                    raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {expected} rows")
+            parts.append((group, length, outputs))
+            del feed  # arena-backed sub-batches go back as soon as the call is over
+        return {t.name: self._output(t.name, parts, rows, lengths) for t in self.outputs}
+
+    def _output(self, name: str, parts, rows: int, lengths: Optional[np.ndarray]) -> Value:
+        axes = self.output_axes[name]
+        if len(parts) == 1 and parts[0][0] is None:
+            _, length, outputs = parts[0]
+            array = outputs[name]
+            # A variable output as long as the input it came from (per-token outputs) follows the
+            # rows' own lengths; any other keeps its full width.
+            follows = axes and lengths is not None and array.shape[axes[0]] == length
+            return Value(array, axes, lengths if follows else None, self.pad_value)
+        array = scatter([(group, outputs[name]) for group, _, outputs in parts], rows, axes, self.pad_value,
+                        self.allocate)
+        if not axes:
+            return Value(array)
+        out_lengths = np.empty(rows, dtype=np.int64)
+        for group, length, outputs in parts:
+            size = outputs[name].shape[axes[0]]
+            out_lengths[group] = lengths[group] if lengths is not None and size == length else size
+        ragged = bool((out_lengths != array.shape[axes[0]]).any())
+        return Value(array, axes, out_lengths if ragged else None, self.pad_value)
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+class FunctionStep(Step):
+    """`function(*inputs) -> output or tuple of outputs`, numpy arrays of the whole batch in the
+    declared order. A ragged input comes padded with the step's pad value; a ragged output's
+    row lengths are measured as how far each row's values other than the pad value reach."""
+
+    kind = "function"
+
+    def __init__(self, name: str, function: Callable, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                 pad_value: float = 0.0, allocate: Allocate = np.empty) -> None:
+        super().__init__(name, inputs, outputs, pad_value)
+        self.function = function
+        self.allocate = allocate
+
+    def run(self, values: Values, members: Sequence[int]) -> Values:
+        rows = values[self.inputs[0].name].rows
+        args = [repadded(values[t.name], self.pad_value, self.allocate) for t in self.inputs]
+        result = self.function(*args)
+        if not isinstance(result, (tuple, list)):
+            result = (result,)
+        if len(result) != len(self.outputs):
+            raise RuntimeError(f"returned {len(result)} output(s); the step declares {len(self.outputs)} "
+                               f"({', '.join(t.name for t in self.outputs)})")
+        produced = {}
+        for t, out in zip(self.outputs, result):
+            array = np.asarray(out)
+            if array.ndim == 0 or array.shape[0] != rows:
+                raise RuntimeError(f"output {t.name!r} has shape {list(array.shape)}; expected {rows} rows")
+            axes = self.output_axes[t.name]
+            lengths = measure_lengths(array, axes, self.pad_value) if axes and array.ndim > max(axes) else None
+            produced[t.name] = Value(array, axes, lengths, self.pad_value)
+        return produced
