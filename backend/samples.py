@@ -27,3 +27,28 @@ def sample_values(dtype: Union[str, np.dtype, type], shape: Sequence[int], rng: 
         # treat it as padding.
         return rng.integers(1, 100, size=shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
+
+
+def encode_sample(array: np.ndarray):
+    """One request's input as JSON: nested lists of numbers, or for strings (bytes that need not
+    be text) {"b64": [each element in base64], "shape": [...]}."""
+    import base64
+
+    array = np.asarray(array)
+    if not is_string(array.dtype):
+        return array.tolist()
+    return {"b64": [base64.b64encode(bytes(v)).decode() for v in array.reshape(-1)], "shape": list(array.shape)}
+
+
+def decode_sample(value, dtype: np.dtype) -> np.ndarray:
+    """encode_sample's JSON back as an array of `dtype` (text given as plain strings is UTF-8)."""
+    import base64
+
+    if isinstance(value, dict):
+        elements = [base64.b64decode(v) for v in value["b64"]]
+        return np.array(elements, dtype=object).reshape(value["shape"])
+    if is_string(dtype):
+        encoded = np.asarray(value, dtype=object)
+        return np.array([v.encode() if isinstance(v, str) else bytes(v) for v in encoded.reshape(-1)],
+                        dtype=object).reshape(encoded.shape)
+    return np.asarray(value, dtype=dtype)

@@ -24,7 +24,11 @@ def _ones(shape: tuple, dtype: np.dtype) -> np.ndarray:
     return np.ones(shape, dtype=dtype)
 
 
-def warmup_requests(spec: ModelSpec) -> List[ParsedRequest]:
+def warmup_requests(spec: ModelSpec, samples: Optional[List[Dict[str, np.ndarray]]] = None) -> List[ParsedRequest]:
+    """Requests run at load: one per shape bucket of made-up values, or the runtime's own
+    samples (Runtime.samples) when it has them."""
+    if samples:
+        return [ParsedRequest(inputs=sample, rows=1) for sample in samples]
     lengths = list(spec.serving.bucket_edges or ()) or [spec.serving.max_sequence_length or 8]
     rows = max(1, spec.signature.max_batch_size) if spec.signature.batched else 1
     requests = []

@@ -11,7 +11,8 @@ import numpy as np
 
 from latte.backend.config import ThreadBudget
 from latte.backend.dtypes import TRITON_TO_NUMPY
-from latte.backend.samples import sample_values
+from latte.backend.samples import encode_sample, sample_values
+from latte.triton.perf import read_input_data
 from latte.generator.calibrate import ServingCost, machine_serving_cost
 from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, StepWiring, TensorInfo, check_ensemble
 from latte.generator.fuse import Fusion, fuse_ensemble, step_source, write_fused_model
@@ -22,6 +23,8 @@ from latte.generator.model_folder import render_model_config, write_ensemble, wr
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
 from latte.generator.validate import InvalidConfig, batcher_stall, parse_config, validate_repository
 
+# Requests of an ensemble's samples a fused model keeps to check its steps with at load.
+FUSED_SAMPLES = 3
 # Variable dimensions of warm-up samples take this size (or the longest profiled length if shorter).
 WARMUP_LENGTH = 16
 
@@ -234,8 +237,13 @@ def fuse_spec_ensembles(spec: PipelineSpec, plans: List[ModelPlan], contexts: Li
             inputs={t["name"]: TensorInfo(t["data_type"], tuple(t["dims"])) for t in context["inputs"]},
             outputs={t["name"]: TensorInfo(t["data_type"], tuple(t["dims"])) for t in context["outputs"]},
             steps=[StepWiring(s["model"], dict(s["inputs"]), dict(s["outputs"])) for s in context["steps"]])
+        entry = next(e for e in spec.ensembles if e.name == context["name"])
+        samples = []
+        if entry.samples is not None:
+            samples = [{name: encode_sample(array) for name, array in request.items()}
+                       for request in read_input_data(entry.samples)[:FUSED_SAMPLES]]
         fusions[context["name"]] = fuse_ensemble(wiring, {s.model: sources[s.model] for s in wiring.steps},
-                                                 taken=list(by_name))
+                                                 taken=list(by_name), samples=samples)
     return fusions
 
 

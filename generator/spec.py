@@ -24,6 +24,7 @@
         response_cache: true                # optional; Triton answers repeated requests from its cache
     ensembles:
       - name: embed_text
+        samples: texts.json                 # optional; requests to check a fused model with at load
         inputs:  [{name: TEXT, data_type: TYPE_STRING, dims: [1]}]
         outputs: [{name: EMBEDDING, data_type: TYPE_FP32, dims: [32]}]
         steps:
@@ -58,7 +59,7 @@ VERSION_KEYS = {"version", "file"}
 # Triton's ModelVersionPolicy: `all`, `latest: N` or `specific: [versions]`.
 VERSION_POLICIES = ("all", "latest", "specific")
 OVERRIDE_KEYS = {"max_batch_size", "dynamic_batching", "instance_count", "instance_kind", "parameters"}
-ENSEMBLE_KEYS = {"name", "max_batch_size", "inputs", "outputs", "steps"}
+ENSEMBLE_KEYS = {"name", "max_batch_size", "inputs", "outputs", "steps", "samples"}
 STEP_KEYS = {"model", "inputs", "outputs"}
 
 
@@ -109,6 +110,9 @@ class EnsembleEntry:
     outputs: List[Tensor]
     steps: List[Step]
     max_batch_size: Optional[int] = None
+    # requests its first steps accept (perf_analyzer --input-data JSON): a fused model checks its
+    # steps' tensors on them at load, where made-up values would not parse
+    samples: Optional[Path] = None
 
 
 @dataclass
@@ -335,7 +339,7 @@ def _version_policy(reader: _Reader, path: KeyPath, versions: Dict[int, Path]) -
     return {"specific": sorted(set(int(n) for n in numbers))}
 
 
-def _ensemble(reader: _Reader, path: KeyPath) -> EnsembleEntry:
+def _ensemble(reader: _Reader, directory: Path, path: KeyPath) -> EnsembleEntry:
     doc = reader.doc
     raw = reader.mapping(path, ENSEMBLE_KEYS)
     for key in ("name", "inputs", "outputs", "steps"):
@@ -352,10 +356,16 @@ def _ensemble(reader: _Reader, path: KeyPath) -> EnsembleEntry:
                           reader.tensor_map(here + ("outputs",))))
     if not steps:
         raise doc.error(path + ("steps",), "an ensemble needs at least one step")
+    samples = None
+    if "samples" in raw:
+        samples = directory / reader.string(path + ("samples",))
+        if not samples.is_file():
+            raise doc.error(path + ("samples",), f"file {samples} does not exist")
     return EnsembleEntry(name=reader.string(path + ("name",)), path=path,
                          inputs=reader.tensors(path + ("inputs",)), outputs=reader.tensors(path + ("outputs",)),
                          steps=steps,
-                         max_batch_size=reader.optional(raw, path, "max_batch_size", reader.number, integer=True))
+                         max_batch_size=reader.optional(raw, path, "max_batch_size", reader.number, integer=True),
+                         samples=samples)
 
 
 def load_spec(spec_path: Path) -> PipelineSpec:
@@ -372,7 +382,7 @@ def load_spec(spec_path: Path) -> PipelineSpec:
         if m.name in names:
             raise doc.error(m.path + ("name",), f"model {m.name!r} is defined twice")
         names.add(m.name)
-    ensembles = [_ensemble(reader, ("ensembles", i)) for i, _ in enumerate(reader.sequence(("ensembles",)))] \
+    ensembles = [_ensemble(reader, directory, ("ensembles", i)) for i, _ in enumerate(reader.sequence(("ensembles",)))] \
         if "ensembles" in top else []
     for e in ensembles:
         if e.name in names:

@@ -22,7 +22,8 @@ import numpy as np
 from latte.backend.batching import Allocate, Batch
 from latte.backend.engine import failure_text
 from latte.backend.config import TensorSpec, parameters_of, parse_model_config, parse_tensors
-from latte.backend.dtypes import NUMPY_TO_TRITON, is_string, to_numpy, wire_name
+from latte.backend.dtypes import NUMPY_TO_TRITON, to_numpy, wire_name
+from latte.backend.samples import decode_sample
 from latte.backend.errors import ConfigError, ModelError, RequestError
 from latte.backend.graph.definition import GraphDefinition, StepDefinition, TensorDeclaration, load_graph
 from latte.backend.graph.python_model import STEP_FILE, PythonModelStep, load_step_module, step_function
@@ -67,15 +68,6 @@ def _agrees(value: Value, spec: TensorSpec) -> bool:
 
 def _spec_of(declaration: TensorDeclaration) -> TensorSpec:
     return TensorSpec(declaration.name, to_numpy(declaration.data_type), declaration.dims)
-
-
-def _sample_array(values, dtype: np.dtype) -> np.ndarray:
-    """One row of a graph.json sample; strings as the bytes Triton hands a model."""
-    if is_string(dtype):
-        encoded = np.asarray(values, dtype=object)
-        flat = [v.encode() if isinstance(v, str) else bytes(v) for v in encoded.reshape(-1)]
-        return np.array(flat, dtype=object).reshape(encoded.shape)
-    return np.asarray(values, dtype=dtype)
 
 
 class GraphRuntime(Runtime):
@@ -279,7 +271,7 @@ class GraphRuntime(Runtime):
             request = {}
             for name, spec in self._inputs.items():
                 if self.graph.samples:
-                    request[name] = _sample_array(length[name], spec.dtype)[None]
+                    request[name] = decode_sample(length[name], spec.dtype)[None]
                 else:
                     dims = [length if d == -1 else d for d in spec.dims]
                     request[name] = sample_values(spec.dtype, [1, *dims], rng)
@@ -302,13 +294,20 @@ class GraphRuntime(Runtime):
         a step fails on made-up inputs, the edges are checked on the first batch served."""
         try:
             self._walk(self.sample_batch(), check=True)
-        except ModelError as exc:
+        except (ModelError, RequestError) as exc:
             if self.graph.samples:
                 raise ConfigError(f"{self.graph.path}: the graph's own samples fail: {exc}") from None
             self.notes.append(f"made-up inputs fail a step ({exc}); the graph's edges are checked on the first "
                               "batch served (graph.json \"samples\" gives inputs to check them at load)")
             return
         self._checked = True
+
+    def samples(self) -> Optional[List[Dict[str, np.ndarray]]]:
+        """graph.json's sample requests (rows first), for the model's warm-up."""
+        if not self.graph.samples:
+            return None
+        return [{name: decode_sample(sample[name], spec.dtype)[None] for name, spec in self._inputs.items()}
+                for sample in self.graph.samples]
 
     # -- figures, close -----------------------------------------------------------------
     def step_figures(self) -> Dict[str, Dict[str, float]]:

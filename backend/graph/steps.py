@@ -147,7 +147,9 @@ class ModelStep(Step):
 class FunctionStep(Step):
     """`function(*inputs) -> output or tuple of outputs`, numpy arrays of the whole batch in the
     declared order. A ragged input comes padded with the step's pad value; a ragged output's
-    row lengths are measured as how far each row's values other than the pad value reach."""
+    row lengths are measured as how far each row's values other than the pad value reach. A
+    ValueError refuses what the batch's requests brought (answered INVALID_ARG once each
+    request has run alone); any other exception is the step's own failure."""
 
     kind = "function"
 
@@ -160,7 +162,11 @@ class FunctionStep(Step):
     def run(self, values: Values, members: Sequence[int]) -> Values:
         rows = values[self.inputs[0].name].rows
         args = [repadded(values[t.name], self.pad_value, self.allocate) for t in self.inputs]
-        result = self.function(*args)
+        try:
+            result = self.function(*args)
+        except ValueError as exc:
+            # Python's word for a value the function cannot take: what the request brought.
+            raise RequestError(f"step {self.name!r}: {exc}") from exc
         if not isinstance(result, (tuple, list)):
             result = (result,)
         if len(result) != len(self.outputs):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -36,6 +36,11 @@ class Runtime:
         """Per step of a graph: the seconds, rows and calls it has run so far. A model is one
         step, counted by the engine's own figures: nothing here."""
         return {}
+
+    def samples(self) -> Optional[List[Dict[str, np.ndarray]]]:
+        """Requests (one row each) the model is known to accept, to warm up with; None: made-up
+        ones do (a graph whose first step parses what it is sent has its own)."""
+        return None
 
     def describe(self) -> str:
         """What the server log's ready line should add about this runtime ("": nothing)."""

@@ -52,8 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "backend: \"latte\". With --pipeline, write the example pipeline spec "
                                    "(tokenizer -> encoder -> normalizer) that docs/generator.md walks through instead.")
     p.add_argument("dir", help="output folder for the model repository (or the pipeline's files)")
-    p.add_argument("--pipeline", action="store_true",
-                   help="write DIR/pipeline.yaml and its files, for `latte generate DIR/pipeline.yaml -o REPO`")
+    p.add_argument("--pipeline", nargs="?", const="text", choices=["text", "image", "branching"],
+                   help="write an example pipeline's DIR/pipeline.yaml and its files, for `latte generate "
+                        "DIR/pipeline.yaml -o REPO`: text (the default), image or branching (docs/pipelines.md)")
     p.set_defaults(handler=_examples)
 
     p = sub.add_parser("demo", help="run Latte end to end: examples, server, requests, a short benchmark",
@@ -129,8 +130,8 @@ def _examples(args) -> int:
     if args.pipeline:
         from latte.examples.pipeline import write_pipeline
 
-        spec = write_pipeline(Path(args.dir))
-        print(f"example pipeline written to {spec}")
+        spec = write_pipeline(Path(args.dir), name=args.pipeline)
+        print(f"example {args.pipeline} pipeline written to {spec}")
         print(f"  next: latte generate {spec} -o REPO")
         return 0
     repo = build_examples(Path(args.dir))

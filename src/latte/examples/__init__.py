@@ -74,7 +74,15 @@ BENCHMARK_EXAMPLES: Dict[str, Example] = {
         max_batch_size=64, max_sequence_length=64, vocabulary=50_000,
     ),
 }
-CATALOG: Dict[str, Example] = {**EXAMPLES, **BENCHMARK_EXAMPLES}
+# Models of the example pipelines (latte.examples.pipeline) besides the bundled ones.
+PIPELINE_EXAMPLES: Dict[str, Example] = {
+    "topics": Example(
+        "topics", "pooled 32-d text embedding -> 4 topic logits (the branching pipeline's second head)",
+        (ExampleTensor("embedding", "TYPE_FP32", (32,)),), (ExampleTensor("topics", "TYPE_FP32", (4,)),),
+        max_batch_size=64,
+    ),
+}
+CATALOG: Dict[str, Example] = {**EXAMPLES, **BENCHMARK_EXAMPLES, **PIPELINE_EXAMPLES}
 FORMATS = {"torchscript": "model.pt", "onnx": "model.onnx"}
 
 
@@ -82,7 +90,7 @@ def _module(name: str):
     from latte.examples import models
 
     return {"mlp": models.MLP, "cnn": models.SmallCNN, "sequence": models.SequenceEncoder,
-            "ranker": models.Ranker}[name]()
+            "ranker": models.Ranker, "topics": models.TopicHead}[name]()
 
 
 def export(example: Example, out_dir: Path) -> Dict[str, Path]:

@@ -91,3 +91,15 @@ class Ranker(nn.Module):
         valid = (history != 0).unsqueeze(-1).to(torch.float32)     # [B, L, 1]
         pooled = (self.embed(history) * valid).sum(dim=1) / valid.sum(dim=1).clamp(min=1.0)
         return self.tower(pooled)
+
+
+class TopicHead(nn.Module):
+    """A pooled text embedding -> 4 topic logits: the second head of the branching example
+    pipeline, next to normalize, both reading the encoder's output."""
+
+    def __init__(self, width: int = 32, hidden: int = 64, topics: int = 4) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, topics))
+
+    def forward(self, embedding: torch.Tensor) -> torch.Tensor:
+        return self.net(embedding)

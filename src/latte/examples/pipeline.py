@@ -1,24 +1,30 @@
-"""The example text pipeline: tokenize (python) -> sequence encoder (latte) -> normalize (python).
+"""The example pipelines, each a spec for `latte generate` with its files, requests to send and
+the same steps run without Triton to check served outputs against.
 
-`write_pipeline(DIR)` exports the `sequence` example, copies the two python steps and
-writes DIR/pipeline.yaml, ready for `latte generate DIR/pipeline.yaml -o REPO`.
-`run_in_process` is the same pipeline without Triton, to check served outputs against.
+- text (ensemble `embed_text`): tokenize (python) -> sequence encoder (ONNX) -> normalize (python)
+- image (ensemble `classify_image`): decode PPM bytes, resize, scale (python) -> the CNN (ONNX)
+  -> softmax and top-3 (python)
+- branching (ensemble `embed_and_tag`): tokenize -> encoder, whose output feeds two heads:
+  normalize (python) and a topic classifier (ONNX)
+
+`write_pipeline(DIR, name)` exports the models, copies the python steps and writes
+DIR/pipeline.yaml, ready for `latte generate DIR/pipeline.yaml -o REPO`; the python steps name
+their batch functions (`function:`), so a fused model calls them once per batch.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 STEPS = Path(__file__).resolve().parent / "pipeline_steps"
 
-SPEC = """\
-resources: {{cores: {cores}}}
-models:
+TEXT_MODELS = """\
   - name: tokenize
     file: tokenize.py
     function: tokenize
@@ -28,7 +34,7 @@ models:
   - name: encoder
     file: sequence/model.onnx
     slo_ms: {slo_ms}
-{profile_line}  - name: normalize
+{profile_encoder}  - name: normalize
     file: normalize.py
     function: normalize
     max_batch_size: 32
@@ -36,6 +42,12 @@ models:
     outputs:
       - {{name: EMBEDDING, data_type: TYPE_FP32, dims: [32]}}
       - {{name: NORM, data_type: TYPE_FP32, dims: [1]}}
+"""
+
+TEXT = """\
+resources: {{cores: {cores}}}
+models:
+""" + TEXT_MODELS + """\
 ensembles:
   - name: embed_text
     inputs:  [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
@@ -48,6 +60,107 @@ ensembles:
       - {{model: normalize, inputs: {{RAW: raw_embedding}}, outputs: {{EMBEDDING: EMBEDDING, NORM: NORM}}}}
 """
 
+BRANCHING = """\
+resources: {{cores: {cores}}}
+models:
+""" + TEXT_MODELS + """\
+  - name: topics
+    file: topics/model.onnx
+    slo_ms: {slo_ms}
+{profile_topics}ensembles:
+  - name: embed_and_tag
+    inputs:  [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
+    outputs:
+      - {{name: EMBEDDING, data_type: TYPE_FP32, dims: [32]}}
+      - {{name: NORM, data_type: TYPE_FP32, dims: [1]}}
+      - {{name: TOPICS, data_type: TYPE_FP32, dims: [4]}}
+    steps:
+      - {{model: tokenize, inputs: {{TEXT: TEXT}}, outputs: {{TOKENS: tokens}}}}
+      - {{model: encoder, inputs: {{tokens: tokens}}, outputs: {{embedding: raw_embedding}}}}
+      - {{model: normalize, inputs: {{RAW: raw_embedding}}, outputs: {{EMBEDDING: EMBEDDING, NORM: NORM}}}}
+      - {{model: topics, inputs: {{embedding: raw_embedding}}, outputs: {{topics: TOPICS}}}}
+"""
+
+IMAGE = """\
+resources: {{cores: {cores}}}
+models:
+  - name: decode
+    file: decode.py
+    function: decode
+    max_batch_size: 32
+    inputs:  [{{name: IMAGE, data_type: TYPE_STRING, dims: [1]}}]
+    outputs: [{{name: PIXELS, data_type: TYPE_FP32, dims: [3, 32, 32]}}]
+  - name: cnn
+    file: cnn/model.onnx
+    slo_ms: {slo_ms}
+{profile_cnn}  - name: classify
+    file: classify.py
+    function: classify
+    max_batch_size: 32
+    inputs:  [{{name: LOGITS, data_type: TYPE_FP32, dims: [10]}}]
+    outputs:
+      - {{name: PROBS, data_type: TYPE_FP32, dims: [3]}}
+      - {{name: CLASSES, data_type: TYPE_INT64, dims: [3]}}
+ensembles:
+  - name: classify_image
+    samples: samples.json
+    inputs:  [{{name: IMAGE, data_type: TYPE_STRING, dims: [1]}}]
+    outputs:
+      - {{name: PROBS, data_type: TYPE_FP32, dims: [3]}}
+      - {{name: CLASSES, data_type: TYPE_INT64, dims: [3]}}
+    steps:
+      - {{model: decode, inputs: {{IMAGE: IMAGE}}, outputs: {{PIXELS: pixels}}}}
+      - {{model: cnn, inputs: {{image: pixels}}, outputs: {{logits: logits}}}}
+      - {{model: classify, inputs: {{LOGITS: logits}}, outputs: {{PROBS: PROBS, CLASSES: CLASSES}}}}
+"""
+
+# Word counts of the example texts: lognormal, median 24 (as the sequence encoder's benchmarks).
+WORDS_MEDIAN, WORDS_SIGMA, MAX_WORDS = 24, 0.8, 128
+
+
+def ppm(rgb: np.ndarray) -> bytes:
+    """[height, width, 3] uint8 pixels as a binary PPM file."""
+    height, width, _ = rgb.shape
+    return f"P6\n{width} {height}\n255\n".encode() + np.ascontiguousarray(rgb, dtype=np.uint8).tobytes()
+
+
+def random_texts(count: int, rng: np.random.Generator) -> List[bytes]:
+    words = np.clip(rng.lognormal(np.log(WORDS_MEDIAN), WORDS_SIGMA, size=count).round(), 1, MAX_WORDS)
+    return [" ".join(f"w{v}" for v in rng.integers(0, 5000, size=int(n))).encode() for n in words]
+
+
+def random_images(count: int, rng: np.random.Generator) -> List[bytes]:
+    sizes = rng.integers(24, 97, size=(count, 2))
+    return [ppm(rng.integers(0, 256, size=(int(h), int(w), 3), dtype=np.uint8)) for h, w in sizes]
+
+
+@dataclass(frozen=True)
+class PipelineExample:
+    name: str
+    ensemble: str                        # the name clients call
+    description: str
+    spec: str                            # pipeline.yaml, formatted with cores, slo_ms and profile lines
+    steps: Tuple[str, ...]               # python step files copied next to the spec
+    models: Tuple[Tuple[str, str], ...]  # (spec model, example model exported into a folder of that name)
+    input_name: str
+    make_inputs: Callable[[int, np.random.Generator], List[bytes]]
+
+    def requests(self, count: int, seed: int = 7) -> List[Dict[str, np.ndarray]]:
+        """`count` one-row requests, as clients send them: {input: [1, 1] bytes}."""
+        values = self.make_inputs(count, np.random.default_rng(seed))
+        return [{self.input_name: np.array([[v]], dtype=object)} for v in values]
+
+
+PIPELINES: Dict[str, PipelineExample] = {
+    "text": PipelineExample("text", "embed_text", "tokenize (python) -> sequence encoder (ONNX) -> normalize (python)",
+                            TEXT, ("tokenize", "normalize"), (("encoder", "sequence"),), "TEXT", random_texts),
+    "image": PipelineExample("image", "classify_image", "decode, resize, scale (python) -> CNN (ONNX) -> top-3 "
+                             "(python)", IMAGE, ("decode", "classify"), (("cnn", "cnn"),), "IMAGE", random_images),
+    "branching": PipelineExample("branching", "embed_and_tag", "tokenize -> encoder -> {normalize (python), topics "
+                                 "(ONNX)}", BRANCHING, ("tokenize", "normalize"),
+                                 (("encoder", "sequence"), ("topics", "topics")), "TEXT", random_texts),
+}
+
 
 def _load_step(name: str):
     spec = importlib.util.spec_from_file_location(f"latte_pipeline_{name}", STEPS / f"{name}.py")
@@ -57,32 +170,64 @@ def _load_step(name: str):
 
 
 def write_pipeline(directory: Path, slo_ms: float = 50.0, cores: int = 2, profile: Optional[Path] = None,
-                   export_model: bool = True) -> Path:
-    """Lay out the example pipeline's files and spec in directory; returns the spec path."""
-    from latte.examples import EXAMPLES, export
+                   export_model: bool = True, name: str = "text") -> Path:
+    """Lay out an example pipeline's files and spec in directory; returns the spec path.
+    `profile` is the encoder's (text pipelines) or the CNN's (image), to skip profiling it."""
+    from latte.examples import CATALOG, export
 
+    example = PIPELINES[name]
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if export_model:
-        export(EXAMPLES["sequence"], directory / "sequence")
-    for name in ("tokenize", "normalize"):
-        shutil.copy2(STEPS / f"{name}.py", directory / f"{name}.py")
-    profile_line = f"    profile: {profile}\n" if profile else ""
+        for _, model in example.models:
+            export(CATALOG[model], directory / model)
+    for step in example.steps:
+        shutil.copy2(STEPS / f"{step}.py", directory / f"{step}.py")
+    if "samples:" in example.spec:
+        # Requests the first step accepts, for the fused model's check at load (made-up bytes are no image).
+        from latte.triton.perf import write_input_data
+
+        write_input_data(directory / "samples.json", [{k: v[0] for k, v in r.items()} for r in example.requests(3)])
+    line = f"    profile: {profile}\n" if profile else ""
     spec = directory / "pipeline.yaml"
-    spec.write_text(SPEC.format(cores=cores, slo_ms=slo_ms, profile_line=profile_line))
+    spec.write_text(example.spec.format(cores=cores, slo_ms=slo_ms, profile_encoder=line, profile_cnn=line,
+                                        profile_topics=""))
     return spec
 
 
-def run_in_process(directory: Path, texts: np.ndarray) -> Dict[str, np.ndarray]:
-    """The pipeline on [batch, 1] texts without Triton: same steps, same ONNX model."""
-    import onnxruntime as ort
+class InProcess:
+    """An example pipeline without Triton: the same step functions and ONNX files, one thread."""
 
-    tokenize, normalize = _load_step("tokenize"), _load_step("normalize")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(Path(directory) / "sequence" / "model.onnx"), sess_options=options,
-                                   providers=["CPUExecutionProvider"])
-    raw = session.run(["embedding"], {"tokens": tokenize.tokenize(texts)})[0]
-    unit, norms = normalize.normalize(raw)
-    return {"EMBEDDING": unit, "NORM": norms}
+    def __init__(self, directory: Path, name: str = "text") -> None:
+        import onnxruntime as ort
+
+        self.example = PIPELINES[name]
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self.sessions = {spec_name: ort.InferenceSession(str(Path(directory) / model / "model.onnx"),
+                                                         sess_options=options, providers=["CPUExecutionProvider"])
+                         for spec_name, model in self.example.models}
+        self.steps = {step: _load_step(step) for step in self.example.steps}
+
+    def _onnx(self, model: str, feed: Dict[str, np.ndarray]) -> np.ndarray:
+        return self.sessions[model].run(None, feed)[0]
+
+    def __call__(self, inputs: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """One batch ([rows, 1] bytes) through the pipeline's steps."""
+        steps = self.steps
+        if self.example.name == "image":
+            logits = self._onnx("cnn", {"image": steps["decode"].decode(inputs["IMAGE"])})
+            probabilities, classes = steps["classify"].classify(logits)
+            return {"PROBS": probabilities, "CLASSES": classes}
+        raw = self._onnx("encoder", {"tokens": steps["tokenize"].tokenize(inputs["TEXT"])})
+        unit, norms = steps["normalize"].normalize(raw)
+        outputs = {"EMBEDDING": unit, "NORM": norms}
+        if self.example.name == "branching":
+            outputs["TOPICS"] = self._onnx("topics", {"embedding": raw})
+        return outputs
+
+
+def run_in_process(directory: Path, texts: np.ndarray) -> Dict[str, np.ndarray]:
+    """The text pipeline on [batch, 1] texts without Triton: same steps, same ONNX model."""
+    return InProcess(directory, "text")({"TEXT": texts})

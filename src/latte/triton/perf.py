@@ -107,6 +107,20 @@ def perf_analyzer_env(base: Optional[Mapping[str, str]] = None) -> Dict[str, str
     return env
 
 
+def _bytes_entry(array: np.ndarray) -> dict:
+    """A BYTES tensor as perf_analyzer's input data holds it: text as content, other bytes as the
+    tensor's wire form (each element a 4-byte little-endian length, then its bytes) in base64."""
+    elements = [bytes(v) for v in array.reshape(-1)]
+    try:
+        return {"content": [v.decode("utf-8") for v in elements], "shape": list(array.shape)}
+    except UnicodeDecodeError:
+        import base64
+        import struct
+
+        wire = b"".join(struct.pack("<I", len(v)) + v for v in elements)
+        return {"b64": base64.b64encode(wire).decode(), "shape": list(array.shape)}
+
+
 def write_input_data(path: Path, samples: Iterable[Mapping[str, np.ndarray]]) -> Path:
     """perf_analyzer's --input-data JSON; each sample is one request (no batch dimension)."""
     data = []
@@ -114,7 +128,10 @@ def write_input_data(path: Path, samples: Iterable[Mapping[str, np.ndarray]]) ->
         entry = {}
         for name, array in sample.items():
             array = np.asarray(array)
-            entry[name] = {"content": array.reshape(-1).tolist(), "shape": list(array.shape)}
+            if array.dtype.kind == "O":
+                entry[name] = _bytes_entry(array)
+            else:
+                entry[name] = {"content": array.reshape(-1).tolist(), "shape": list(array.shape)}
         data.append(entry)
     if not data:
         raise ValueError("write_input_data needs at least one sample")
@@ -210,3 +227,32 @@ def _step(levels: Sequence[float]):
         raise ValueError(f"perf_analyzer sweeps evenly spaced levels; got {list(levels)}")
     step = steps.pop()
     return int(step) if float(step).is_integer() else step
+
+
+def read_input_data(path: Path) -> List[Dict[str, np.ndarray]]:
+    """The requests of a perf_analyzer --input-data JSON (as write_input_data writes it): each
+    input as an array of its shape; strings as bytes (content as UTF-8, b64 as the wire form)."""
+    import base64
+    import struct
+
+    requests = []
+    for entry in json.loads(Path(path).read_text())["data"]:
+        request = {}
+        for name, tensor in entry.items():
+            if not isinstance(tensor, Mapping):
+                tensor = {"content": tensor}
+            shape = tensor.get("shape")
+            if "b64" in tensor:
+                wire, values, at = base64.b64decode(tensor["b64"]), [], 0
+                while at < len(wire):
+                    (size,) = struct.unpack_from("<I", wire, at)
+                    values.append(wire[at + 4:at + 4 + size])
+                    at += 4 + size
+                array = np.array(values, dtype=object)
+            else:
+                content = tensor["content"]
+                array = (np.array([v.encode() for v in content], dtype=object)
+                         if content and isinstance(content[0], str) else np.asarray(content))
+            request[name] = array.reshape(shape) if shape else array
+        requests.append(request)
+    return requests
