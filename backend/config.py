@@ -123,8 +123,8 @@ class ServingOptions:
     warmup: bool = True
     scheduler: str = "inline"                        # "affinity" (scheduler lanes) or "inline"; see _scheduling
     pin_lanes: bool = False
-    pipeline: bool = False                           # execute returns at once; lanes answer (see docs/backend.md)
-    batch_window_us: int = 2000                      # longest a pipelined batch may wait to grow
+    async_execute: bool = False                      # execute returns at once; lanes answer (see docs/backend.md)
+    batch_window_us: int = 2000                      # longest an async_execute batch may wait to grow
     max_queue_size: int = 4096                       # requests the scheduler queues; past it the lowest priority is shed
     respond: str = "auto"                            # when early batches are answered (responses.EarlyAnswers)
     check_cancellation: bool = False                 # ask Triton per request whether the client gave up
@@ -415,20 +415,23 @@ def _sessions(name: str, params: Mapping[str, str], signature: ModelSignature) -
 
 
 def _scheduling(name: str, params: Mapping[str, str], lanes: int) -> Dict:
-    pipeline = _bool_param(name, params, "pipeline", DEFAULTS.pipeline)
+    if "pipeline" in params:
+        raise ConfigError(f"model {name!r}: parameters[\"pipeline\"] is now called async_execute (execute returns at "
+                          "once and the scheduler's lanes answer through response senders); rename it")
+    async_execute = _bool_param(name, params, "async_execute", DEFAULTS.async_execute)
     scheduler = _choice_param(name, params, "scheduler", ("auto", "affinity", "inline"))
-    if pipeline and scheduler == "inline":
-        raise ConfigError(f"model {name!r}: parameters[\"pipeline\"] runs batches on scheduler lanes; "
+    if async_execute and scheduler == "inline":
+        raise ConfigError(f"model {name!r}: parameters[\"async_execute\"] runs batches on scheduler lanes; "
                           f"it cannot be combined with scheduler: inline")
     if scheduler == "auto":
         # One lane gains nothing from placement, and handing batches to a lane thread costs
         # about 50 us per request (measured in-process on the example sequence model); a
-        # pipelined model needs the lanes whatever their number.
-        scheduler = "affinity" if lanes > 1 or pipeline else "inline"
+        # model with async_execute needs the lanes whatever their number.
+        scheduler = "affinity" if lanes > 1 or async_execute else "inline"
     if "max_queue_size" in params and scheduler == "inline":
         raise ConfigError(f"model {name!r}: parameters[\"max_queue_size\"] bounds the queue of the scheduler lanes, and this "
-                          f"model runs inline, without one; set pipeline: true (or lanes > 1), or drop max_queue_size")
-    return {"scheduler": scheduler, "pipeline": pipeline,
+                          f"model runs inline, without one; set async_execute: true (or lanes > 1), or drop max_queue_size")
+    return {"scheduler": scheduler, "async_execute": async_execute,
             "pin_lanes": _bool_param(name, params, "pin_lanes", DEFAULTS.pin_lanes),
             "batch_window_us": _int_param(params, "batch_window_us", DEFAULTS.batch_window_us, minimum=0),
             "max_queue_size": _int_param(params, "max_queue_size", DEFAULTS.max_queue_size),

@@ -76,7 +76,7 @@ class LaneDispatcher:
             max_batch_size=batch, max_batch_bytes=1 << 40, queue_capacity=queue_capacity,
             # When execute waits for its answers, Triton's dynamic batcher already waited for
             # this call's requests and nothing more can arrive until it returns, so holding a
-            # batch back would only add latency (0). A pipelined model (`submit`) gathers
+            # batch back would only add latency (0). A model with async_execute (`submit`) gathers
             # requests of several calls here, so a window can let batches grow.
             max_window_s=max_window_s,
         )
@@ -127,7 +127,7 @@ class LaneDispatcher:
         started = time.monotonic()
         with self._lock:
             items = [self._pending[i] for i in request_ids]
-        # A pipelined batch can hold requests of several execute calls, whose positions
+        # An async_execute batch can hold requests of several execute calls, whose positions
         # repeat, so the batch numbers its work afresh and maps the results back.
         outcomes = self.engine.run_group([w.at(i) for i, (w, _) in enumerate(items)])
         with self._lock:

@@ -70,7 +70,7 @@ class LatteModel:
         config, model_dir, version = parse_args(args)
         self.spec = spec = parse_model_config(config, model_dir, version, device=instance_device(args))
         signature, serving = spec.signature, spec.serving
-        self._pipeline = serving.pipeline  # asked on every call
+        self._async = serving.async_execute  # asked on every call
         self._check_cancellation = serving.check_cancellation
         oversubscribed = thread_budget_warning(spec)
         if oversubscribed is not None:
@@ -98,25 +98,25 @@ class LatteModel:
         )
         self.dispatcher = None
         if serving.scheduler == "affinity":
-            window = serving.batch_window_us / 1e6 if serving.pipeline else 0.0
+            window = serving.batch_window_us / 1e6 if serving.async_execute else 0.0
             self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, serving.lanes, lane_cpus(spec),
                                                                       queue_capacity=serving.max_queue_size,
                                                                       max_window_s=window)
         self.responses = ResponseBuilder(pb, [t.name for t in signature.outputs])
         # Plain calls run inline take the column path (_execute_columns): one-shape requests as
         # one batch, ragged ones as the call's plan.
-        inline = not serving.pipeline and not serving.check_cancellation
+        inline = not serving.async_execute and not serving.check_cancellation
         self._by_columns = self.engine.takes_columns and inline
         self._planned_columns = self.engine.plans_columns and inline
         self._max_rows = signature.max_batch_size
         self.early = EarlyAnswers(serving.respond)
         self._batches: List = []  # (rows, model seconds) of the running execute call's batches
-        # Pipelined answers wait here for the sender thread, highest priority_level first
+        # Answers of async_execute wait here for the sender thread, highest priority_level first
         # (then in the order they finished): (-priority, sequence number, [(sender, outcome)]).
         self._outbox: "queue.PriorityQueue" = queue.PriorityQueue()
         self._sequence = itertools.count()
         self._sender = None
-        if serving.pipeline:
+        if serving.async_execute:
             self._sender = threading.Thread(target=self._send_responses, name=f"latte-responses-{signature.name}", daemon=True)
             self._sender.start()
         # Publishing is off the request path: each Triton metric update is a round trip to the server.
@@ -174,7 +174,7 @@ class LatteModel:
                 return responses
         call = self.reader.read_call(requests, self._check_cancellation)
         items = call.items
-        if call.plain and not self._pipeline and self.engine.fits_one_batch(len(items), call.rows):
+        if call.plain and not self._async and self.engine.fits_one_batch(len(items), call.rows):
             # The common call, one model call for all (see BatchEngine.run_whole): nothing to
             # order or answer early, so it goes straight from the engine to the responses.
             read = time.perf_counter()
@@ -197,7 +197,7 @@ class LatteModel:
 
         options = None if call.plain else self._options(items)
         read = time.perf_counter()
-        if self._pipeline:
+        if self._async:
             self._submit(requests, items, options, started)
             self.metrics.execute(len(requests), read - started, time.perf_counter() - read, 0.0)
             return None
@@ -317,7 +317,7 @@ class LatteModel:
         return options
 
     def _submit(self, requests, parsed, options, started: float) -> None:
-        """Pipelined: hand the requests to the lanes and return, so Triton can deliver the
+        """async_execute: hand the requests to the lanes and return, so Triton can deliver the
         next call while these run; each is answered through its response sender when done.
 
         Triton frees a request's input tensors when execute returns, so they are copied first.
@@ -357,7 +357,7 @@ class LatteModel:
                 self._send(sender, outcome)
 
     def _account(self, outcomes, options, started: float) -> None:
-        """Count a group of answered requests of a pipelined call as they are answered."""
+        """Count a group of answered requests of an async_execute call as they are answered."""
         self.metrics.requests(self._tally(outcomes, options), time.perf_counter() - started)
 
     def _tally(self, outcomes, options) -> dict:
@@ -386,7 +386,7 @@ class LatteModel:
             self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: could not send a response: {exc}")
 
     def _on_batch(self, record: BatchRecord) -> None:
-        if self._pipeline:
+        if self._async:
             self.metrics.batch(record.rows, record.model_seconds)
         else:
             # Counted with the rest of its execute call, under one lock; lanes running the

@@ -15,7 +15,7 @@ one answer, and whether memory returned to its pre-step baseline. Writes .latte/
 --compare-queues runs another variant: a closed-loop flood of --concurrency default-priority
 requests while a probe, in a process of its own, sends one high-priority request at a time (until
 --probe-requests answers or --probe-s seconds), first against Triton's priority queue (the
-config above) and then against latte's own (`pipeline: true` and `max_queue_size`, no Triton
+config above) and then against latte's own (`async_execute: true` and `max_queue_size`, no Triton
 priority levels); a second probe sends the same requests to an idle copy of the model at the same
 time (what the machine alone adds under the flood). It prints each queue's high-priority P99
 against the flood's (the default class) and the idle copy's, and writes

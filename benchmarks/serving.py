@@ -73,7 +73,7 @@ ABLATIONS = {
     "bucket_planning": {"batch_planning": "bucket"},
     "respond_per_batch": {"respond": "per_batch"},
     "respond_per_call": {"respond": "per_call"},
-    "pipeline": {"pipeline": "true"},
+    "async_execute": {"async_execute": "true"},
 }
 
 

@@ -38,7 +38,7 @@ MIN_ARENA_BYTES = 1 << 20
 # profile.json): about 1 ms per batch on the 2-core reference box, from served vs
 # in-process latency of the example MLP.
 DEFAULT_BACKEND_OVERHEAD_MS = 1.0
-# Whose queue holds a spec's priority classes. latte's: `pipeline: true` hands every request to
+# Whose queue holds a spec's priority classes. latte's: `async_execute: true` hands every request to
 # latte's scheduler at once, which runs the higher priority_level first and sheds the lowest when
 # full. Triton's: the dynamic batcher's priority levels, which turn its prefetching off and so
 # stall (docs/backend.md, "Priorities"); under a 512-request flood its generated two-instance
@@ -296,7 +296,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
                        "and Triton would cut a deep queue's batches at a preferred size")
 
     if latte_queue:
-        why.append(f"priority_levels {priority_levels} in latte's queue (pipeline: true): a request's parameter "
+        why.append(f"priority_levels {priority_levels} in latte's queue (async_execute: true): a request's parameter "
                    f"priority_level 0..{priority_levels - 1} (unmarked: 0, the lowest) decides which queued "
                    "request runs first; Triton's own priority levels would turn its prefetching off, which stalls "
                    "instances up to 500 ms in Triton 2.51")
@@ -333,7 +333,7 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
 
     parameters = {"intra_op_threads": str(intra), "inter_op_threads": "1"}
     if latte_queue:
-        parameters.update(pipeline="true", batch_window_us=str(delay_us), max_queue_size=str(b * batches_in_slo))
+        parameters.update(async_execute="true", batch_window_us=str(delay_us), max_queue_size=str(b * batches_in_slo))
         why.append(f"max_queue_size {b * batches_in_slo}: latte's queue per instance holds batch {b} x "
                    f"{batches_in_slo} batch(es) that fit in the SLO after the first; a request that finds it full "
                    "takes the place of a lower priority_level's, else it is refused (UNAVAILABLE)")

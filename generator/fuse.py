@@ -97,7 +97,11 @@ def config_json(message) -> Dict:
     """A ModelConfig message as the JSON Triton hands a model (and the graph loads a step with)."""
     from google.protobuf.json_format import MessageToDict
 
-    return MessageToDict(message, preserving_proto_field_name=True)
+    config = MessageToDict(message, preserving_proto_field_name=True)
+    for key in ("input", "output"):  # protobuf's JSON writes int64 as strings; Triton's has numbers
+        for tensor in config.get(key, []):
+            tensor["dims"] = [int(d) for d in tensor.get("dims", [])]
+    return config
 
 
 def interface_from_json(config: Mapping) -> Interface:
@@ -358,5 +362,77 @@ def write_fused_model(repo: Path, model: FusedModel, templates: Optional[Path] =
     for relative, source in model.files.items():
         target = version / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
+        if Path(source).is_dir():  # a Python step's own package, next to its model.py
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, target)
     return model_dir
+
+
+# -- a hand-written repository (`latte fuse`) ---------------------------------------------
+def _version_folder(model_dir: Path, version: int) -> Path:
+    """The folder an ensemble step's model_version names (-1: the newest there is)."""
+    if version > 0:
+        return model_dir / str(version)
+    numbered = sorted((int(d.name) for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit()), reverse=True)
+    return model_dir / str(numbered[0]) if numbered else model_dir / "1"
+
+
+def _ensemble_context(config) -> Dict:
+    from tritonclient.grpc import model_config_pb2
+
+    def tensors(entries):
+        return [{"name": t.name, "data_type": model_config_pb2.DataType.Name(t.data_type), "dims": list(t.dims),
+                 "optional": t.optional} for t in entries]
+
+    return {"name": config.name, "max_batch_size": config.max_batch_size, "inputs": tensors(config.input),
+            "outputs": tensors(config.output)}
+
+
+def fuse_repository(repo: Path, ensemble: str, out: Path, samples: Optional[Path] = None,
+                    templates: Optional[Path] = None) -> Fusion:
+    """Copy the repository REPO to OUT with ENSEMBLE's steps that latte can run fused into one
+    latte model (under the ensemble's name when they are all of them), and validate OUT.
+    Raises FuseError naming the file and line of what stops it."""
+    from latte.backend.samples import encode_sample
+    from latte.generator.model_folder import write_ensemble
+    from latte.generator.validate import ensemble_wiring, read_config_file, validate_repository
+    from latte.triton.perf import read_input_data
+
+    repo, out = Path(repo), Path(out)
+    configs = validate_repository(repo)
+    if ensemble not in configs:
+        raise FuseError(f"{repo}: no model {ensemble!r} (models: {', '.join(sorted(configs))})")
+    found = read_config_file(repo / ensemble / "config.pbtxt")
+    if found.config.platform != "ensemble":
+        raise FuseError(f"{found.where(('platform',))}: {ensemble!r} is not an ensemble (platform "
+                        f"{found.config.platform or '(none)'!r}, backend {found.config.backend or '(none)'!r})")
+    if out.resolve() == repo.resolve():
+        raise FuseError(f"{out}: write the fused repository to another folder than {repo}")
+    if out.exists() and any(out.iterdir()):
+        raise FuseError(f"{out}: the folder exists and is not empty")
+    wiring = ensemble_wiring(found.config)
+    sources = {}
+    for step in found.config.ensemble_scheduling.step:
+        if step.model_name in sources:
+            continue
+        version = _version_folder(repo / step.model_name, step.model_version)
+        files = {p.name: p for p in sorted(version.iterdir())} if version.is_dir() else {}
+        sources[step.model_name] = step_source(configs[step.model_name], files)
+    kept = []
+    if samples is not None:
+        kept = [{name: encode_sample(array) for name, array in request.items()}
+                for request in read_input_data(samples)[:3]]
+    fusion = fuse_ensemble(wiring, sources, taken=list(configs), samples=kept)
+    if not fusion.fused:
+        reasons = "; ".join(f"step {step!r}: {why}" for step, why in fusion.unfused.items())
+        raise FuseError(f"{found.where(('ensemble_scheduling',))}: nothing to fuse ({reasons})")
+    out.mkdir(parents=True, exist_ok=True)
+    for model_dir in sorted(d for d in repo.iterdir() if d.is_dir()):
+        shutil.copytree(model_dir, out / model_dir.name)
+    for model in fusion.fused:
+        write_fused_model(out, model, templates)
+    if not fusion.replaced:
+        write_ensemble(out, {**_ensemble_context(found.config), "steps": fusion.steps}, templates)
+    validate_repository(out)
+    return fusion

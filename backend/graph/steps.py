@@ -80,7 +80,7 @@ class ModelStep(Step):
 
     def plan(self, lengths: Optional[np.ndarray], rows: int) -> List[Optional[np.ndarray]]:
         """Row indices of each sub-batch; [None] when the whole batch is one call, in order."""
-        if lengths is None:
+        if lengths is None or rows == 1:
             if rows <= self.max_rows:
                 return [None]
             return [np.asarray(group) for group in chunk_by_rows(list(range(rows)), [1] * rows, self.max_rows)]

@@ -13,7 +13,8 @@ from typing import Optional, Sequence, Tuple
 
 import numpy as np
 
-from latte.backend.batching import Allocate
+from latte._native import row_lengths
+from latte.backend.batching import Allocate, pad_bytes
 from latte.backend.dtypes import is_string
 
 
@@ -104,6 +105,9 @@ def measure_lengths(array: np.ndarray, axes: Tuple[int, ...], pad: float) -> np.
     width = array.shape[axes[0]]
     if width == 0:
         return np.zeros(array.shape[0], dtype=np.int64)
+    if axes == (1,) and array.dtype.kind in "biuf":
+        # The common case, one variable dimension right after the rows: one native pass.
+        return row_lengths(array, pad_bytes(pad, array.dtype))
     filled = array != np.asarray(pad, dtype=array.dtype)
     lengths = np.ones(array.shape[0], dtype=np.int64)
     for axis in axes:

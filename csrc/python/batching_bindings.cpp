@@ -131,6 +131,29 @@ void pack_arrays(nb::sequence arrays, nb::handle out, nb::bytes pad) {
   batching::pack(views.data(), views.size(), data, shape, ndim, itemsize, pad_bytes);
 }
 
+// Each row's reach along dimension 1 of a padded array (int64, one per row).
+nb::object row_lengths(nb::handle array, nb::bytes pad) {
+  LATTE_EXPECTS(PyArray_Check(array.ptr()), "row_lengths: needs a numpy array");
+  LATTE_EXPECTS(!PyDataType_REFCHK(PyArray_DESCR(reinterpret_cast<PyArrayObject*>(array.ptr()))),
+                "row_lengths: arrays of Python objects have no padding to measure");
+  std::vector<nb::object> keep;
+  batching::ArrayView view = view_of(array, -1, keep);
+  LATTE_EXPECTS(view.ndim >= 2, "row_lengths: the array needs rows and a dimension to measure");
+  LATTE_EXPECTS(pad.size() == static_cast<std::size_t>(view.itemsize), "row_lengths: pad must be one element");
+  npy_intp rows = static_cast<npy_intp>(view.shape[0]);
+  PyObject* out = PyArray_SimpleNew(1, &rows, NPY_INT64);
+  if (out == nullptr) throw nb::python_error();
+  nb::object result = nb::steal(out);
+  std::byte pad_bytes[16];
+  std::memcpy(pad_bytes, pad.c_str(), pad.size());
+  auto* lengths = static_cast<std::int64_t*>(PyArray_DATA(reinterpret_cast<PyArrayObject*>(out)));
+  {
+    nb::gil_scoped_release release;
+    batching::row_lengths(view, pad_bytes, lengths);
+  }
+  return result;
+}
+
 }  // namespace
 
 void bind_batching(nb::module_& m) {
@@ -149,6 +172,8 @@ void bind_batching(nb::module_& m) {
         "Check each array against the rule: (rows, lengths, [(index, problem, detail)]).");
   m.def("pack_arrays", &pack_arrays, nb::arg("arrays"), nb::arg("out"), nb::arg("pad"),
         "Copy the arrays row after row into out, padding what they do not cover with pad.");
+  m.def("row_lengths", &row_lengths, nb::arg("array"), nb::arg("pad"),
+        "How far each row reaches along dimension 1 before only padding follows (at least 1).");
   m.def("partition_runs", &batching::partition, nb::arg("pad_row_cost"), nb::arg("alone_cost"), nb::arg("rows"),
         nb::arg("fixed"), nb::arg("max_rows"),
         "The cheapest cut of length-sorted requests into runs of at most max_rows rows: [(start, end)].");

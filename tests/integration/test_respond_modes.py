@@ -1,7 +1,7 @@
 """Every way of answering gives every request exactly one correct response, bad ones
 included: `respond: auto` (earlier batches through response senders where that pays),
 `per_batch` (earlier batches through response senders, the last in execute's return value),
-`per_call` (all in the return value) and `pipeline: true` (execute
+`per_call` (all in the return value) and `async_execute: true` (execute
 returns at once; the scheduler's lanes answer through response senders)."""
 
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +16,7 @@ from latte.triton import TritonServer
 from conftest import Clients
 
 MODES = {"auto": {"respond": "auto"}, "per_batch": {"respond": "per_batch"}, "per_call": {"respond": "per_call"},
-         "pipeline": {"pipeline": "true", "batch_window_us": "5000"}}
+         "async_execute": {"async_execute": "true", "batch_window_us": "5000"}}
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 # latte answers with execute's return value (respond: per_call) or through each request's response
-# sender (per_batch, also what pipeline: true uses); Triton caches both.
+# sender (per_batch, also what async_execute: true uses); Triton caches both.
 CACHED = {"per_call": "mlp_cached", "per_batch": "mlp_cached_sender"}
 
 

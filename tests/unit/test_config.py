@@ -91,12 +91,12 @@ def test_serving_defaults_are_those_of_a_config_without_parameters(tmp_path):
     config = _config(parameters={})
     spec = parse_model_config(config, _model_dir(tmp_path), "1")
     assert replace(spec.serving, thread_budget=ServingOptions().thread_budget) == ServingOptions()
-    assert spec.serving.scheduler == "inline"  # one lane, not pipelined
+    assert spec.serving.scheduler == "inline"  # one lane, no async_execute
 
 
 @pytest.mark.parametrize("parameters, scheduler", [
     ({"lanes": "2"}, "affinity"),
-    ({"pipeline": "true"}, "affinity"),
+    ({"async_execute": "true"}, "affinity"),
     ({"scheduler": "affinity"}, "affinity"),
     ({}, "inline"),
 ])
@@ -125,18 +125,24 @@ def test_an_integer_input_declares_its_valid_range(tmp_path):
         parse_model_config(floats, _model_dir(tmp_path / "f"), "1")
 
 
-def test_max_queue_size_bounds_the_pipelined_queue(tmp_path):
-    params = {"pipeline": {"string_value": "true"}, "max_queue_size": {"string_value": "16"}}
+def test_max_queue_size_bounds_the_async_execute_queue(tmp_path):
+    params = {"async_execute": {"string_value": "true"}, "max_queue_size": {"string_value": "16"}}
     spec = parse_model_config(_config(parameters=params), _model_dir(tmp_path), "1")
     assert spec.serving.scheduler == "affinity" and spec.serving.max_queue_size == 16
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"pipeline": "true", "max_queue_size": "0"}, r"parameters\['max_queue_size'\] must be >= 1, got 0"),
-    ({"pipeline": "true", "max_queue_size": "lots"}, r"parameters\['max_queue_size'\] must be an integer, got 'lots'"),
+    ({"async_execute": "true", "max_queue_size": "0"}, r"parameters\['max_queue_size'\] must be >= 1, got 0"),
+    ({"async_execute": "true", "max_queue_size": "lots"}, r"parameters\['max_queue_size'\] must be an integer, got 'lots'"),
     ({"max_queue_size": "16"}, "bounds the queue of the scheduler lanes, and this model runs inline"),
 ])
 def test_a_max_queue_size_that_cannot_apply_is_refused(tmp_path, params, message):
     config = _config(parameters={key: {"string_value": value} for key, value in params.items()})
     with pytest.raises(ConfigError, match=message):
+        parse_model_config(config, _model_dir(tmp_path), "1")
+
+
+def test_the_old_name_of_async_execute_is_refused_with_its_new_name(tmp_path):
+    config = _config(parameters={"pipeline": {"string_value": "true"}})
+    with pytest.raises(ConfigError, match=r"parameters\[.pipeline.\] is now called async_execute"):
         parse_model_config(config, _model_dir(tmp_path), "1")

@@ -107,12 +107,12 @@ def test_early_answers_go_through_the_sender_and_leave_none_in_the_returned_list
         model.finalize()
 
 
-def test_pipelined_answers_leave_highest_priority_first(example_repo):
+def test_async_execute_answers_leave_highest_priority_first(example_repo):
     """execute returns at once; answers wait for the one sender thread, higher priority_level first."""
     import threading
     import time
 
-    model = load(example_repo, "mlp_onnx", pipeline="true")
+    model = load(example_repo, "mlp_onnx", async_execute="true")
     sent, started, gate = [], threading.Event(), threading.Event()
 
     class Sender:

@@ -130,7 +130,7 @@ def test_queue_policy_delays_requests_that_cannot_make_the_slo():
 
 def test_priority_levels_only_when_asked():
     plain = derive(make_profile(SATURATING), slo_ms=20, cores=2)
-    assert "priority_levels" not in plain.dynamic_batching and "pipeline" not in plain.parameters
+    assert "priority_levels" not in plain.dynamic_batching and "async_execute" not in plain.parameters
 
 
 def test_priority_levels_live_in_lattes_queue_by_default():
@@ -138,7 +138,7 @@ def test_priority_levels_live_in_lattes_queue_by_default():
     # Triton's queue passes requests on at once and holds no priorities or policy that would
     # turn its prefetching off; latte's queue is bounded and batches for as long as the delay.
     assert d.dynamic_batching == {"max_queue_delay_microseconds": 0}
-    assert d.parameters["pipeline"] == "true"
+    assert d.parameters["async_execute"] == "true"
     assert d.parameters["max_queue_size"] == str(32 * 1)   # batch 32 x one more batch in 12 ms
     assert d.parameters["batch_window_us"] == "0"          # no arrival rate: waiting only adds latency
     assert "priority_level 0..2 (unmarked: 0, the lowest)" in d.explain()
@@ -154,7 +154,7 @@ def test_triton_priority_queue_when_asked():
     d = derive(make_profile(SATURATING), slo_ms=20, cores=2, priority_levels=3, priority_queue="triton")
     assert d.dynamic_batching["priority_levels"] == 3
     assert d.dynamic_batching["default_priority_level"] == 3
-    assert d.instance_count == 2 and "pipeline" not in d.parameters
+    assert d.instance_count == 2 and "async_execute" not in d.parameters
 
 
 def test_one_instance_gets_no_queue_policy_and_priorities_in_latte_queue():
@@ -166,7 +166,7 @@ def test_one_instance_gets_no_queue_policy_and_priorities_in_latte_queue():
     assert "default_queue_policy" not in d.dynamic_batching
     assert "default_queue_policy: not set, so Triton's queue is unbounded" in d.explain()
     latte_queue = derive(make_profile(SATURATING), slo_ms=20, cores=1, priority_levels=2)
-    assert latte_queue.instance_count == 1 and latte_queue.parameters["pipeline"] == "true"
+    assert latte_queue.instance_count == 1 and latte_queue.parameters["async_execute"] == "true"
     assert "default_queue_policy: not set" not in latte_queue.explain()
     with pytest.raises(DerivationError, match=r"priority_levels 2 in Triton's queue need 2 instances .* allows 1 "
                                               r"\(1 core\(s\) // intra_op_threads 1\); let latte hold the queue"):

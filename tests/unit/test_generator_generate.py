@@ -1,5 +1,6 @@
 """`latte generate`: rendered repositories match reviewed golden configs and parse as Triton's."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -20,12 +21,24 @@ def repo(sequence_pipeline, tmp_path):
     return tmp_path / "repo"
 
 
+@pytest.fixture
+def plain_repo(sequence_pipeline, tmp_path):
+    generate(sequence_pipeline / "pipeline.yaml", tmp_path / "plain", fuse=False)
+    return tmp_path / "plain"
+
+
 @pytest.mark.parametrize("model", ["embed_text", "encoder", "tokenize", "normalize"])
 def test_rendered_config_matches_golden_and_parses(repo, model):
     text = (repo / model / "config.pbtxt").read_text()
     assert text == (GOLDEN / f"{model}.pbtxt").read_text()
     config = parse_config(text, model)
     assert config.name == model
+
+
+def test_without_fusing_the_ensemble_is_rendered_as_written(plain_repo):
+    text = (plain_repo / "embed_text" / "config.pbtxt").read_text()
+    assert text == (GOLDEN / "embed_text.ensemble.pbtxt").read_text()
+    assert not (plain_repo / "embed_text" / "1" / "graph.json").exists()
 
 
 def test_repository_layout_has_versions_model_files_and_warmup(repo):
@@ -36,7 +49,8 @@ def test_repository_layout_has_versions_model_files_and_warmup(repo):
     tokens = np.frombuffer((repo / "encoder" / "warmup" / "tokens").read_bytes(), dtype=np.int64)
     assert tokens.shape == (16,) and tokens.min() >= 1 and tokens.max() < 1000
     configs = validate_repository(repo)
-    assert configs["embed_text"].platform == "ensemble"
+    assert configs["embed_text"].backend == "latte"  # the ensemble, fused
+    assert (repo / "embed_text" / "1" / "steps" / "encoder" / "1" / "model.onnx").is_file()
 
 
 def test_overrides_win_over_derived_values(sequence_pipeline, tmp_path):
@@ -47,14 +61,23 @@ def test_overrides_win_over_derived_values(sequence_pipeline, tmp_path):
     path = sequence_pipeline / "override.yaml"
     path.write_text(spec)
     generate(path, tmp_path / "repo")
+    generate(path, tmp_path / "plain", fuse=False)
     config = parse_config((tmp_path / "repo" / "encoder" / "config.pbtxt").read_text())
     assert config.max_batch_size == 4
     assert config.instance_group[0].count == 2
     assert config.dynamic_batching.max_queue_delay_microseconds == 100
     assert config.max_batch_size == 4 and config.parameters["bucket_edges"].string_value  # derived value kept
     assert config.parameters["pad_value"].string_value == "7"
-    # The ensemble's batch follows its smallest step.
-    assert parse_config((tmp_path / "repo" / "embed_text" / "config.pbtxt").read_text()).max_batch_size == 4
+    # Triton's ensemble batches no more than its smallest step takes.
+    assert parse_config((tmp_path / "plain" / "embed_text" / "config.pbtxt").read_text()).max_batch_size == 4
+    # Fused, the encoder step keeps its overrides and runs at most 4 rows a call inside the graph,
+    # while the fused model batches as much as its largest step takes.
+    graph = json.loads((tmp_path / "repo" / "embed_text" / "1" / "graph.json").read_text())
+    encoder = next(step for step in graph["steps"] if step["name"] == "encoder")["config"]
+    assert encoder["max_batch_size"] == 4 and encoder["parameters"]["pad_value"] == {"string_value": "7"}
+    fused = parse_config((tmp_path / "repo" / "embed_text" / "config.pbtxt").read_text())
+    assert fused.max_batch_size == 32 and fused.instance_group[0].count == 2
+    assert fused.dynamic_batching.max_queue_delay_microseconds == 100
 
 
 def test_priority_levels_render_lattes_queue_that_the_backend_loads(sequence_pipeline, tmp_path):
@@ -73,7 +96,7 @@ def test_priority_levels_render_lattes_queue_that_the_backend_loads(sequence_pip
     assert config.dynamic_batching.max_queue_delay_microseconds == 0
     serving = parse_model_config(MessageToDict(config, preserving_proto_field_name=True),
                                  tmp_path / "repo" / "encoder", "1").serving
-    assert serving.pipeline and serving.scheduler == "affinity"
+    assert serving.async_execute and serving.scheduler == "affinity"
     # Whole batches of the rendered size: b x the batches that fit in the SLO after the first.
     assert serving.max_queue_size >= config.max_batch_size and serving.max_queue_size % config.max_batch_size == 0
 
@@ -133,12 +156,13 @@ def test_user_templates_replace_the_bundled_ones(sequence_pipeline, tmp_path):
     text = (bundled_templates() / "ensemble.pbtxt.j2").read_text()
     (mine / "ensemble.pbtxt.j2").write_text(text.replace('platform: "ensemble"',
                                                          'platform: "ensemble"\n# reviewed by the serving team'))
-    generate(sequence_pipeline / "pipeline.yaml", tmp_path / "repo", templates=mine)
+    generate(sequence_pipeline / "pipeline.yaml", tmp_path / "repo", templates=mine, fuse=False)
     assert "# reviewed by the serving team" in (tmp_path / "repo" / "embed_text" / "config.pbtxt").read_text()
     assert "# reviewed" not in (tmp_path / "repo" / "encoder" / "config.pbtxt").read_text()
 
 
-def test_validate_reports_each_broken_part(repo):
+def test_validate_reports_each_broken_part(plain_repo):
+    repo = plain_repo
     (repo / "tokenize" / "1" / "model.py").unlink()
     (repo / "encoder" / "warmup" / "tokens").unlink()
     ensemble = repo / "embed_text" / "config.pbtxt"
@@ -160,7 +184,8 @@ def test_validate_names_the_line_of_a_syntax_error(repo):
         validate_repository(repo)
 
 
-def test_cli_validate_exit_codes(repo, capsys):
+def test_cli_validate_exit_codes(plain_repo, capsys):
+    repo = plain_repo
     assert main(["validate", str(repo)]) == 0
     assert "4 model(s), 1 ensemble(s): valid" in capsys.readouterr().out
     (repo / "normalize" / "1" / "model.py").unlink()

@@ -162,7 +162,7 @@ class GatedMlp(Runtime):
 
 
 class PipelinedAnswers:
-    """What pipelined calls (one request each) were answered with, in the order the answers
+    """What async_execute calls (one request each) were answered with, in the order the answers
     came; a second answer to any request fails the test."""
 
     def __init__(self) -> None:
@@ -189,7 +189,7 @@ class PipelinedAnswers:
             assert self._lock.wait_for(lambda: len(self.outcomes) >= count, 30.0), self.outcomes
 
 
-def pipelined_mlp(example_engine, queue_capacity: int = 4096):
+def async_mlp(example_engine, queue_capacity: int = 4096):
     """The mlp example's engine on one lane, one request per batch, behind a closed gate."""
     spec, _ = example_engine("mlp_onnx")
     gate = threading.Event()
@@ -199,13 +199,13 @@ def pipelined_mlp(example_engine, queue_capacity: int = 4096):
 
 
 def send(engine, answers: PipelinedAnswers, call: int, options: RequestOptions = DEFAULT_OPTIONS) -> None:
-    """One request, marked with its call number, as one pipelined execute call."""
+    """One request, marked with its call number, as one async_execute call."""
     features = np.full((1, 16), call, np.float32)
     engine.submit([ParsedRequest(inputs={"features": features}, rows=1)], [options], answers.to(call))
 
 
 def test_a_higher_priority_level_overtakes_the_requests_queued_before_it(example_engine):
-    engine, gate = pipelined_mlp(example_engine)
+    engine, gate = async_mlp(example_engine)
     answers = PipelinedAnswers()
     try:
         send(engine, answers, 0)
@@ -224,7 +224,7 @@ def test_a_higher_priority_level_overtakes_the_requests_queued_before_it(example
 
 
 def test_a_full_queue_sheds_the_lowest_priority_first_with_one_unavailable_line(example_engine):
-    engine, gate = pipelined_mlp(example_engine, queue_capacity=2)
+    engine, gate = async_mlp(example_engine, queue_capacity=2)
     answers = PipelinedAnswers()
     high = RequestOptions(priority=1)
     try:
@@ -258,7 +258,7 @@ def test_a_full_queue_sheds_the_lowest_priority_first_with_one_unavailable_line(
 
 
 def test_requests_whose_deadline_passes_in_the_queue_time_out_without_running(example_engine):
-    engine, gate = pipelined_mlp(example_engine)
+    engine, gate = async_mlp(example_engine)
     answers = PipelinedAnswers()
     try:
         send(engine, answers, 0)

@@ -200,4 +200,23 @@ void pack(const ArrayView* parts, std::size_t count, std::byte* out, const std::
   if (at < out_shape[0]) fill(out + at * out_strides[0], (out_shape[0] - at) * (out_strides[0] / itemsize), itemsize, pad);
 }
 
+void row_lengths(const ArrayView& array, const std::byte* pad, std::int64_t* lengths) noexcept {
+  const std::int64_t rows = array.shape[0];
+  const std::int64_t width = array.shape[1];
+  std::size_t block = static_cast<std::size_t>(array.itemsize);  // bytes of one position along dimension 1
+  for (int d = 2; d < array.ndim; ++d) block *= static_cast<std::size_t>(array.shape[d]);
+  const std::size_t item = static_cast<std::size_t>(array.itemsize);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::byte* row = array.data + static_cast<std::size_t>(r) * static_cast<std::size_t>(width) * block;
+    std::int64_t reach = width;
+    for (; reach > 0; --reach) {
+      const std::byte* at = row + static_cast<std::size_t>(reach - 1) * block;
+      bool padding = true;
+      for (std::size_t b = 0; b < block && padding; b += item) padding = std::memcmp(at + b, pad, item) == 0;
+      if (!padding) break;
+    }
+    lengths[r] = reach > 0 ? reach : 1;
+  }
+}
+
 }  // namespace latte::batching

@@ -192,3 +192,29 @@ TEST_CASE("a part larger than the batch is a precondition failure, not an overru
 }
 
 int main() { return latte::testing::run_all(); }
+
+TEST_CASE("a padded batch's rows are measured up to their last value that is not padding") {
+  // Rows of token ids padded with 0 to the longest; a 0 inside a row is a value, not padding.
+  std::vector<std::int64_t> ids = {5, 0, 7, 0, 0,
+                                   3, 0, 0, 0, 0,
+                                   0, 0, 0, 0, 0,
+                                   1, 2, 3, 4, 5};
+  const std::int64_t zero = 0;
+  std::int64_t lengths[4] = {};
+  row_lengths(view(ids, kInt64, {4, 5}), reinterpret_cast<const std::byte*>(&zero), lengths);
+  CHECK(lengths[0] == 3);
+  CHECK(lengths[1] == 1);
+  CHECK(lengths[2] == 1);  // all padding: the row is still there
+  CHECK(lengths[3] == 5);
+}
+
+TEST_CASE("a position of a deeper batch is padding only when all its elements are") {
+  // [rows 2, positions 3, features 2]: row 0 reaches position 2 through one feature.
+  std::vector<float> values = {1, 1, 0, 0, 0, 2,
+                               1, 0, 0, 0, 0, 0};
+  const float zero = 0.0f;
+  std::int64_t lengths[2] = {};
+  row_lengths(view(values, kFloat32, {2, 3, 2}), reinterpret_cast<const std::byte*>(&zero), lengths);
+  CHECK(lengths[0] == 3);
+  CHECK(lengths[1] == 1);
+}

@@ -301,7 +301,7 @@ def _server_ready(http_url: str) -> bool:
         return False
 
 
-# -- whose queue: Triton's priority queue against latte's own (pipeline: true) ---------------
+# -- whose queue: Triton's priority queue against latte's own (async_execute: true) ---------------
 
 TRITON_QUEUE, LATTE_QUEUE, IDLE = "triton_queue", "latte_queue", "idle"
 
@@ -329,10 +329,10 @@ class QueueFloodSettings:
 
 def latte_queue_context(context: dict, max_queue_size: int) -> dict:
     """The model with latte holding the queue: execute hands requests to the scheduler lanes and
-    returns (pipeline: true), bounded by max_queue_size; no Triton priority levels, so one
+    returns (async_execute: true), bounded by max_queue_size; no Triton priority levels, so one
     instance does not stall (docs/backend.md, Priorities)."""
     variant = dict(context)
-    variant["parameters"] = {**context.get("parameters", {}), "pipeline": "true",
+    variant["parameters"] = {**context.get("parameters", {}), "async_execute": "true",
                              "max_queue_size": str(max_queue_size)}
     variant["dynamic_batching"] = {"max_queue_delay_microseconds": 0}
     return variant

@@ -107,6 +107,28 @@ examples:
     p.set_defaults(handler=_generate)
 
     p = sub.add_parser(
+        "fuse", formatter_class=_RAW,
+        help="fuse an existing repository's ensemble into one latte model (no hop between its steps)",
+        description="""\
+Read the model repository REPO, and write OUT: a copy of it in which ENSEMBLE's steps run as one
+`backend: "latte"` model, under the ensemble's name, so clients call what they called before.
+Steps of backend python (their TritonPythonModel, unchanged, called in process), onnxruntime,
+pytorch (TorchScript) and latte fuse; a step latte cannot run (another backend, another device,
+a decoupled or sequence model) stays in Triton's ensemble around the fused ones, and the summary
+says why. OUT is validated as `latte validate` does (docs/pipelines.md).""",
+        epilog="""\
+examples:
+  latte fuse repo/ --ensemble embed_text -o fused-repo/
+  latte fuse repo/ --ensemble classify_image -o fused-repo/ --samples images.json""")
+    p.add_argument("repo", help="model repository folder holding the ensemble and its step models")
+    p.add_argument("--ensemble", required=True, help="the ensemble to fuse")
+    p.add_argument("-o", "--out", required=True, help="folder to write the fused repository to (new or empty)")
+    p.add_argument("--samples", metavar="FILE", help="requests the first steps accept (perf_analyzer --input-data "
+                   "JSON): the fused model checks its steps' tensors on them at load")
+    p.add_argument("--templates", metavar="DIR", help="folder with templates that replace the bundled ones by name")
+    p.set_defaults(handler=_fuse)
+
+    p = sub.add_parser(
         "validate", formatter_class=_RAW,
         help="check configs (Triton's ModelConfig) and ensemble DAGs of a repository",
         description="""\
@@ -260,6 +282,18 @@ def _generate(args) -> int:
         if plan.derivation is not None:
             print(derivation_report(plan.name, plan.derivation))
     print(f"wrote {len(plans)} model(s) to {args.out}; validated")
+    return 0
+
+
+def _fuse(args) -> int:
+    from latte.generator.fuse import fuse_repository
+
+    fusion = fuse_repository(Path(args.repo), args.ensemble, Path(args.out),
+                             Path(args.samples) if args.samples else None,
+                             Path(args.templates) if args.templates else None)
+    for line in fusion.summary():
+        print(line)
+    print(f"wrote {args.out}; validated")
     return 0
 
 

@@ -231,3 +231,105 @@ class InProcess:
 def run_in_process(directory: Path, texts: np.ndarray) -> Dict[str, np.ndarray]:
     """The text pipeline on [batch, 1] texts without Triton: same steps, same ONNX model."""
     return InProcess(directory, "text")({"TEXT": texts})
+
+
+def side_by_side(directory: Path, name: str = "text", slo_ms: float = 50.0, cores: int = 2,
+                 log: Callable[[str], None] = lambda line: None) -> Tuple[Path, Dict[str, str]]:
+    """One repository serving an example pipeline twice: fused, under the ensemble's name (as
+    `latte generate` renders it), and as Triton's ensemble of the same step models (as
+    `latte generate --no-fuse` renders it), named <ensemble>_ensemble. Returns the repository
+    and {"fused": name, "ensemble": name}."""
+    import re
+
+    from latte.generator.generate import generate
+    from latte.generator.validate import validate_repository
+
+    directory = Path(directory)
+    example = PIPELINES[name]
+    spec = write_pipeline(directory / "files", slo_ms=slo_ms, cores=cores, name=name)
+    repo, plain = directory / "repo", directory / "plain"
+    generate(spec, repo, log=log)
+    generate(spec, plain, fuse=False)  # the profiles and calibration the first run kept
+    ensemble = f"{example.ensemble}_ensemble"
+    target = repo / ensemble
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(plain / example.ensemble, target)
+    config = target / "config.pbtxt"
+    config.write_text(re.sub(r'^name: ".*"$', f'name: "{ensemble}"', config.read_text(), count=1, flags=re.M))
+    validate_repository(repo)
+    return repo, {"fused": example.ensemble, "ensemble": ensemble}
+
+
+HAND_WRITTEN = {
+    "tokenize": """\
+name: "tokenize"
+backend: "python"
+max_batch_size: 8
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "TOKENS" data_type: TYPE_INT64 dims: [ -1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+""",
+    "encoder_latte": """\
+name: "encoder"
+backend: "latte"
+max_batch_size: 8
+input [ { name: "tokens" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true } ]
+output [ { name: "embedding" data_type: TYPE_FP32 dims: [ 32 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 500 }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+parameters { key: "max_sequence_length" value: { string_value: "128" } }
+parameters { key: "pad_value" value: { string_value: "0" } }
+""",
+    "encoder_onnxruntime": """\
+name: "encoder"
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "tokens" data_type: TYPE_INT64 dims: [ -1 ] } ]
+output [ { name: "embedding" data_type: TYPE_FP32 dims: [ 32 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 500 }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+""",
+    "normalize": """\
+name: "normalize"
+backend: "python"
+max_batch_size: 8
+input [ { name: "RAW" data_type: TYPE_FP32 dims: [ 32 ] } ]
+output [ { name: "EMBEDDING" data_type: TYPE_FP32 dims: [ 32 ] }, { name: "NORM" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+""",
+    "embed_text": """\
+name: "embed_text"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "EMBEDDING" data_type: TYPE_FP32 dims: [ 32 ] }, { name: "NORM" data_type: TYPE_FP32 dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "tokenize" model_version: -1 input_map { key: "TEXT" value: "TEXT" } output_map { key: "TOKENS" value: "tokens" } },
+    { model_name: "encoder" model_version: -1 input_map { key: "tokens" value: "tokens" } output_map { key: "embedding" value: "raw" } },
+    { model_name: "normalize" model_version: -1 input_map { key: "RAW" value: "raw" }
+      output_map { key: "EMBEDDING" value: "EMBEDDING" } output_map { key: "NORM" value: "NORM" } }
+  ]
+}
+""",
+}
+
+
+def write_hand_written_repository(repo: Path, encoder_backend: str = "latte") -> Path:
+    """The text pipeline as a Triton user writes it by hand, without latte's generator: python
+    models for tokenize and normalize (each file a TritonPythonModel), the encoder served by
+    `encoder_backend` (latte or onnxruntime), and the ensemble embed_text; for `latte fuse`."""
+    from latte.examples import EXAMPLES, export
+
+    repo = Path(repo)
+    files = export(EXAMPLES["sequence"], repo.parent / f"{repo.name}-build")
+    for model, config, source in (("tokenize", "tokenize", STEPS / "tokenize.py"),
+                                  ("encoder", f"encoder_{encoder_backend}", files["onnx"]),
+                                  ("normalize", "normalize", STEPS / "normalize.py"),
+                                  ("embed_text", "embed_text", None)):
+        (repo / model / "1").mkdir(parents=True, exist_ok=True)
+        (repo / model / "config.pbtxt").write_text(HAND_WRITTEN[config])
+        if source is not None:
+            shutil.copy2(source, repo / model / "1" / ("model.py" if source.suffix == ".py" else "model.onnx"))
+    return repo

@@ -62,4 +62,10 @@ Finding inspect(const ArrayView& array, const InputRule& rule) noexcept;
 void pack(const ArrayView* parts, std::size_t count, std::byte* out, const std::int64_t* out_shape, int ndim,
           int itemsize, const std::byte* pad);
 
+// How far each row of a padded batch really reaches along its dimension 1 (the rows of
+// token ids a pre-processing step returns, padded to the longest): one past the last position
+// whose elements are not all the `itemsize` bytes at `pad`, at least 1. `lengths` takes
+// array.shape[0] values; the array has at least 2 dimensions.
+void row_lengths(const ArrayView& array, const std::byte* pad, std::int64_t* lengths) noexcept;
+
 }  // namespace latte::batching

@@ -1,4 +1,4 @@
-"""Priorities that latte holds: a pipelined model (`pipeline: true`) queues requests in its own
+"""Priorities that latte holds: a model with `async_execute: true` queues requests in its own
 scheduler, so a request's `priority_level` overtakes what is queued, and a full queue
 (`max_queue_size`) sheds the lowest priority first, with UNAVAILABLE, over gRPC.
 
@@ -19,7 +19,7 @@ import pytest
 
 from priority_probe import priority_probe_onnx, priority_probe_reference
 
-MODEL = "pipelined_probe"
+MODEL = "async_probe"
 LENGTH = 640          # one model call takes tens of milliseconds, so the queue stays full a while
 QUEUE = 4
 FLOOD = 16
@@ -27,12 +27,12 @@ HIGH = 1
 
 
 @pytest.fixture(scope="module")
-def pipelined_server(tmp_path_factory):
+def async_server(tmp_path_factory):
     import onnx
 
     from latte.triton import TritonServer
 
-    work = tmp_path_factory.mktemp("pipelined")
+    work = tmp_path_factory.mktemp("async_execute")
     repo = work / "repository"
     (repo / MODEL / "1").mkdir(parents=True)
     onnx.save(priority_probe_onnx(), str(repo / MODEL / "1" / "model.onnx"))
@@ -44,7 +44,7 @@ output [ {{ name: "y" data_type: TYPE_FP32 dims: [ 1 ] }} ]
 dynamic_batching {{ }}
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 parameters [
-  {{ key: "pipeline" value: {{ string_value: "true" }} }},
+  {{ key: "async_execute" value: {{ string_value: "true" }} }},
   {{ key: "max_queue_size" value: {{ string_value: "{QUEUE}" }} }},
   {{ key: "intra_op_threads" value: {{ string_value: "1" }} }},
   {{ key: "warmup" value: {{ string_value: "false" }} }}
@@ -80,12 +80,12 @@ class Answers:
             return {n: e for n, e in self.by_request.items() if n.startswith(prefix) and isinstance(e, Exception)}
 
 
-def test_high_priority_overtakes_the_queued_flood_and_the_default_class_is_shed(pipelined_server, rng):
+def test_high_priority_overtakes_the_queued_flood_and_the_default_class_is_shed(async_server, rng):
     import tritonclient.grpc as grpcclient
 
     from latte.triton.client import infer_inputs
 
-    client = grpcclient.InferenceServerClient(pipelined_server.grpc_url)
+    client = grpcclient.InferenceServerClient(async_server.grpc_url)
     x = rng.uniform(-0.2, 0.2, (1, LENGTH)).astype(np.float32)
     answers = Answers()
     try:
@@ -121,12 +121,12 @@ def test_high_priority_overtakes_the_queued_flood_and_the_default_class_is_shed(
     assert len(served) - 1 - last_high >= 1, served
 
 
-def test_the_server_still_serves_after_the_flood(pipelined_server, rng):
+def test_the_server_still_serves_after_the_flood(async_server, rng):
     import tritonclient.grpc as grpcclient
 
     from latte.triton.client import infer_inputs
 
-    client = grpcclient.InferenceServerClient(pipelined_server.grpc_url)
+    client = grpcclient.InferenceServerClient(async_server.grpc_url)
     try:
         x = rng.uniform(-0.2, 0.2, (1, LENGTH)).astype(np.float32)
         started = time.monotonic()

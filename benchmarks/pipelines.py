@@ -1,0 +1,249 @@
+"""Pipelines benchmark: a fused latte model against Triton's ensemble of the same steps.
+
+    .venv/bin/python benchmarks/pipelines.py [--pipeline text,image,branching] [--rounds 3]
+                                             [--concurrency 1,16] [--measurement-ms 2000]
+                                             [--decompose] [--out results.json]
+
+Per example pipeline (latte.examples.pipeline), `latte generate` renders it twice from one
+spec and SLO (50 ms) and one tritonserver serves four contenders with the same inputs and
+outputs:
+
+- fused: the latte model `latte generate` makes of the ensemble (its name), every step in
+  one process, batched;
+- ensemble: `latte generate --no-fuse`'s Triton ensemble of the same step models (tokenize
+  and normalize in Triton's Python backend, the encoder a latte model): every step its own
+  model, every hop through Triton's core;
+- stock: Triton's stock Python backend running the same steps (the same functions, the same
+  ONNX files, one intra-op thread) in one `execute`, one request at a time: fused by hand;
+- echo: a stock Python model with the same inputs and outputs that computes nothing, the
+  least one hop costs.
+
+stock and echo have the fused model's batching and instances. perf_analyzer (gRPC) sends the
+same requests to each (one text or image per request; text word counts lognormal, median 24),
+rounds interleaved with the contenders' order rotated; medians are reported. The limit any
+model reached in one hop can serve here is H = 1 / (1/echo + 1/in-process), in-process being
+the same steps on one thread in batches of 8 (texts length-sorted within windows of 64).
+
+`--decompose` adds each step's time per request in the fused model, from its own counters
+(latte_step_us_total), next to the whole request's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from google.protobuf import text_format
+
+from latte.bench import cpu
+from latte.bench.prometheus_scrape import scrape, split_key
+from latte.bench.triton_stats import fetch_stats
+from latte.examples.pipeline import PIPELINES, InProcess, side_by_side
+from latte.generator.validate import parse_config_file
+from latte.triton import TritonServer
+from latte.triton.perf import write_input_data
+
+from serving import measure, median  # benchmarks/serving.py: one level measured, a stable median
+
+HERE = Path(__file__).resolve().parent
+SLO_MS = 50.0
+ROLES = ("fused", "ensemble", "stock")
+
+
+def add_python_contender(repo: Path, fused: str, name: str, script: str, with_graph: bool) -> str:
+    """A stock Python model with the fused model's config (batching, instances, tensors)."""
+    config = parse_config_file(repo / fused / "config.pbtxt")
+    config.name = name
+    config.backend = "python"
+    config.ClearField("parameters")
+    target = repo / name
+    if target.exists():
+        shutil.rmtree(target)
+    version = target / "1"
+    if with_graph:
+        shutil.copytree(repo / fused / "1", version)
+    else:
+        version.mkdir(parents=True)
+    shutil.copy(HERE / script, version / "model.py")
+    (target / "config.pbtxt").write_text(text_format.MessageToString(config))
+    return name
+
+
+def step_models(repo: Path, ensemble: str) -> List[str]:
+    return [step.model_name for step in parse_config_file(repo / ensemble / "config.pbtxt").ensemble_scheduling.step]
+
+
+def in_process_rate(files: Path, name: str, requests, batch: int = 8, seconds: float = 3.0) -> float:
+    """Requests/s of the pipeline's steps on one thread, in batches of `batch` (texts sorted by
+    length within windows of 64: the best a batcher can do)."""
+    import numpy as np
+
+    run = InProcess(files, name)
+    key = PIPELINES[name].input_name
+    values = [r[key][0] for r in requests]
+    if key == "TEXT":
+        values = [v for w in range(0, len(values), 64) for v in sorted(values[w:w + 64], key=lambda t: len(t[0]))]
+    batches = [np.stack(values[at:at + batch]) for at in range(0, len(values) - batch + 1, batch)]
+    for b in batches[:4]:
+        run({key: b})
+    done, i, started = 0, 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        run({key: batches[i % len(batches)]})
+        done += batch
+        i += 1
+    return done / (time.perf_counter() - started)
+
+
+def step_counters(metrics_url: str, model: str) -> Dict[str, float]:
+    values = scrape(metrics_url)
+    found = {}
+    for key, value in values.items():
+        series, labels = split_key(key)
+        if labels.get("model") != model:
+            continue
+        if series == "latte_step_us_total":
+            found[labels["step"]] = found.get(labels["step"], 0.0) + value
+        elif series == "latte_execute_requests_total":
+            found["requests"] = found.get("requests", 0.0) + value
+    return found
+
+
+def run_pipeline(name: str, args, work: Path) -> dict:
+    load_at_start = os.getloadavg()[0]
+    print(f"  load average at start: {load_at_start:.2f}", flush=True)
+    example = PIPELINES[name]
+    levels = [int(x) for x in args.concurrency.split(",")]
+    top = max(levels)
+    repo, names = side_by_side(work / name, name, slo_ms=SLO_MS, log=lambda line: print(f"  {line}", flush=True))
+    names["stock"] = add_python_contender(repo, names["fused"], f"{names['fused']}_stock", "stock_pipeline_model.py",
+                                          with_graph=True)
+    names["echo"] = add_python_contender(repo, names["fused"], f"{names['fused']}_echo", "zeros_python_model.py",
+                                         with_graph=False)
+    stub_models = {role: [model] for role, model in names.items()}
+    stub_models["ensemble"] = step_models(repo, names["ensemble"])
+    requests = example.requests(256)
+    data = write_input_data(work / f"{name}-inputs.json", [{k: v[0] for k, v in r.items()} for r in requests])
+    points = {role: {level: [] for level in levels} for role in names}
+    cpu_us = {role: {level: [] for level in levels} for role in names}
+    decomposed = []
+    with TritonServer(repo, log_path=work / f"{name}-tritonserver.log") as server:
+        for round_ in range(args.rounds):
+            order = list(ROLES[round_ % 3:] + ROLES[:round_ % 3])
+            for role in order + ["echo"]:
+                for level in (levels if role != "echo" else [top]):
+                    model = names[role]
+                    decompose = args.decompose and role == "fused" and level == top
+                    before = step_counters(server.metrics_url, model) if decompose else None
+                    print(f"  round {round_ + 1}/{args.rounds}: {model} at concurrency {level} ...", flush=True)
+                    stubs = [pid for m in stub_models[role] for pid in cpu.model_stub_pids(server.process.pid, m)]
+                    served_before = fetch_stats(server.http_url, model).success_count
+                    cpu_before = cpu.sample(server.process.pid, stubs)
+                    point = measure(model, server.grpc_url, level, data, args.measurement_ms)
+                    used = cpu.sample(server.process.pid, stubs).minus(cpu_before)
+                    served = fetch_stats(server.http_url, model).success_count - served_before
+                    points[role][level].append(point)
+                    cpu_us[role][level].append(cpu.per_request_us(used, served)["total"])
+                    if decompose:
+                        time.sleep(1.2)  # latte publishes its counters once a second
+                        after = step_counters(server.metrics_url, model)
+                        count = max(1.0, after.get("requests", 0) - before.get("requests", 0))
+                        decomposed.append({step: (after[step] - before.get(step, 0.0)) / count
+                                           for step in after if step != "requests"})
+    limit = in_process_rate(work / name / "files", name, requests)
+
+    def summary(role, level, field):
+        return median([getattr(p, field) for p in points[role][level]])
+
+    result = {"pipeline": name, "load_average_at_start": load_at_start, "slo_ms": SLO_MS, "levels": levels,
+              "rounds": args.rounds, "models": names, "in_process": limit,
+              "points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
+                         for role, by_level in points.items()},
+              "cpu_us_per_request": {role: {str(level): ps for level, ps in by_level.items()}
+                                     for role, by_level in cpu_us.items()}}
+    for role in ROLES:
+        ok = [level for level in levels if (summary(role, level, "p99_ms") or 1e9) <= SLO_MS]
+        best = max(ok, key=lambda level: summary(role, level, "throughput")) if ok else None
+        result[role] = {"throughput": summary(role, best, "throughput") if best else 0.0, "concurrency": best,
+                        "p99_ms": summary(role, best, "p99_ms") if best else None,
+                        "p50_ms_lowest_level": summary(role, levels[0], "p50_ms")}
+    echo = summary("echo", top, "throughput")
+    limit_h = 1.0 / (1.0 / echo + 1.0 / limit)
+    fused = result["fused"]
+    result.update(echo=echo, limit_h=limit_h, fused_share_of_h=fused["throughput"] / limit_h,
+                  round_ratios={other: [a.throughput / max(1e-9, b.throughput)
+                                        for a, b in zip(points["fused"][top], points[other][top])]
+                                for other in ("ensemble", "stock")})
+    for other in ("ensemble", "stock"):
+        base = result[other]["throughput"]
+        result[f"fused_vs_{other}"] = fused["throughput"] / base if base > 0 else None
+        result[f"p50_fused_vs_{other}_lowest_level"] = (fused["p50_ms_lowest_level"]
+                                                        / max(1e-9, result[other]["p50_ms_lowest_level"]))
+    result["cpu_us_median"] = {role: {str(level): median(values) for level, values in by_level.items() if values}
+                               for role, by_level in cpu_us.items()}
+    if decomposed:
+        result["decompose_us_per_request"] = {step: median([d[step] for d in decomposed]) for step in decomposed[0]}
+        result["decompose_us_per_request"]["fused_wall"] = 1e6 / max(1e-9, summary("fused", top, "throughput"))
+    return result
+
+
+def print_results(results: List[dict]) -> None:
+    print(f"\n{'pipeline':10} {'fused':>7} {'ensemble':>8} {'stock':>7} {'f/ens':>6} {'f/stock':>7} {'echo':>6} "
+          f"{'in-proc':>8} {'H':>6} {'f/H':>5}   {'P99 ms fused/ens/stock':>24}   P50 at lowest level, fused/ensemble")
+    for r in results:
+        def ratio(key):
+            return f"{r[key]:.2f}x" if r[key] is not None else "-"
+        p99 = " / ".join(f"{r[role]['p99_ms']:.1f}" if r[role]["p99_ms"] is not None else "-" for role in ROLES)
+        print(f"{r['pipeline']:10} {r['fused']['throughput']:>7.0f} {r['ensemble']['throughput']:>8.0f} "
+              f"{r['stock']['throughput']:>7.0f} {ratio('fused_vs_ensemble'):>6} {ratio('fused_vs_stock'):>7} "
+              f"{r['echo']:>6.0f} {r['in_process']:>8.0f} {r['limit_h']:>6.0f} {r['fused_share_of_h']:>5.0%}   "
+              f"{p99:>24}   {r['fused']['p50_ms_lowest_level']:.2f} / {r['ensemble']['p50_ms_lowest_level']:.2f} ms "
+              f"({r['p50_fused_vs_ensemble_lowest_level']:.2f}x)")
+    print("(infer/s at the best level with P99 within the 50 ms SLO, medians of the rounds; H = 1/(1/echo + "
+          "1/in-process))")
+    for r in results:
+        rounds = ", ".join(f"{x:.2f}" for x in r["round_ratios"]["ensemble"])
+        print(f"  {r['pipeline']}: fused/ensemble each round at the top level: {rounds}; CPU us per request at the "
+              "top level: " + ", ".join(f"{role} {r['cpu_us_median'][role][str(max(r['levels']))]:.0f}"
+                                        for role in (*ROLES, "echo")))
+        if "decompose_us_per_request" in r:
+            d = r["decompose_us_per_request"]
+            steps = ", ".join(f"{step} {us:.1f}" for step, us in d.items() if step != "fused_wall")
+            print(f"  {r['pipeline']}: us per request in each step: {steps} (of {d['fused_wall']:.0f} us wall)")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipeline", default="text,image,branching",
+                        help=f"comma-separated, from {', '.join(PIPELINES)} (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
+    parser.add_argument("--concurrency", default="1,16", help="perf_analyzer concurrency levels (default: %(default)s)")
+    parser.add_argument("--measurement-ms", type=int, default=2000, help="default: %(default)s")
+    parser.add_argument("--decompose", action="store_true", help="also print each fused step's time per request")
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.pipeline.split(",") if n.strip()]
+    unknown = [n for n in names if n not in PIPELINES]
+    if unknown or args.rounds < 1:
+        parser.error(f"unknown pipeline(s) {unknown}; choose from {', '.join(PIPELINES)}" if unknown
+                     else "--rounds must be >= 1")
+    work = Path(tempfile.mkdtemp(prefix="latte-pipelines-"))
+    results = []
+    for name in names:
+        print(f"{name}:", flush=True)
+        results.append(run_pipeline(name, args, work))
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=2))
+    print_results(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
