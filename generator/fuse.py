@@ -247,7 +247,7 @@ def fusion_groups(wiring: EnsembleWiring, sources: Mapping[str, StepSource]
     for g in ordered:
         if g not in fused:
             only = g[0]
-            unfused[only] = "no neighbouring step latte can run with it on its device"
+            unfused[only] = "no step next to it fuses with it, and a step alone gains nothing fused"
     return fused, unfused
 
 
@@ -383,7 +383,7 @@ def _ensemble_context(config) -> Dict:
 
     def tensors(entries):
         return [{"name": t.name, "data_type": model_config_pb2.DataType.Name(t.data_type), "dims": list(t.dims),
-                 "optional": t.optional} for t in entries]
+                 "optional": getattr(t, "optional", False)} for t in entries]
 
     return {"name": config.name, "max_batch_size": config.max_batch_size, "inputs": tensors(config.input),
             "outputs": tensors(config.output)}

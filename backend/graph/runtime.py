@@ -103,9 +103,9 @@ class GraphRuntime(Runtime):
         self.notes: List[str] = []  # what the server log should say about the graph
         self._checked = False
         try:
+            self.check()  # before any step is timed: a mismatch is reported as one, not as a model error
             for step in self.steps:
                 step.measure()
-            self.check()
         except Exception:
             self.close()
             raise

@@ -21,6 +21,43 @@ def sequence_pipeline(tmp_path_factory):
     return directory
 
 
+def flat_profile(path, model_file, inputs, outputs, lengths=(None,)):
+    """A synthetic profile (latency grows with batch and length) that spares profiling a model."""
+    from latte.generator.profile_data import Point, Profile
+
+    points = []
+    for length in lengths:
+        scale = 1.0 if length is None else length / 32
+        for batch, ms in ((1, 0.3), (2, 0.35), (4, 0.45), (8, 0.7), (16, 1.2), (32, 2.2)):
+            points.append(Point(batch, length, ms * scale, ms * scale, ms * scale * 1.2, batch * 4096))
+    Profile(model_file, "onnx", "cpu", 1, inputs, outputs, points).save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def fused_pipelines(tmp_path_factory):
+    """Each example pipeline generated and fused, with synthetic profiles: name -> (files, repo)."""
+    from latte.examples.pipeline import write_pipeline
+    from latte.generator.generate import generate
+
+    fp32 = lambda name, *dims: {"name": name, "data_type": "TYPE_FP32", "dims": list(dims)}
+    built = {}
+    for name in ("text", "image", "branching"):
+        files = tmp_path_factory.mktemp(f"pipeline-{name}")
+        profiles = {
+            "encoder": flat_profile(files / "encoder.json", "sequence/model.onnx",
+                                    [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1]}],
+                                    [fp32("embedding", 32)], lengths=(16, 32, 64, 128)),
+            "cnn": flat_profile(files / "cnn.json", "cnn/model.onnx", [fp32("image", 3, 32, 32)], [fp32("logits", 10)]),
+            "topics": flat_profile(files / "topics.json", "topics/model.onnx", [fp32("embedding", 32)],
+                                   [fp32("topics", 4)]),
+        }
+        spec = write_pipeline(files, slo_ms=50, cores=2, name=name, profiles=profiles)
+        generate(spec, files / "repo")
+        built[name] = (files, files / "repo")
+    return built
+
+
 @pytest.fixture
 def example_engine(example_repo):
     """Builds an example model's engine as the served model would: `example_engine(model)`

@@ -170,9 +170,10 @@ def _load_step(name: str):
 
 
 def write_pipeline(directory: Path, slo_ms: float = 50.0, cores: int = 2, profile: Optional[Path] = None,
-                   export_model: bool = True, name: str = "text") -> Path:
+                   export_model: bool = True, name: str = "text", profiles: Optional[Dict[str, Path]] = None) -> Path:
     """Lay out an example pipeline's files and spec in directory; returns the spec path.
-    `profile` is the encoder's (text pipelines) or the CNN's (image), to skip profiling it."""
+    `profiles` maps latte models of the spec (encoder, cnn, topics) to profiles that spare
+    profiling them; `profile` is the first one's (the encoder's, or the CNN's)."""
     from latte.examples import CATALOG, export
 
     example = PIPELINES[name]
@@ -188,10 +189,13 @@ def write_pipeline(directory: Path, slo_ms: float = 50.0, cores: int = 2, profil
         from latte.triton.perf import write_input_data
 
         write_input_data(directory / "samples.json", [{k: v[0] for k, v in r.items()} for r in example.requests(3)])
-    line = f"    profile: {profile}\n" if profile else ""
+    given = dict(profiles or {})
+    if profile is not None:
+        given.setdefault(example.models[0][0], profile)
+    lines = {f"profile_{model}": f"    profile: {given[model]}\n" if model in given else ""
+             for model in ("encoder", "cnn", "topics")}
     spec = directory / "pipeline.yaml"
-    spec.write_text(example.spec.format(cores=cores, slo_ms=slo_ms, profile_encoder=line, profile_cnn=line,
-                                        profile_topics=""))
+    spec.write_text(example.spec.format(cores=cores, slo_ms=slo_ms, **lines))
     return spec
 
 
