@@ -19,9 +19,11 @@ def read_ppm(data: bytes) -> np.ndarray:
         while at < len(data) and not data[at:at + 1].isspace():
             at += 1
         tokens.append(data[start:at])
-    magic, width, height, maxval = tokens[0], int(tokens[1]), int(tokens[2]), int(tokens[3])
-    if magic != b"P6" or maxval != 255:
-        raise ValueError(f"not an 8-bit binary PPM image (header {magic!r}, maxval {maxval})")
+    if tokens[0] != b"P6" or not all(t.isdigit() for t in tokens[1:]) or int(tokens[3]) != 255:
+        raise ValueError(f"not an 8-bit binary PPM image (header {b' '.join(tokens)[:40]!r})")
+    width, height = int(tokens[1]), int(tokens[2])
+    if len(data) < at + 1 + width * height * 3:
+        raise ValueError(f"the PPM image holds fewer than its {width}x{height} pixels")
     pixels = np.frombuffer(data, dtype=np.uint8, count=width * height * 3, offset=at + 1)
     return pixels.reshape(height, width, 3)
 

@@ -1,0 +1,176 @@
+"""End to end: example pipelines generated twice from one spec, fused (as `latte generate`
+renders them) and as Triton's ensemble (`--no-fuse`), served side by side by one real
+tritonserver; clients get the same answers from both, over HTTP and gRPC."""
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+
+TEXTS = [b"the quick brown fox jumps over the lazy dog", b"hello", b"latte serves ragged batches of text"]
+
+
+@pytest.fixture(scope="module")
+def pipelines(tmp_path_factory):
+    import shutil
+
+    from latte.examples.pipeline import side_by_side
+    from latte.generator.validate import validate_repository
+    from latte.triton import TritonServer
+
+    work = tmp_path_factory.mktemp("pipelines")
+    repo, names = side_by_side(work / "text", "text")
+    image_repo, image_names = side_by_side(work / "image", "image")
+    for model in image_repo.iterdir():
+        if model.is_dir():
+            shutil.copytree(model, repo / model.name)
+    validate_repository(repo)
+    with TritonServer(repo, log_path=work / "tritonserver.log") as server:
+        yield server, repo, work, {"text": names, "image": image_names}
+
+
+def infer(client_module, client, model, name, array):
+    request = client_module.InferInput(name, list(array.shape), "BYTES")
+    request.set_data_from_numpy(array)
+    return client.infer(model, [request])
+
+
+def test_the_fused_text_pipeline_answers_as_its_ensemble_and_its_steps_do(pipelines):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    from latte.examples.pipeline import run_in_process
+
+    server, _, work, names = pipelines
+    files = work / "text" / "files"
+    http = httpclient.InferenceServerClient(server.http_url)
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    # One request at a time: the same computation in both, bit for bit.
+    for text in TEXTS:
+        one = np.array([[text]], dtype=object)
+        fused = infer(grpcclient, grpc, names["text"]["fused"], "TEXT", one)
+        ensemble = infer(grpcclient, grpc, names["text"]["ensemble"], "TEXT", one)
+        for output in ("EMBEDDING", "NORM"):
+            assert np.array_equal(fused.as_numpy(output), ensemble.as_numpy(output))
+    # One request carrying a batch of texts of different lengths, over HTTP.
+    batch = np.array([[t] for t in TEXTS], dtype=object)
+    result = infer(httpclient, http, names["text"]["fused"], "TEXT", batch)
+    expected = run_in_process(files, batch)
+    np.testing.assert_allclose(result.as_numpy("EMBEDDING"), expected["EMBEDDING"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(result.as_numpy("NORM"), expected["NORM"], rtol=1e-4, atol=1e-5)
+    # Single-text requests in flight together: the fused model batches them.
+    pool = httpclient.InferenceServerClient(server.http_url, concurrency=len(TEXTS))
+    pending = []
+    for text in TEXTS:
+        one = np.array([[text]], dtype=object)
+        request = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+        request.set_data_from_numpy(one)
+        pending.append((one, pool.async_infer(names["text"]["fused"], [request])))
+    for one, future in pending:
+        got = future.get_result().as_numpy("EMBEDDING")
+        np.testing.assert_allclose(got, run_in_process(files, one)["EMBEDDING"], rtol=1e-4, atol=1e-5)
+        assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_the_fused_image_pipeline_answers_as_its_ensemble_on_image_bytes(pipelines):
+    import tritonclient.grpc as grpcclient
+
+    from latte.examples.pipeline import PIPELINES
+
+    server, _, _, names = pipelines
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    for request in PIPELINES["image"].requests(4, seed=9):
+        fused = infer(grpcclient, grpc, names["image"]["fused"], "IMAGE", request["IMAGE"])
+        ensemble = infer(grpcclient, grpc, names["image"]["ensemble"], "IMAGE", request["IMAGE"])
+        assert np.array_equal(fused.as_numpy("CLASSES"), ensemble.as_numpy("CLASSES"))
+        assert np.array_equal(fused.as_numpy("PROBS"), ensemble.as_numpy("PROBS"))
+
+
+def test_bad_input_to_a_fused_model_gets_one_line_and_the_code_its_ensemble_gives(pipelines):
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    server, _, _, names = pipelines
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    not_an_image = np.array([[b"P5 not a colour image"]], dtype=object)
+    for model in (names["image"]["fused"], names["image"]["ensemble"]):
+        with pytest.raises(InferenceServerException) as refused:
+            infer(grpcclient, grpc, model, "IMAGE", not_an_image)
+        assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "not an 8-bit binary PPM image" in refused.value.message()
+        assert "\n" not in refused.value.message() and "Traceback" not in refused.value.message()
+    wrong_type = grpcclient.InferInput("IMAGE", [1, 1], "FP32")
+    wrong_type.set_data_from_numpy(np.zeros((1, 1), np.float32))
+    with pytest.raises(InferenceServerException) as refused:
+        grpc.infer(names["image"]["fused"], [wrong_type])
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    # The server still serves.
+    from latte.examples.pipeline import PIPELINES
+
+    (request,) = PIPELINES["image"].requests(1)
+    assert infer(grpcclient, grpc, names["image"]["fused"], "IMAGE", request["IMAGE"]).as_numpy("CLASSES").shape == (1, 3)
+
+
+def test_each_fused_step_is_a_prometheus_series(pipelines):
+    import time
+
+    from latte.bench.prometheus_scrape import scrape, total
+
+    server, _, _, names = pipelines
+    deadline = time.time() + 10
+    while time.time() < deadline:  # latte publishes its figures once a second
+        values = scrape(server.metrics_url)
+        found = {step: total(values, "latte_step_us_total", model=names["text"]["fused"], step=step)
+                 for step in ("tokenize", "encoder", "normalize")}
+        if all(found.values()):
+            break
+        time.sleep(0.5)
+    assert all(v and v > 0 for v in found.values()), found
+    assert total(values, "latte_step_rows_total", model=names["text"]["fused"], step="encoder") >= len(TEXTS)
+
+
+def test_verify_drives_the_fused_model_at_the_ensembles_planned_rate(pipelines):
+    from latte.generator.operating_point import read_operating_points
+    from latte.generator.verify import verify
+
+    server, repo, _, names = pipelines
+    report = verify(repo, names["text"]["fused"], 50, url=server.grpc_url, measurement_ms=1000)
+    assert report.rate == read_operating_points(repo)["embed_text"].rate and report.concurrency is None
+    assert report.throughput > 0 and 0 < report.p50_ms <= report.p99_ms
+    assert report.slo_met == (report.p99_ms <= 50)
+    assert "embed_text: P99" in report.text()
+
+
+@pytest.fixture(scope="module")
+def hand_written(tmp_path_factory):
+    """A hand-written repository (python steps, a latte encoder, an ensemble) and its fused copy,
+    both served by one tritonserver: the ensemble as embed_text, the fused model as embed_text_fused."""
+    import re
+    import shutil
+
+    from latte.examples.pipeline import write_hand_written_repository
+    from latte.generator.fuse import fuse_repository
+    from latte.triton import TritonServer
+
+    work = tmp_path_factory.mktemp("hand-written")
+    repo = write_hand_written_repository(work / "repo", "latte")
+    fuse_repository(repo, "embed_text", work / "fused")
+    served = work / "served"
+    shutil.copytree(repo, served)
+    shutil.copytree(work / "fused" / "embed_text", served / "embed_text_fused")
+    config = served / "embed_text_fused" / "config.pbtxt"
+    config.write_text(re.sub(r'^name: ".*"$', 'name: "embed_text_fused"', config.read_text(), count=1, flags=re.M))
+    with TritonServer(served, log_path=work / "tritonserver.log") as server:
+        yield server
+
+
+def test_latte_fuse_on_a_hand_written_repository_answers_bit_for_bit_as_its_ensemble(hand_written):
+    import tritonclient.grpc as grpcclient
+
+    grpc = grpcclient.InferenceServerClient(hand_written.grpc_url)
+    for text in TEXTS + [b"", b"one more text to embed " * 20]:
+        one = np.array([[text]], dtype=object)
+        fused = infer(grpcclient, grpc, "embed_text_fused", "TEXT", one)
+        ensemble = infer(grpcclient, grpc, "embed_text", "TEXT", one)
+        for output in ("EMBEDDING", "NORM"):
+            assert np.array_equal(fused.as_numpy(output), ensemble.as_numpy(output)), (text, output)
