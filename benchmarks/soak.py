@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/soak.py --requests 1000000               # the target run (on demand)
     .venv/bin/python benchmarks/soak.py --requests 200000 --model sequence_torchscript
+    .venv/bin/python benchmarks/soak.py --requests 1000000 --pipeline text --in-flight 16   # a fused pipeline
 
-Builds the example repository, starts tritonserver, runs the soak and writes the windows to
-.latte/soak/soak-<model>.json. Targets after 1M requests: RSS growth <= 2 %, P99 drift <= 5 %,
+Builds the example repository (with --pipeline, that example pipeline generated and fused, its
+model the ensemble's name, its requests the example's texts or images), starts tritonserver,
+runs the soak and writes the windows to .latte/soak/soak-<model>.json. Targets after 1M requests: RSS growth <= 2 %, P99 drift <= 5 %,
 and the arena's fragmentation alarm never raised: the P99 request always fits in one free block
 when the free bytes would hold it, and no allocation fails with live + request <= 80 % of the
 capacity (docs/memory.md).
@@ -23,6 +25,8 @@ from latte.bench.runner import machine_description
 from latte.bench.soak import LONG_TARGETS, SoakSettings, check_ratios, describe_targets, format_ratios, run_soak
 from latte.bench.target import start_or_attach
 from latte.examples import build_examples
+from latte.examples.pipeline import PIPELINES, write_pipeline
+from latte.generator.generate import generate
 
 
 def main() -> int:
@@ -32,14 +36,26 @@ def main() -> int:
     parser.add_argument("--windows", type=int, default=20)
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument("--lengths", default="lognormal:median=24,sigma=0.8")
+    parser.add_argument("--pipeline", choices=sorted(PIPELINES),
+                        help="soak an example pipeline's fused model instead (its model: the ensemble's name)")
     parser.add_argument("--out", default=".latte/soak")
     args = parser.parse_args()
     out = Path(args.out)
-    repo = out / "repository"
-    if not (repo / "examples.json").exists():
-        build_examples(repo)
+    feeds = None
+    if args.pipeline:
+        example = PIPELINES[args.pipeline]
+        repo = out / f"pipeline-{args.pipeline}" / "repo"
+        if not (repo / example.ensemble / "config.pbtxt").exists():
+            spec = write_pipeline(repo.parent / "files", name=args.pipeline)
+            generate(spec, repo, log=print)
+        args.model = example.ensemble
+        feeds = example.requests(256)
+    else:
+        repo = out / "repository"
+        if not (repo / "examples.json").exists():
+            build_examples(repo)
     settings = SoakSettings(args.model, requests=args.requests, windows=args.windows, in_flight=args.in_flight,
-                            lengths=LengthDistribution.parse(args.lengths), warmup_requests=2000)
+                            lengths=LengthDistribution.parse(args.lengths), warmup_requests=2000, feeds=feeds)
     started = time.time()
     with start_or_attach(repo, log_path=out / "tritonserver.log") as target:
         result = run_soak(target, settings, lambda done, message: print(f"[{done:4.0%}] {message}", flush=True))

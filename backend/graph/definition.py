@@ -8,13 +8,16 @@
         "inputs": {"TEXT": "TEXT"}, "outputs": {"TOKENS": "tokens"},
         "config": {...the step's model config, as Triton hands it to a model...}},
        ...],
-     "samples": [{"TEXT": ["a first text"]}, {"TEXT": ["another"]}]}    # optional
+     "samples": [{"TEXT": ["a first text"]}, {"TEXT": ["another"]}],   # optional
+     "branches": "auto"}                                                # optional: auto, inline, parallel
 
 Each step is a model folder under the version folder (`folder/config` is not read: the
 config travels in the graph, `folder/1/` holds the step's files); its `inputs` and `outputs`
 map the step's own tensor names to the graph's, as an ensemble's input_map and output_map do.
 `samples` are requests (one row each, without the batch dimension) the steps accept, run
-through the graph at load to check every edge. The steps are put in a topological order here; a tensor that is produced twice, read but
+through the graph at load to check every edge. `branches` says whether independent steps (two
+heads reading one tensor) run on helper threads: where that measures faster at load (`auto`),
+always, or never. The steps are put in a topological order here; a tensor that is produced twice, read but
 never produced, or a cycle is a ConfigError naming the step.
 """
 
@@ -28,6 +31,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from latte.backend.errors import ConfigError
 
 GRAPH_FORMAT = "latte-graph/1"
+BRANCH_MODES = ("auto", "inline", "parallel")
 STEP_VERSION = "1"
 
 
@@ -64,10 +68,10 @@ class GraphDefinition:
     steps: Tuple[StepDefinition, ...]          # in topological order
     # graph tensor -> (step index, step output), for every tensor a step produces
     producers: Dict[str, Tuple[int, str]] = field(default_factory=dict)
-    # graph tensor -> index of the last step that reads it (graph outputs: never freed)
-    last_readers: Dict[str, int] = field(default_factory=dict)
     # requests (input name -> one row's values, as nested lists) the steps accept: the load check
     samples: Tuple[Mapping, ...] = ()
+    # independent steps: "auto" (on helper threads where that measures faster), "inline", "parallel"
+    branches: str = "auto"
 
     def where(self, step: StepDefinition) -> str:
         return f"{self.path}: step {step.name!r}"
@@ -163,16 +167,13 @@ def load_graph(path: Path) -> GraphDefinition:
     for t in outputs:
         if t.name not in producers and t.name not in graph_inputs:
             raise ConfigError(f"{path}: graph output {t.name!r} is produced by no step")
-    last: Dict[str, int] = {}
-    for i, step in enumerate(ordered):
-        for tensor in step.inputs.values():
-            last[tensor] = i
-    for t in outputs:
-        last.pop(t.name, None)  # answered to the client: kept to the end
     samples = raw.get("samples") or []
     names = {t.name for t in inputs}
     if not isinstance(samples, list) or not all(isinstance(s, dict) and set(s) == names for s in samples):
         raise ConfigError(f"{path}: 'samples' must be a list of requests, each giving every input "
                           f"({', '.join(sorted(names))})")
+    branches = raw.get("branches", "auto")
+    if branches not in BRANCH_MODES:
+        raise ConfigError(f"{path}: 'branches' must be one of {', '.join(BRANCH_MODES)}, got {branches!r}")
     return GraphDefinition(path=path, inputs=inputs, outputs=outputs, steps=tuple(ordered),
-                           producers=producers, last_readers=last, samples=tuple(samples))
+                           producers=producers, samples=tuple(samples), branches=branches)

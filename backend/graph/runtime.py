@@ -12,8 +12,10 @@ answers each request alone, so only the requests the step fails on fail.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -33,6 +35,10 @@ from latte.backend.runtimes.base import Runtime
 
 # Rows of the sample batch run at load; lengths of its variable dimensions, one per row.
 CHECK_LENGTHS = (3, 9, 5)
+# Branches go to helper threads when, on the sample batch at load (median of this many runs
+# each way, interleaved), that takes at most this share of the time one after the other takes.
+BRANCH_TRIALS = 15
+BRANCH_GAIN = 0.9
 
 
 class GraphOutputs(dict):
@@ -97,7 +103,8 @@ class GraphRuntime(Runtime):
         self._ragged_outputs = [t.name for t in graph.outputs if -1 in t.dims]
         self.trims_outputs = bool(self._ragged_outputs)
         self._wiring = [(tuple(d.inputs.items()), tuple(d.outputs.items())) for d in graph.steps]
-        self._frees = self._plan_frees(graph)
+        self._levels = self._plan_levels(graph)
+        self._branches: Optional[ThreadPoolExecutor] = None  # helper threads for independent steps, when they pay
         self._lock = threading.Lock()  # scheduler lanes run batches from their own threads
         self._figures = [[0.0, 0, 0] for _ in self.steps]  # seconds, rows, calls
         self.notes: List[str] = []  # what the server log should say about the graph
@@ -106,6 +113,7 @@ class GraphRuntime(Runtime):
             self.check()  # before any step is timed: a mismatch is reported as one, not as a model error
             for step in self.steps:
                 step.measure()
+            self._choose_branches(graph.branches)
         except Exception:
             self.close()
             raise
@@ -148,16 +156,58 @@ class GraphRuntime(Runtime):
             raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
         return ModelStep(name, spec, runtime, self.allocate)
 
-    def _plan_frees(self, graph: GraphDefinition) -> List[Tuple[str, ...]]:
-        """Per step, the tensors no later step reads: dropped once it has run."""
-        outputs = {t.name for t in graph.outputs}
-        frees: List[List[str]] = [[] for _ in graph.steps]
-        for tensor, index in graph.last_readers.items():
-            frees[index].append(tensor)
-        read = set(graph.last_readers)
+    @staticmethod
+    def _plan_levels(graph: GraphDefinition) -> List[Tuple[Tuple[int, ...], Tuple[str, ...]]]:
+        """The steps by level, with the tensors no later level reads (dropped once the level has
+        run). A step's level is one past the deepest step it reads from, so the steps of one
+        level do not read each other (independent branches) and each needs only what the
+        levels before it made."""
+        depth: List[int] = []
+        for step in graph.steps:
+            sources = [graph.producers[t][0] for t in step.inputs.values() if t in graph.producers]
+            depth.append(1 + max((depth[i] for i in sources), default=-1))
+        answered = {t.name for t in graph.outputs}
+        last: Dict[str, int] = {}  # tensor -> the deepest level that reads it, or makes it when none does
         for index, step in enumerate(graph.steps):
-            frees[index].extend(t for t in step.outputs.values() if t not in read and t not in outputs)
-        return [tuple(f) for f in frees]
+            for tensor in step.outputs.values():
+                last.setdefault(tensor, depth[index])
+        for index, step in enumerate(graph.steps):
+            for tensor in step.inputs.values():
+                last[tensor] = max(last.get(tensor, -1), depth[index])
+        levels = []
+        for level in range(max(depth) + 1):
+            steps = tuple(i for i, d in enumerate(depth) if d == level)
+            frees = tuple(t for t, d in last.items() if d == level and t not in answered)
+            levels.append((steps, frees))
+        return levels
+
+    def _choose_branches(self, mode: str) -> None:
+        """Independent branches run on helper threads only where that measures faster than one
+        after the other on the calling thread (a handoff costs more than a small step takes)."""
+        widest = max(len(steps) for steps, _ in self._levels)
+        if widest < 2 or mode == "inline":
+            return
+        pool = ThreadPoolExecutor(max_workers=widest - 1, thread_name_prefix="latte-branch")
+        if mode == "parallel":
+            self._branches = pool
+            self.notes.append(f"branches: on {widest} threads (branches: parallel)")
+            return
+        batch = self.sample_batch(seed=1)
+        timings = {"inline": [], "parallel": []}
+        for _ in range(BRANCH_TRIALS):
+            for label, threads in (("inline", None), ("parallel", pool)):
+                self._branches = threads
+                started = time.perf_counter()
+                self._walk(batch, check=False)
+                timings[label].append(time.perf_counter() - started)
+        inline, parallel = (statistics.median(timings[k]) for k in ("inline", "parallel"))
+        if parallel < BRANCH_GAIN * inline:
+            self._branches = pool
+            self.notes.append(f"branches: on {widest} threads ({inline / parallel:.2f}x faster measured at load)")
+        else:
+            self._branches = None
+            pool.shutdown(wait=False)
+            self.notes.append(f"branches: inline (on {widest} threads they measured {inline / parallel:.2f}x at load)")
 
     # -- run ----------------------------------------------------------------------------
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
@@ -184,31 +234,45 @@ class GraphRuntime(Runtime):
             values[name] = Value(array, axes, row_lengths)
         return values
 
+    def _step(self, index: int, values: Dict[str, Value], members, check: bool) -> Tuple[Dict[str, Value], float]:
+        """Run one step on what it reads: (what it made, by its own names; seconds it took)."""
+        step = self.steps[index]
+        inputs = {own: values[tensor] for own, tensor in self._wiring[index][0]}
+        if check:
+            self._check_inputs(index, inputs)
+        started = time.perf_counter()
+        try:
+            produced = step.run(inputs, members)
+        except (RequestError, MemoryError):
+            raise  # worded for the client already (RequestError), or the arena's (MemoryError)
+        except Exception as exc:
+            raise ModelError(f"step {step.name!r} failed: {failure_text(exc)}",
+                             detail=f"step {step.name!r}: {type(exc).__name__}: {exc}") from exc
+        seconds = time.perf_counter() - started
+        if check:
+            self._check_outputs(index, produced)
+        return produced, seconds
+
     def _walk(self, batch: Batch, check: bool) -> Dict[str, np.ndarray]:
         members = batch.member_rows
         values = self._values(batch)
-        clock = time.perf_counter
-        spent = []
-        for index, step in enumerate(self.steps):
-            reads, writes = self._wiring[index]
-            inputs = {own: values[tensor] for own, tensor in reads}
-            if check:
-                self._check_inputs(index, inputs)
-            started = clock()
-            try:
-                produced = step.run(inputs, members)
-            except (RequestError, MemoryError):
-                raise  # worded for the client already (RequestError), or the arena's (MemoryError)
-            except Exception as exc:
-                raise ModelError(f"step {step.name!r} failed: {failure_text(exc)}",
-                                 detail=f"step {step.name!r}: {type(exc).__name__}: {exc}") from exc
-            spent.append(clock() - started)
-            if check:
-                self._check_outputs(index, produced)
-            for own, tensor in writes:
-                values[tensor] = produced[own]
-            del inputs, produced
-            for tensor in self._frees[index]:
+        spent = [0.0] * len(self.steps)
+        branches = self._branches
+        for level, frees in self._levels:
+            if branches is None or len(level) == 1:
+                done = [(index, self._step(index, values, members, check)) for index in level]
+            else:
+                # The first step on this thread, the others on helpers; each reads only what
+                # earlier levels made, and what they make is written once all are done.
+                helpers = [(index, branches.submit(self._step, index, values, members, check)) for index in level[1:]]
+                first = (level[0], self._step(level[0], values, members, check))
+                done = [first] + [(index, future.result()) for index, future in helpers]
+            for index, (produced, seconds) in done:
+                spent[index] = seconds
+                for own, tensor in self._wiring[index][1]:
+                    values[tensor] = produced[own]
+            del done
+            for tensor in frees:
                 values.pop(tensor, None)
         rows = batch.rows
         with self._lock:
@@ -320,5 +384,8 @@ class GraphRuntime(Runtime):
         return "; ".join([text, *self.notes])
 
     def close(self) -> None:
+        if self._branches is not None:
+            self._branches.shutdown(wait=True)
+            self._branches = None
         for step in self.steps:
             step.close()

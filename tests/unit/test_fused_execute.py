@@ -195,3 +195,25 @@ def test_an_existing_triton_python_model_runs_unchanged_inside_the_fused_model(t
         want = run_in_process(build, np.array([[text]], dtype=object))
         np.testing.assert_allclose(outputs_of(response)["EMBEDDING"], want["EMBEDDING"], rtol=1e-5, atol=1e-6)
     model.finalize()
+
+
+def test_independent_heads_on_helper_threads_answer_as_they_do_one_after_the_other(fused_pipelines, tmp_path):
+    files, repo = fused_pipelines["branching"]
+    auto = example_model(repo, "embed_and_tag")
+    # At load the two heads were timed on helper threads and one after the other; the log says which won.
+    assert "branches: inline (on 2 threads" in auto.runtime.describe() or \
+        "branches: on 2 threads (" in auto.runtime.describe()
+    copy = copy_of(fused_pipelines, "branching", tmp_path)
+    path = copy / "embed_and_tag" / "1" / "graph.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "branches": "parallel"}))
+    parallel = example_model(copy, "embed_and_tag")
+    assert "branches: on 2 threads (branches: parallel)" in parallel.runtime.describe()
+    requests = PIPELINES["branching"].requests(10, seed=8)
+    reference = InProcess(files, "branching")
+
+    for response, request in zip(parallel.execute([InferenceRequest(r) for r in requests]), requests):
+        got, want = outputs_of(response), reference(request)
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
+    auto.finalize()
+    parallel.finalize()

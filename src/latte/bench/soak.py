@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -43,6 +43,9 @@ class SoakSettings:
     lengths: LengthDistribution = field(default_factory=lambda: LengthDistribution.parse("lognormal"))
     distinct_requests: int = 256
     seed: int = 0
+    # The requests to cycle through, when the model's config cannot say how to make them up
+    # (a fused pipeline taking text or image bytes); None: made up from its config.
+    feeds: Optional[List[Dict[str, np.ndarray]]] = None
 
     def validate(self) -> None:
         if (self.requests is None) == (self.duration_s is None):
@@ -112,8 +115,11 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
     if not target.grpc_url:
         raise ValueError("the soak sends gRPC requests: give --grpc-url with --url")
     rng = np.random.default_rng(settings.seed)
-    model_inputs = fetch_model_inputs(target.http_url, settings.model)
-    feeds = model_inputs.requests(rng, settings.distinct_requests, settings.lengths)
+    if settings.feeds is not None:
+        feeds = settings.feeds
+    else:
+        model_inputs = fetch_model_inputs(target.http_url, settings.model)
+        feeds = model_inputs.requests(rng, settings.distinct_requests, settings.lengths)
     sender = AsyncSender(target.grpc_url, settings.model, settings.in_flight)
     outcomes = Outcomes()
     sampler = MetricsSampler(target.metrics_url, target.server_pid, interval=3600)  # sampled per window only
