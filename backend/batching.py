@@ -93,6 +93,8 @@ def chunk_by_rows(items: Sequence, rows: Sequence[int], max_rows: int) -> List[L
     """Consecutive runs of `items` holding at most max_rows rows each (rows[i] is item i's)."""
     if not items:
         return []
+    if sum(rows) <= max_rows:  # the common call: all of it is one batch
+        return [list(items)]
     batches: List[List] = [[]]
     taken = 0
     for item, r in zip(items, rows):
@@ -175,7 +177,7 @@ def assemble_columns(spec: ModelSpec, columns: Dict[str, List[np.ndarray]], memb
     to the longest member (or, with pad_to: edge, its bucket's edge)."""
     total = sum(member_rows)
     padded = None
-    known = [n for n in lengths if n is not None]
+    known = [n for n in lengths if n is not None] if spec.signature.ragged_inputs else None
     if known:
         padded = max(known)
         # A request alone in its batch runs at its own length, as it would one at a time:
@@ -236,10 +238,7 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray]) -> List
     """
     if not spec.signature.batched:
         return [outputs]
-    total = batch.rows
-    for name, array in outputs.items():
-        if array.ndim == 0 or array.shape[0] != total:
-            raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {total} rows for this batch")
+    total = batch.rows  # the batch runner (BatchEngine.run) checked that every output has these rows
     results = []
     at = 0
     # A graph of steps says each request's own length of its ragged outputs (GraphOutputs).

@@ -10,7 +10,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Un
 import numpy as np
 
 from latte.backend.batching import (Allocate, Batch, affinity_key, assemble, assemble_columns, chunk_by_rows,
-                                    packed, plan_batches, plan_rows, ragged_length, split, uniform_shapes)
+                                    plan_batches, plan_rows, ragged_length, split, uniform_shapes)
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
@@ -98,24 +98,20 @@ class BatchEngine:
         self.on_batch = on_batch
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
         self._out_dtypes = {t.name: t.dtype for t in spec.signature.outputs}
+        self._batched = spec.signature.batched
+        self._max_rows = spec.signature.max_batch_size
         self._one_shape = (spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
                            and not runtime.trims_outputs)
         # Every request has one shape key (ragged inputs of one rank): a plain call is planned
         # from its lengths alone (plan_columns).
         self._one_key = spec.signature.batched and spec.signature.ragged_inputs and uniform_shapes(spec)
-        self._pad_value = spec.serving.pad_value
 
     @property
-    def takes_columns(self) -> bool:
-        """Whether a plain call may run through run_columns: every request of one shape, batches
-        run inline."""
-        return self._one_shape and self.dispatcher is None
-
-    @property
-    def plans_columns(self) -> bool:
-        """Whether a plain call may run through plan_columns and run_planned_columns: requests
-        of one shape key with ragged inputs, batches run inline."""
-        return self._one_key and self.dispatcher is None
+    def reads_columns(self) -> bool:
+        """Whether a plain call may be read by input and run by plan_columns and run_columns:
+        every request of one shape key (one shape, or ragged inputs of one rank), batches run
+        inline."""
+        return (self._one_shape or self._one_key) and self.dispatcher is None
 
     # -- the whole call -------------------------------------------------------------------
     def answers(self, items: Sequence[Union[ParsedRequest, Exception]],
@@ -126,10 +122,7 @@ class BatchEngine:
         (position, outputs or the exception that explains the failure)."""
         if options is None and self.dispatcher is None:
             # Default options throughout: no session, no deadline, one priority, so the plan's
-            # batches run as planned, with no work to order.
-            if self.whole_call(items):
-                yield list(enumerate(self.run_whole(items)))
-                return
+            # batches run as planned, with no work to order; the whole call is a plan of one batch.
             readable = [(i, item) for i, item in enumerate(items) if type(item) is ParsedRequest]
             if len(readable) < len(items):
                 yield [(i, item) for i, item in enumerate(items) if type(item) is not ParsedRequest]
@@ -148,79 +141,34 @@ class BatchEngine:
             for group in self.order(self._groups(work)):
                 yield self._run_in_time(group)
 
-    def whole_call(self, items) -> bool:
-        """Whether every item is a readable request and together they fit one batch: with
-        default options (nothing to order, no deadline, no session), the call's plan is one
-        model call (run_whole)."""
-        rows = 0
-        for item in items:
-            if type(item) is not ParsedRequest:
-                return False
-            rows += item.rows
-        return self.fits_one_batch(len(items), rows)
-
-    def fits_one_batch(self, requests: int, rows: int) -> bool:
-        """Whether `requests` readable requests of `rows` rows together are one batch, run
-        inline: requests of one shape up to max_batch_size rows; otherwise one request."""
-        if self.dispatcher is not None:
-            return False
-        return rows <= self.spec.signature.max_batch_size if self._one_shape else requests == 1
-
-    def run_whole(self, requests: Sequence[ParsedRequest]) -> List[Result]:
-        """The results of a call that whole_call accepts, in order."""
-        if self.dispatcher is not None:
-            raise RuntimeError("run_whole runs inline; a call with scheduler lanes goes through answers")
-        return self._run_requests(requests)
-
-    def run_columns(self, columns: Dict[str, List[np.ndarray]], rows: Sequence[int]) -> Dict[str, np.ndarray]:
-        """One model call for a plain call read by input (RequestReader.read_columns): the
-        batch's outputs, `rows` per request in order. Raises when the model fails or answers
-        with the wrong number of rows; the general path then answers each request alone."""
-        started = self.clock()
-        total = sum(rows)
-        feed: Dict[str, np.ndarray] = {}
-        for name, arrays in columns.items():
-            if len(arrays) == 1:
-                feed[name] = arrays[0]
-            else:
-                first = arrays[0]
-                feed[name] = packed(arrays, (total, *first.shape[1:]), first.dtype, self._pad_value, self.allocate)
-        batch = Batch(inputs=feed, member_rows=rows, lengths=[None] * len(rows), rows=total)
-        called = self.clock()
-        outputs = self._call(batch)
-        model_seconds = self.clock() - called
-        del feed, batch  # arena-backed buffers go back as soon as the call is over
-        for name, array in outputs.items():
-            if array.ndim == 0 or array.shape[0] != total:
-                raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {total} rows for this batch")
-        if self.on_batch is not None:
-            self.on_batch(BatchRecord(rows=total, requests=len(rows), padded_length=None,
-                                      seconds=self.clock() - started, failed=False, model_seconds=model_seconds))
-        return outputs
-
     def plan_columns(self, rows: Sequence[int], lengths: Optional[Sequence[int]]) -> List[List[int]]:
         """The batches of a plain call read by input (RequestReader.read_columns), as indices
         of its requests: the plan the general path makes of the same requests."""
+        if lengths is None and sum(rows) <= self._max_rows:
+            return [range(len(rows))]  # the common call: one batch (what plan_rows says, sooner)
         return plan_rows(self.spec, rows, lengths, self.buckets, self.cost_model)
 
-    def run_planned_columns(self, columns: Dict[str, List[np.ndarray]], rows: Sequence[int],
-                            lengths: Optional[Sequence[int]], plan: Sequence[Sequence[int]]) -> List[Dict[str, np.ndarray]]:
+    def columns_batch(self, columns: Dict[str, List[np.ndarray]], rows: Sequence[int],
+                      lengths: Optional[Sequence[int]], members: Optional[Sequence[int]] = None) -> Batch:
+        """The batch of a plain call read by input (all its requests, or those at `members`):
+        each input packed natively, ragged ones padded."""
+        if members is not None:
+            columns = {name: [arrays[i] for i in members] for name, arrays in columns.items()}
+            rows = [rows[i] for i in members]
+            lengths = [lengths[i] for i in members] if lengths is not None else None
+        return assemble_columns(self.spec, columns, rows, lengths if lengths is not None else [None] * len(rows),
+                                self.buckets, self.allocate)
+
+    def run_columns(self, columns: Dict[str, List[np.ndarray]], rows: Sequence[int],
+                    lengths: Optional[Sequence[int]], plan: Sequence[Sequence[int]]) -> List[Dict[str, np.ndarray]]:
         """Each request's outputs, in order, for a plain call read by input and planned by
         plan_columns: each batch packed natively, run and cut back into views. Raises when a
         batch fails; the general path then answers each request alone."""
         results: List[Dict[str, np.ndarray]] = [None] * len(rows)  # type: ignore[list-item]
         for members in plan:
-            started = self.clock()
-            batch = assemble_columns(self.spec, {name: [arrays[i] for i in members] for name, arrays in columns.items()},
-                                     [rows[i] for i in members],
-                                     [lengths[i] for i in members] if lengths is not None else [None] * len(members),
-                                     self.buckets, self.allocate)
-            called = self.clock()
-            outputs = self._call(batch)
-            called = self.clock() - called
-            for i, outcome in zip(members, split(self.spec, batch, outputs)):
+            batch = self.columns_batch(columns, rows, lengths, members)
+            for i, outcome in zip(members, split(self.spec, batch, self.run(batch))):
                 results[i] = outcome
-            self._record(batch, len(members), started, failed=False, model_seconds=called)
             del batch  # arena-backed buffers go back as soon as the call is over
         return results
 
@@ -342,15 +290,9 @@ class BatchEngine:
         retried request by request so one bad request does not fail its neighbours."""
         started = self.clock()
         batch = None
-        called = 0.0
         try:
             batch = assemble(self.spec, requests, self.buckets, self.allocate)
-            called = self.clock()
-            outputs = self._call(batch)
-            called = self.clock() - called
-            parts = split(self.spec, batch, outputs)
-            self._record(batch, len(requests), started, failed=False, model_seconds=called)
-            return parts
+            return split(self.spec, batch, self.run(batch, started))
         except MemoryError as exc:
             # Not the model's fault and not the request's: the arena is full right now.
             full = exc if isinstance(exc, OutOfMemory) else OutOfMemory(str(exc))
@@ -365,9 +307,24 @@ class BatchEngine:
         finally:
             del batch  # arena-backed input buffers go back as soon as the call is over
 
-    def _call(self, batch: Batch) -> Dict[str, np.ndarray]:
-        """The one place a batch meets the model: its runtime, or the graph of steps it runs."""
-        return as_declared(self.runtime.run_batch(batch), self._out_dtypes)
+    def run(self, batch: Batch, started: Optional[float] = None) -> Dict[str, np.ndarray]:
+        """The one batch runner: the batch through the model (the one place a batch meets its
+        runtime, or the graph of steps it runs), its outputs checked to hold its rows, and
+        recorded. Raises when the model fails; callers isolate what failed."""
+        called = self.clock()
+        outputs = as_declared(self.runtime.run_batch(batch), self._out_dtypes)
+        ran = self.clock()
+        if self._batched:
+            total = batch.rows
+            for name, array in outputs.items():
+                if array.ndim == 0 or array.shape[0] != total:
+                    raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {total} rows "
+                                       "for this batch")
+        if self.on_batch is not None:
+            self.on_batch(BatchRecord(rows=batch.rows, requests=len(batch.member_rows), padded_length=batch.padded_length,
+                                      seconds=ran - (called if started is None else started), failed=False,
+                                      model_seconds=ran - called))
+        return outputs
 
     def _record(self, batch, requests: int, started: float, failed: bool, model_seconds: float = 0.0) -> None:
         if self.on_batch is not None:

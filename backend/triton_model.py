@@ -103,12 +103,15 @@ class LatteModel:
                                                                       queue_capacity=serving.max_queue_size,
                                                                       max_window_s=window)
         self.responses = ResponseBuilder(pb, [t.name for t in signature.outputs])
-        # Plain calls run inline take the column path (_execute_columns): one-shape requests as
-        # one batch, ragged ones as the call's plan.
-        inline = not serving.async_execute and not serving.check_cancellation
-        self._by_columns = self.engine.takes_columns and inline
-        self._planned_columns = self.engine.plans_columns and inline
-        self._max_rows = signature.max_batch_size
+        # How a call is answered is decided here, once: a plain call of a model whose requests
+        # share one shape key is read by input and run as its plan (_execute_columns), any other
+        # call request by request (options, sessions, deadlines, early answers), and with
+        # async_execute by the scheduler's lanes, which answer through response senders.
+        self._by_columns = (self.engine.reads_columns and not serving.async_execute
+                            and not serving.check_cancellation)
+        # A one-batch plan is answered with views of the batch's outputs, unless outputs are cut
+        # back to each request's own length (split does that).
+        self._views = not signature.trimmed_outputs and not self.runtime.trims_outputs
         self.early = EarlyAnswers(serving.respond)
         self._batches: List = []  # (rows, model seconds) of the running execute call's batches
         # Answers of async_execute wait here for the sender thread, highest priority_level first
@@ -168,33 +171,8 @@ class LatteModel:
             responses = self._execute_columns(requests, started)
             if responses is not None:
                 return responses
-        elif self._planned_columns:
-            responses = self._execute_planned_columns(requests, started)
-            if responses is not None:
-                return responses
         call = self.reader.read_call(requests, self._check_cancellation)
         items = call.items
-        if call.plain and not self._async and self.engine.fits_one_batch(len(items), call.rows):
-            # The common call, one model call for all (see BatchEngine.run_whole): nothing to
-            # order or answer early, so it goes straight from the engine to the responses.
-            read = time.perf_counter()
-            try:
-                results = self.engine.run_whole(items)
-            except Exception as exc:  # a fault outside the batch: every request gets this error
-                results = [model_failure(self.spec.signature.name, exc)] * len(items)
-            ran = time.perf_counter()
-            # Outputs come as dicts; a call with anything else (errors) is answered and
-            # tallied one outcome at a time.
-            if all(type(r) is dict for r in results):
-                responses = self.responses.successes(results)
-                self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
-                return responses
-            responses = self.responses.build_all(results)
-            batches, self._batches = self._batches, []
-            self.metrics.call(len(requests), read - started, ran - read, time.perf_counter() - ran,
-                              [(self._tally(enumerate(results), None), ran - started)], batches)
-            return responses
-
         options = None if call.plain else self._options(items)
         read = time.perf_counter()
         if self._async:
@@ -225,6 +203,12 @@ class LatteModel:
             for position, _ in failed:
                 results[position] = failure
         ran = time.perf_counter()
+        if options is None and not responding and all(type(r) is dict for r in results):
+            # Every request answered with outputs at default priority, none early: the plain
+            # call's responses and figures (the whole call was one batch, or its plan's batches).
+            responses = self.responses.successes(results)
+            self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
+            return responses
         responses = self.responses.build_all(results, skip=_SENT)
         # The early sends happened inside the engine's time; the final responses after it.
         engine_s = ran - read - responding
@@ -234,31 +218,12 @@ class LatteModel:
         return responses
 
     def _execute_columns(self, requests, started: float) -> Optional[List]:
-        """The common call of a model whose requests all have one shape: read by input, one
-        model call, the responses cut from the batch's outputs; no per-request object on the
-        way. None when the call is anything else (a request to refuse, parameters, a timeout,
-        more rows than one batch) or the model fails: the general path then answers it, each
-        request with its own outcome."""
-        columns = self.reader.read_columns(requests)
-        if columns is None or sum(columns.rows) > self._max_rows:
-            return None
-        read = time.perf_counter()
-        try:
-            outputs = self.engine.run_columns(columns.arrays, columns.rows)
-        except Exception:
-            self._batches = []
-            return None
-        ran = time.perf_counter()
-        responses = self.responses.from_batch(outputs, columns.rows)
-        self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
-        return responses
-
-    def _execute_planned_columns(self, requests, started: float) -> Optional[List]:
-        """The plain call of a model with ragged inputs: read by input, planned from the
-        lengths the native check measured, each batch packed natively; no per-request object
-        on the way. None (the general path answers) when the call is not plain, a batch fails,
-        or the plan has batches to answer early (EarlyAnswers), which the general path sends
-        as each finishes."""
+        """A plain call of a model whose requests share one shape key: read by input, planned
+        from the rows and lengths the native check measured (one batch when they fit), each
+        batch packed natively; no per-request object on the way. None when the call is anything
+        else (a request to refuse, parameters, a timeout), a batch fails, or the plan has
+        batches to answer early (EarlyAnswers): the general path then answers it, each request
+        with its own outcome."""
         columns = self.reader.read_columns(requests)
         if columns is None:
             return None
@@ -267,12 +232,17 @@ class LatteModel:
             return None
         read = time.perf_counter()
         try:
-            results = self.engine.run_planned_columns(columns.arrays, columns.rows, columns.lengths, plan)
+            if len(plan) == 1 and self._views:
+                outputs = self.engine.run(self.engine.columns_batch(columns.arrays, columns.rows, columns.lengths))
+                ran = time.perf_counter()
+                responses = self.responses.from_batch(outputs, columns.rows)
+            else:
+                results = self.engine.run_columns(columns.arrays, columns.rows, columns.lengths, plan)
+                ran = time.perf_counter()
+                responses = self.responses.successes(results)
         except Exception:
             self._batches = []
             return None
-        ran = time.perf_counter()
-        responses = self.responses.successes(results)
         self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
         return responses
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -45,6 +44,7 @@ from google.protobuf import text_format
 
 from latte.bench import cpu
 from latte.bench.prometheus_scrape import scrape, split_key
+from latte.bench.quiet import wait_until_quiet
 from latte.bench.triton_stats import fetch_stats
 from latte.examples.pipeline import PIPELINES, InProcess, side_by_side
 from latte.generator.validate import parse_config_file
@@ -117,8 +117,6 @@ def step_counters(metrics_url: str, model: str) -> Dict[str, float]:
 
 
 def run_pipeline(name: str, args, work: Path) -> dict:
-    load_at_start = os.getloadavg()[0]
-    print(f"  load average at start: {load_at_start:.2f}", flush=True)
     example = PIPELINES[name]
     levels = [int(x) for x in args.concurrency.split(",")]
     top = max(levels)
@@ -131,6 +129,10 @@ def run_pipeline(name: str, args, work: Path) -> dict:
     stub_models["ensemble"] = step_models(repo, names["ensemble"])
     requests = example.requests(256)
     data = write_input_data(work / f"{name}-inputs.json", [{k: v[0] for k, v in r.items()} for r in requests])
+    # Generating (profiling, exporting) and the pipeline measured before load the machine for a
+    # minute after they end: measuring starts once the load average has settled.
+    load_at_start = wait_until_quiet(log=lambda line: print(f"  {line}", flush=True))
+    print(f"  load average at start: {load_at_start:.2f}", flush=True)
     points = {role: {level: [] for level in levels} for role in names}
     cpu_us = {role: {level: [] for level in levels} for role in names}
     decomposed = []

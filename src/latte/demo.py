@@ -83,6 +83,67 @@ def run_demo(workdir: Path, install: TritonInstall) -> int:
             perf.add_row(str(p.concurrency), f"{p.throughput:.0f}", f"{p.p50_ms:.2f}", f"{p.p90_ms:.2f}",
                          f"{p.p99_ms:.2f}", f"{p.queue_us:.0f}", f"{p.compute_us:.0f}")
         console.print(perf)
+    fused_ok = _fused_pipeline(console, workdir, install)
     console.rule("[bold]done")
     console.print(f"server stopped; every answer matched the in-process model within {worst:.1e}")
-    return 0 if worst <= 1e-4 else 1
+    return 0 if worst <= 1e-4 and fused_ok else 1
+
+
+def _fused_pipeline(console, workdir: Path, install: TritonInstall) -> bool:
+    """A hand-written Triton pipeline (python tokenize -> latte encoder -> python normalize, an
+    ensemble) next to the same repository after `latte fuse`, in one tritonserver: answers
+    compared, then each measured with perf_analyzer; the ratio printed."""
+    import re
+    import shutil
+
+    import tritonclient.grpc as grpcclient
+    from rich.table import Table
+
+    from latte.examples.pipeline import PIPELINES, write_hand_written_repository
+    from latte.generator.fuse import fuse_repository
+    from latte.triton import TritonServer
+    from latte.triton.perf import run_perf_analyzer, write_input_data
+
+    console.rule("[bold]5. A pipeline: Triton's ensemble of three models, and the same after `latte fuse`")
+    work = workdir / "pipeline"
+    if work.exists():
+        shutil.rmtree(work)
+    repo = write_hand_written_repository(work / "repo", "latte")
+    fusion = fuse_repository(repo, "embed_text", work / "fused")
+    for line in fusion.summary():
+        console.print(f"latte fuse {repo.name} --ensemble embed_text: {line}")
+    served = work / "served"  # the ensemble as embed_text, the fused model beside it as embed_text_fused
+    shutil.copytree(repo, served)
+    shutil.copytree(work / "fused" / "embed_text", served / "embed_text_fused")
+    config = served / "embed_text_fused" / "config.pbtxt"
+    config.write_text(re.sub(r'^name: ".*"$', 'name: "embed_text_fused"', config.read_text(), count=1, flags=re.M))
+    requests = PIPELINES["text"].requests(64)
+    data = write_input_data(work / "texts.json", [{k: v[0] for k, v in r.items()} for r in requests])
+    with TritonServer(served, install=install, log_path=work / "tritonserver.log") as server:
+        grpc = grpcclient.InferenceServerClient(server.grpc_url)
+        same = True
+        for request in requests[:8]:
+            answers = []
+            for model in ("embed_text", "embed_text_fused"):
+                tensor = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+                tensor.set_data_from_numpy(request["TEXT"])
+                answers.append(grpc.infer(model, [tensor]).as_numpy("EMBEDDING"))
+            same = same and np.array_equal(*answers)
+        console.print(f"8 texts sent to both, one at a time: answers {'equal bit for bit' if same else 'DIFFER'}")
+        figures = {}
+        table = Table("served as", "concurrency", "infer/s", "p50 ms", "p99 ms")
+        for level in (1, 16):
+            for model in ("embed_text", "embed_text_fused"):
+                (point,) = run_perf_analyzer(model, server.grpc_url, concurrency=[level], input_data=data,
+                                             measurement_ms=1500, max_trials=6, stability_percentage=50)
+                figures[(model, level)] = point
+                label = "Triton ensemble" if model == "embed_text" else "fused (latte fuse)"
+                table.add_row(label, str(level), f"{point.throughput:.0f}", f"{point.p50_ms:.2f}",
+                              f"{point.p99_ms:.2f}")
+        console.print(table)
+    ratio = figures[("embed_text_fused", 16)].throughput / max(1e-9, figures[("embed_text", 16)].throughput)
+    p50 = figures[("embed_text_fused", 1)].p50_ms / max(1e-9, figures[("embed_text", 1)].p50_ms)
+    console.print(f"fused / ensemble: [bold]{ratio:.2f}x[/bold] the throughput at concurrency 16, P50 at "
+                  f"concurrency 1 {p50:.2f}x (one short run on this machine as it is now; docs/benchmarks.md, "
+                  "\"Pipelines\", has quiet, interleaved figures)")
+    return same

@@ -63,7 +63,7 @@ def test_a_call_is_counted_once_with_its_batches_and_outcomes(mlp):
     assert counter(mlp, "latte_requests_total", outcome="bad_request") == bad_before + 1
 
 
-@pytest.mark.parametrize("steps, with_a_bad_request", [(["_plan"], True), (["run_columns", "run_whole"], False)],
+@pytest.mark.parametrize("steps, with_a_bad_request", [(["_plan"], True), (["run", "_plan"], False)],
                          ids=["planning", "the-plain-call's-batch"])
 def test_a_fault_outside_any_batch_answers_every_request_with_one_line(example_repo, steps, with_a_bad_request):
     model = load(example_repo, "mlp_onnx")
