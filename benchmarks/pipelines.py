@@ -113,6 +113,8 @@ def step_counters(metrics_url: str, model: str) -> Dict[str, float]:
             found[labels["step"]] = found.get(labels["step"], 0.0) + value
         elif series == "latte_execute_requests_total":
             found["requests"] = found.get("requests", 0.0) + value
+        elif series == "latte_execute_calls_total":
+            found["calls"] = found.get("calls", 0.0) + value
     return found
 
 
@@ -157,8 +159,11 @@ def run_pipeline(name: str, args, work: Path) -> dict:
                         time.sleep(1.2)  # latte publishes its counters once a second
                         after = step_counters(server.metrics_url, model)
                         count = max(1.0, after.get("requests", 0) - before.get("requests", 0))
-                        decomposed.append({step: (after[step] - before.get(step, 0.0)) / count
-                                           for step in after if step != "requests"})
+                        calls = max(1.0, after.get("calls", 0) - before.get("calls", 0))
+                        figures = {step: (after[step] - before.get(step, 0.0)) / count
+                                   for step in after if step not in ("requests", "calls")}
+                        figures["requests_per_execute"] = count / calls
+                        decomposed.append(figures)
     limit = in_process_rate(work / name / "files", name, requests)
 
     def summary(role, level, field):
@@ -217,8 +222,10 @@ def print_results(results: List[dict]) -> None:
                                         for role in (*ROLES, "echo")))
         if "decompose_us_per_request" in r:
             d = r["decompose_us_per_request"]
-            steps = ", ".join(f"{step} {us:.1f}" for step, us in d.items() if step != "fused_wall")
-            print(f"  {r['pipeline']}: us per request in each step: {steps} (of {d['fused_wall']:.0f} us wall)")
+            steps = ", ".join(f"{step} {us:.1f}" for step, us in d.items()
+                              if step not in ("fused_wall", "requests_per_execute"))
+            print(f"  {r['pipeline']}: us per request in each step: {steps} (of {d['fused_wall']:.0f} us wall; "
+                  f"{d['requests_per_execute']:.1f} requests per execute call)")
 
 
 def main(argv=None) -> int:
