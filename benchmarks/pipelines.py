@@ -1,7 +1,7 @@
 """Pipelines benchmark: a fused latte model against Triton's ensemble of the same steps.
 
     .venv/bin/python benchmarks/pipelines.py [--pipeline text,image,branching] [--rounds 3]
-                                             [--concurrency 1,16] [--measurement-ms 2000]
+                                             [--concurrency 1,16,64] [--measurement-ms 2000]
                                              [--decompose] [--out results.json]
 
 Per example pipeline (latte.examples.pipeline), `latte generate` renders it twice from one
@@ -233,7 +233,8 @@ def main(argv=None) -> int:
     parser.add_argument("--pipeline", default="text,image,branching",
                         help=f"comma-separated, from {', '.join(PIPELINES)} (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
-    parser.add_argument("--concurrency", default="1,16", help="perf_analyzer concurrency levels (default: %(default)s)")
+    parser.add_argument("--concurrency", default="1,16,64",
+                        help="perf_analyzer concurrency levels; the best within the SLO counts (default: %(default)s)")
     parser.add_argument("--measurement-ms", type=int, default=2000, help="default: %(default)s")
     parser.add_argument("--decompose", action="store_true", help="also print each fused step's time per request")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")

@@ -30,7 +30,7 @@ from latte.backend.errors import ConfigError, ModelError, RequestError
 from latte.backend.graph.definition import GraphDefinition, StepDefinition, TensorDeclaration, load_graph
 from latte.backend.graph.python_model import STEP_FILE, PythonModelStep, load_step_module, step_function
 from latte.backend.graph.steps import FunctionStep, ModelStep, Step
-from latte.backend.graph.values import Value, member_lengths, stack_members, variable_axes
+from latte.backend.graph.values import Value, host_dtype, member_lengths, on_host, stack_members, variable_axes
 from latte.backend.runtimes.base import Runtime
 
 # Rows of the sample batch run at load; lengths of its variable dimensions, one per row.
@@ -62,12 +62,12 @@ def _declared_text(spec: TensorSpec) -> str:
 
 
 def _value_text(value: Value) -> str:
-    return f"{_type_text(value.array.dtype)} {list(value.array.shape)}"
+    return f"{_type_text(host_dtype(value.array))} {list(value.array.shape)}"
 
 
 def _agrees(value: Value, spec: TensorSpec) -> bool:
     array = value.array
-    if array.dtype != spec.dtype or array.ndim != len(spec.dims) + 1:
+    if host_dtype(array) != spec.dtype or array.ndim != len(spec.dims) + 1:
         return False
     return all(d == -1 or d == size for d, size in zip(spec.dims, array.shape[1:]))
 
@@ -104,6 +104,8 @@ class GraphRuntime(Runtime):
         self.trims_outputs = bool(self._ragged_outputs)
         self._wiring = [(tuple(d.inputs.items()), tuple(d.outputs.items())) for d in graph.steps]
         self._levels = self._plan_levels(graph)
+        self._keep_tensors(graph)
+        self._takes_tensors = [getattr(step, "takes_tensors", False) for step in self.steps]
         self._branches: Optional[ThreadPoolExecutor] = None  # helper threads for independent steps, when they pay
         self._lock = threading.Lock()  # scheduler lanes run batches from their own threads
         self._figures = [[0.0, 0, 0] for _ in self.steps]  # seconds, rows, calls
@@ -155,6 +157,25 @@ class GraphRuntime(Runtime):
         except ConfigError as exc:
             raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
         return ModelStep(name, spec, runtime, self.allocate)
+
+    def _keep_tensors(self, graph: GraphDefinition) -> None:
+        """Torch steps whose every output is read only by torch steps of their device hand their
+        outputs on as tensors on that device: on a GPU, intermediates between GPU steps stay
+        there."""
+        readers: Dict[str, List[int]] = {}
+        for index, definition in enumerate(graph.steps):
+            for tensor in definition.inputs.values():
+                readers.setdefault(tensor, []).append(index)
+        answered = {t.name for t in graph.outputs}
+        for index, step in enumerate(self.steps):
+            if not getattr(step, "takes_tensors", False):
+                continue
+            made = list(graph.steps[index].outputs.values())
+            step.keeps_tensors = bool(made) and all(
+                tensor not in answered and readers.get(tensor)
+                and all(getattr(self.steps[r], "takes_tensors", False) and self.steps[r].device == step.device
+                        for r in readers[tensor])
+                for tensor in made)
 
     @staticmethod
     def _plan_levels(graph: GraphDefinition) -> List[Tuple[Tuple[int, ...], Tuple[str, ...]]]:
@@ -238,6 +259,8 @@ class GraphRuntime(Runtime):
         """Run one step on what it reads: (what it made, by its own names; seconds it took)."""
         step = self.steps[index]
         inputs = {own: values[tensor] for own, tensor in self._wiring[index][0]}
+        if not self._takes_tensors[index]:
+            inputs = {own: on_host(value) for own, value in inputs.items()}
         if check:
             self._check_inputs(index, inputs)
         started = time.perf_counter()
@@ -380,7 +403,9 @@ class GraphRuntime(Runtime):
                     for step, f in zip(self.steps, self._figures)}
 
     def describe(self) -> str:
-        text = "graph: " + " -> ".join(f"{step.name} ({step.kind})" for step in self.steps)
+        text = "graph: " + " -> ".join(
+            f"{step.name} ({step.kind}" + (f", tensors kept on {step.device}" if getattr(step, "keeps_tensors", False)
+                                           else "") + ")" for step in self.steps)
         return "; ".join([text, *self.notes])
 
     def close(self) -> None:

@@ -65,6 +65,11 @@ class ModelStep(Step):
                                   else None, allocate=allocate)
         self.max_rows = max(1, signature.max_batch_size)
         self.max_length = serving.max_sequence_length
+        # A torch runtime takes tensors, and hands its outputs on as tensors on its device when
+        # every reader of them is a torch step of that device (the graph decides: keeps_tensors).
+        self.device = str(getattr(runtime, "device", "cpu"))
+        self.takes_tensors = hasattr(runtime, "run_tensors")
+        self.keeps_tensors = False
         # Every input with a variable dimension is padded and planned by its rows' lengths: inside
         # a graph rows of one batch differ in length whether or not the step's config says
         # allow_ragged_batch (Triton's batcher never mixed them; the graph's batch does).
@@ -111,7 +116,8 @@ class ModelStep(Step):
             length = None if lengths is None else int((lengths if group is None else lengths[group]).max())
             feed = {t.name: gather(padded[t.name], values[t.name].axes if t.name in variable else (), group,
                                    length if t.name in variable else None, self.allocate) for t in self.inputs}
-            outputs = as_declared(self.runtime.run(feed), self._dtypes)
+            outputs = (self.runtime.run_tensors(feed) if self.keeps_tensors
+                       else as_declared(self.runtime.run(feed), self._dtypes))
             expected = rows if group is None else len(group)
             for name, array in outputs.items():
                 if array.ndim == 0 or array.shape[0] != expected:

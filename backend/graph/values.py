@@ -4,7 +4,9 @@ tensor how far each row really reaches along its variable dimensions.
 Rows stay padded between steps (one array a tensor, not one per request); a ragged tensor
 carries each row's length, so the next model step can plan and pad it as it plans requests,
 and the graph's outputs are trimmed once, at the end. Memory comes from `allocate` (the
-model's arena) wherever a step makes a new buffer.
+model's arena) wherever a step makes a new buffer. Between two torch steps of one device a
+value is a torch tensor on that device (on a GPU it never leaves it); the helpers below that
+model steps use (repadded, gather, scatter) take either.
 """
 
 from __future__ import annotations
@@ -54,6 +56,27 @@ class Value:
         return f"Value({self.array.dtype}{list(self.array.shape)}, axes={self.axes}, ragged={self.lengths is not None})"
 
 
+def is_tensor(array) -> bool:
+    """Whether `array` is a torch tensor (one torch step hands to the next, on its device)."""
+    return type(array).__module__.startswith("torch")
+
+
+def host_dtype(array) -> np.dtype:
+    """The numpy data type of an array or a torch tensor."""
+    if is_tensor(array):
+        import torch
+
+        return torch.empty((), dtype=array.dtype).numpy().dtype
+    return array.dtype
+
+
+def on_host(value: "Value") -> "Value":
+    """The value as numpy, for a step that does not take torch tensors (a copy from the device)."""
+    if not is_tensor(value.array):
+        return value
+    return Value(value.array.detach().cpu().numpy(), value.axes, value.lengths, value.pad)
+
+
 def variable_axes(dims: Sequence[int]) -> Tuple[int, ...]:
     """The array axes (rows first) of the -1 dimensions of a tensor declared with `dims`."""
     return tuple(1 + i for i, d in enumerate(dims) if d == -1)
@@ -70,8 +93,20 @@ def _window(axes: Tuple[int, ...], ndim: int, length: int) -> tuple:
 def repadded(value: Value, pad: float, allocate: Allocate = np.empty) -> np.ndarray:
     """The value's array with `pad` past every row's length: the array itself when its pad is
     that already (or nothing is padded), else a copy."""
-    if value.lengths is None or value.pad == pad or not value.axes or is_string(value.array.dtype):
+    if value.lengths is None or value.pad == pad or not value.axes or is_string(host_dtype(value.array)):
         return value.array
+    if is_tensor(value.array):
+        import torch
+
+        array = value.array
+        out = array.clone()
+        positions = torch.arange(value.width, device=array.device)
+        beyond = positions[None, :] >= torch.as_tensor(value.lengths, device=array.device)[:, None]
+        for axis in value.axes:
+            shape = [1] * out.ndim
+            shape[0], shape[axis] = out.shape[0], out.shape[axis]
+            out.masked_fill_(beyond.reshape(shape), pad)
+        return out
     out = allocate(value.array.shape, value.array.dtype)
     out[...] = value.array
     positions = np.arange(value.width)
@@ -90,6 +125,10 @@ def gather(array: np.ndarray, axes: Tuple[int, ...], rows: Optional[np.ndarray],
     source = array if length is None or not axes or length == array.shape[axes[0]] else array[_window(axes, array.ndim, length)]
     if rows is None:
         return source
+    if is_tensor(array):
+        import torch
+
+        return source.index_select(0, torch.as_tensor(rows, device=array.device))
     if is_string(array.dtype):
         return source[rows]
     out = allocate((len(rows), *source.shape[1:]), array.dtype)
@@ -155,6 +194,18 @@ def scatter(parts: Sequence[Tuple[np.ndarray, np.ndarray]], total: int, axes: Tu
         width = max(part.shape[axes[0]] for _, part in parts)
         for axis in axes:
             shape[axis] = width
+    if is_tensor(first):
+        import torch
+
+        out = torch.full(shape, pad, dtype=first.dtype, device=first.device) if axes else \
+            torch.empty(shape, dtype=first.dtype, device=first.device)
+        for rows, part in parts:
+            index = torch.as_tensor(rows, device=first.device)
+            if axes:
+                out[(index,) + tuple(slice(0, n) for n in part.shape[1:])] = part
+            else:
+                out[index] = part
+        return out
     if is_string(first.dtype):
         out = np.empty(tuple(shape), dtype=first.dtype)
     else:

@@ -90,6 +90,15 @@ class TorchRuntime(Runtime):
         return stream
 
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        return self._on_lane(feed, to_host=True)
+
+    def run_tensors(self, feed) -> Dict[str, "object"]:
+        """The outputs as torch tensors on this runtime's device; the feed may hold numpy arrays
+        or tensors (a graph passes the tensors one torch step made to the next, so on a GPU
+        they stay on the device)."""
+        return self._on_lane(feed, to_host=False)
+
+    def _on_lane(self, feed, to_host: bool):
         torch = self._torch
         if getattr(_lane, "threads", None) != self.intra_op_threads:
             # OpenMP's thread count is per calling thread: scheduler lanes set their own.
@@ -97,11 +106,20 @@ class TorchRuntime(Runtime):
             _lane.threads = self.intra_op_threads
         stream = self.lane_stream()
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            return self._run_on_current_stream(feed)
+            outputs = self._run_on_current_stream(feed)
+            if to_host:  # copied on the lane's stream, after the kernels that made them
+                outputs = {name: t.detach().to("cpu").numpy() for name, t in outputs.items()}
+            return outputs
 
-    def _run_on_current_stream(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    def _tensor(self, value):
         torch = self._torch
-        args = [torch.from_numpy(np.ascontiguousarray(feed[name])).to(self.device) for name in self._arg_order]
+        if isinstance(value, torch.Tensor):
+            return value.to(self.device)
+        return torch.from_numpy(np.ascontiguousarray(value)).to(self.device)
+
+    def _run_on_current_stream(self, feed) -> Dict[str, "object"]:
+        torch = self._torch
+        args = [self._tensor(feed[name]) for name in self._arg_order]
         if self.half:
             args = [a.half() if a.is_floating_point() else a for a in args]
         with torch.inference_mode():
@@ -112,5 +130,5 @@ class TorchRuntime(Runtime):
             result = tuple(result[name] for name in self.output_names)
         if len(result) != len(self.output_names):
             raise RuntimeError(f"model returned {len(result)} outputs; the config declares {len(self.output_names)}")
-        return {name: (t.float() if self.half and t.is_floating_point() else t).detach().to("cpu").numpy()
+        return {name: (t.float() if self.half and t.is_floating_point() else t)
                 for name, t in zip(self.output_names, result)}

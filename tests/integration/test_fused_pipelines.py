@@ -174,3 +174,16 @@ def test_latte_fuse_on_a_hand_written_repository_answers_bit_for_bit_as_its_ense
         ensemble = infer(grpcclient, grpc, "embed_text", "TEXT", one)
         for output in ("EMBEDDING", "NORM"):
             assert np.array_equal(fused.as_numpy(output), ensemble.as_numpy(output)), (text, output)
+
+
+def test_tune_measures_a_fused_model_against_the_ensembles_slo(pipelines):
+    from latte.generator.tune import tune
+
+    _, repo, _, names = pipelines
+    before = (repo / names["text"]["fused"] / "config.pbtxt").read_text()
+    # No moves: the generated fused config alone, in closed loop and at the ensemble's planned rate.
+    result = tune(repo, names["text"]["fused"], max_steps=0, measurement_ms=500)
+    start = result.start
+    assert result.best is start and start.error is None and start.score > 0
+    assert start.poisson_p99_ms is not None
+    assert (repo / names["text"]["fused"] / "config.pbtxt").read_text() == before

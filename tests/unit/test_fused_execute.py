@@ -217,3 +217,62 @@ def test_independent_heads_on_helper_threads_answer_as_they_do_one_after_the_oth
             np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
     auto.finalize()
     parallel.finalize()
+
+
+def test_between_two_torch_steps_the_tensor_stays_a_torch_tensor_on_their_device(tmp_path):
+    """encoder (TorchScript) -> topics (TorchScript): the encoder's output goes to the topic head
+    as a torch tensor (on a GPU it would stay on the device); the answers are the two models'."""
+    import torch
+
+    from latte.examples import CATALOG, export
+
+    model_dir = tmp_path / "repo" / "tag"
+    steps = {}
+    for step, example in (("encoder", "sequence"), ("topics", "topics")):
+        files = export(CATALOG[example], tmp_path / "build" / example)
+        folder = model_dir / "1" / "steps" / step / "1"
+        folder.mkdir(parents=True)
+        shutil.copy(files["torchscript"], folder / "model.pt")
+        steps[step] = files["torchscript"]
+    tokens = {"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1]}
+    topics = {"name": "TOPICS", "data_type": "TYPE_FP32", "dims": [4]}
+
+    def config(name, inputs, outputs, **parameters):
+        return {"name": name, "backend": "latte", "max_batch_size": 16, "input": inputs, "output": outputs,
+                "parameters": {"model_file": {"string_value": "model.pt"},
+                               **{k: {"string_value": v} for k, v in parameters.items()}}}
+
+    (model_dir / "1" / "graph.json").write_text(json.dumps({
+        "format": "latte-graph/1", "inputs": [tokens], "outputs": [topics],
+        "steps": [{"name": "encoder", "folder": "steps/encoder", "inputs": {"tokens": "tokens"},
+                   "outputs": {"embedding": "pooled"},
+                   "config": config("encoder", [{**tokens, "allow_ragged_batch": True}],
+                                    [{"name": "embedding", "data_type": "TYPE_FP32", "dims": [32]}],
+                                    max_sequence_length="128")},
+                  {"name": "topics", "folder": "steps/topics", "inputs": {"embedding": "pooled"},
+                   "outputs": {"topics": "TOPICS"},
+                   "config": config("topics", [{"name": "embedding", "data_type": "TYPE_FP32", "dims": [32]}],
+                                    [{"name": "topics", "data_type": "TYPE_FP32", "dims": [4]}])}]}))
+    (model_dir / "config.pbtxt").write_text('''name: "tag"
+backend: "latte"
+max_batch_size: 16
+input { name: "tokens" data_type: TYPE_INT64 dims: [ -1 ] allow_ragged_batch: true }
+output { name: "TOPICS" data_type: TYPE_FP32 dims: [ 4 ] }
+parameters { key: "model_file" value: { string_value: "graph.json" } }
+parameters { key: "max_sequence_length" value: { string_value: "128" } }
+''')
+    model = example_model(tmp_path / "repo", "tag")
+    encoder, head = model.runtime.steps
+    assert encoder.keeps_tensors and not head.keeps_tensors  # the head's output is answered: numpy
+    assert "encoder (model, tensors kept on cpu)" in model.runtime.describe()
+    rng = np.random.default_rng(4)
+    feeds = [{"tokens": rng.integers(1, 1000, size=(1, n), dtype=np.int64)} for n in (5, 40, 12, 90)]
+
+    responses = model.execute([InferenceRequest(f) for f in feeds])
+
+    modules = {name: torch.jit.load(str(path)).eval() for name, path in steps.items()}
+    for feed, response in zip(feeds, responses):
+        with torch.inference_mode():
+            want = modules["topics"](modules["encoder"](torch.from_numpy(feed["tokens"]))).numpy()
+        np.testing.assert_allclose(outputs_of(response)["TOPICS"], want, rtol=1e-4, atol=1e-5)
+    model.finalize()
