@@ -188,6 +188,10 @@ def run_pipeline(name: str, args, work: Path) -> dict:
                   round_ratios={other: [a.throughput / max(1e-9, b.throughput)
                                         for a, b in zip(points["fused"][top], points[other][top])]
                                 for other in ("ensemble", "stock")})
+    # The same ratios level by level (the concurrency 16 among them), medians of the rounds.
+    result["ratios_by_level"] = {
+        other: {str(level): summary("fused", level, "throughput") / max(1e-9, summary(other, level, "throughput"))
+                for level in levels} for other in ("ensemble", "stock")}
     for other in ("ensemble", "stock"):
         base = result[other]["throughput"]
         result[f"fused_vs_{other}"] = fused["throughput"] / base if base > 0 else None
@@ -216,6 +220,9 @@ def print_results(results: List[dict]) -> None:
     print("(infer/s at the best level with P99 within the 50 ms SLO, medians of the rounds; H = 1/(1/echo + "
           "1/in-process))")
     for r in results:
+        by_level = "; ".join(f"{other} " + ", ".join(f"{ratio:.2f}x at {level}" for level, ratio in ratios.items())
+                             for other, ratios in r["ratios_by_level"].items())
+        print(f"  {r['pipeline']}: fused / {by_level}")
         rounds = ", ".join(f"{x:.2f}" for x in r["round_ratios"]["ensemble"])
         print(f"  {r['pipeline']}: fused/ensemble each round at the top level: {rounds}; CPU us per request at the "
               "top level: " + ", ".join(f"{role} {r['cpu_us_median'][role][str(max(r['levels']))]:.0f}"
