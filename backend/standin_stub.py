@@ -13,7 +13,10 @@ import numpy as np
 
 
 class Tensor:
-    """pb_utils.Tensor: a name and an array (the stub's as_numpy gives a view)."""
+    """pb_utils.Tensor's reading side: a name and an array (the stub's as_numpy gives a view).
+    Also what a graph's Python model step is handed as its requests' inputs."""
+
+    __slots__ = ("_name", "_array")
 
     def __init__(self, name: str, array: np.ndarray) -> None:
         self._name, self._array = name, array
@@ -23,6 +26,12 @@ class Tensor:
 
     def as_numpy(self) -> np.ndarray:
         return self._array
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self):
+        return np.ascontiguousarray(self._array).__dlpack__()
 
 
 class TritonError:

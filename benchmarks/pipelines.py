@@ -31,11 +31,8 @@ the same steps on one thread in batches of 8 (texts length-sorted within windows
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -51,7 +48,8 @@ from latte.generator.validate import parse_config_file
 from latte.triton import TritonServer
 from latte.triton.perf import write_input_data
 
-from serving import measure, median  # benchmarks/serving.py: one level measured, a stable median
+# benchmarks/serving.py: one level measured, a stable median, each of a run's parts in one folder
+from serving import measure, median, run_each
 
 HERE = Path(__file__).resolve().parent
 SLO_MS = 50.0
@@ -251,14 +249,7 @@ def main(argv=None) -> int:
     if unknown or args.rounds < 1:
         parser.error(f"unknown pipeline(s) {unknown}; choose from {', '.join(PIPELINES)}" if unknown
                      else "--rounds must be >= 1")
-    work = Path(tempfile.mkdtemp(prefix="latte-pipelines-"))
-    results = []
-    for name in names:
-        print(f"{name}:", flush=True)
-        results.append(run_pipeline(name, args, work))
-        if args.out:
-            args.out.write_text(json.dumps(results, indent=2))
-    print_results(results)
+    print_results(run_each(names, run_pipeline, args, "latte-pipelines-"))
     return 0
 
 

@@ -391,15 +391,21 @@ def main(argv=None) -> int:
     if unknown or args.rounds < 1:
         parser.error(f"unknown model(s) {unknown}; choose from {', '.join(SETTINGS)}" if unknown
                      else "--rounds must be >= 1")
-    work = Path(tempfile.mkdtemp(prefix="latte-serving-"))
-    results = []
-    for name in models:
-        print(f"{name}:", flush=True)
-        results.append(run_model(name, args, work))
-        if args.out:  # kept after each model, so a long run that stops keeps what it measured
-            args.out.write_text(json.dumps(results, indent=2))
-    print_results(results)
+    print_results(run_each(models, run_model, args, "latte-serving-"))
     return 0
+
+
+def run_each(names: Sequence[str], run, args, prefix: str) -> List[dict]:
+    """run(name, args, work) for each name in one work folder; the figures so far are written to
+    --out after each, so a long run that stops keeps what it measured."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    results = []
+    for name in names:
+        print(f"{name}:", flush=True)
+        results.append(run(name, args, work))
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=2))
+    return results
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from latte.backend.config import GRAPH_FILE, RUNTIME_BY_EXTENSION
 from latte.backend.graph.definition import GRAPH_FORMAT, STEP_VERSION
-from latte.generator.dag import EnsembleWiring, Interface, StepWiring, TensorInfo
+from latte.generator.dag import EnsembleWiring, Interface, TensorInfo
 
 # Triton backends (and platforms) whose models latte runs as graph steps, and the runtime each
 # one's file takes; python steps run as functions or as their TritonPythonModel.

@@ -23,6 +23,7 @@ from latte.backend.config import TensorSpec
 from latte.backend.errors import ConfigError, RequestError
 from latte.backend.graph.steps import Step, Values
 from latte.backend.graph.values import stack_members
+from latte.backend.standin_stub import Tensor as StepTensor
 
 STEP_FILE = "model.py"
 _loaded = 0
@@ -64,27 +65,6 @@ def step_function(module, name: str, step: str, path: Path):
     if not callable(function):
         raise ConfigError(f"step {step!r}: {path} defines no function {name!r}")
     return function
-
-
-class StepTensor:
-    """An input tensor as a Python model reads it (pb_utils.Tensor's reading side)."""
-
-    __slots__ = ("_name", "_array")
-
-    def __init__(self, name: str, array: np.ndarray) -> None:
-        self._name, self._array = name, array
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        return self._array
-
-    def is_cpu(self) -> bool:
-        return True
-
-    def to_dlpack(self):
-        return np.ascontiguousarray(self._array).__dlpack__()
 
 
 class StepSender:
