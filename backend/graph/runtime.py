@@ -100,15 +100,20 @@ class GraphRuntime(Runtime):
         self._inputs = {t.name: _spec_of(t) for t in graph.inputs}
         self._outputs = {t.name: _spec_of(t) for t in graph.outputs}
         self._input_axes = {name: variable_axes(spec.dims) for name, spec in self._inputs.items()}
+        self._ragged_inputs = any(self._input_axes.values())
         self._ragged_outputs = [t.name for t in graph.outputs if -1 in t.dims]
         self.trims_outputs = bool(self._ragged_outputs)
         self._wiring = [(tuple(d.inputs.items()), tuple(d.outputs.items())) for d in graph.steps]
         self._levels = self._plan_levels(graph)
         self._keep_tensors(graph)
-        self._takes_tensors = [getattr(step, "takes_tensors", False) for step in self.steps]
+        # Steps that may be handed a tensor kept on a device but read numpy: their inputs are
+        # copied to the host first (none, unless some torch step keeps its outputs).
+        kept = any(getattr(step, "keeps_tensors", False) for step in self.steps)
+        self._to_host = [kept and not getattr(step, "takes_tensors", False) for step in self.steps]
         self._branches: Optional[ThreadPoolExecutor] = None  # helper threads for independent steps, when they pay
         self._lock = threading.Lock()  # scheduler lanes run batches from their own threads
         self._figures = [[0.0, 0, 0] for _ in self.steps]  # seconds, rows, calls
+        self._unfolded: List[Tuple[List[float], int]] = []  # (seconds per step, rows) of batches not yet counted
         self.notes: List[str] = []  # what the server log should say about the graph
         self._checked = False
         try:
@@ -119,7 +124,7 @@ class GraphRuntime(Runtime):
         except Exception:
             self.close()
             raise
-        self._figures = [[0.0, 0, 0] for _ in self.steps]
+        self._unfolded = []  # load's own batches are not served ones
 
     # -- load ---------------------------------------------------------------------------
     def _load(self, definition: StepDefinition) -> Step:
@@ -243,8 +248,10 @@ class GraphRuntime(Runtime):
         return outputs
 
     def _values(self, batch: Batch) -> Dict[str, Value]:
+        if not self._ragged_inputs:
+            return {name: Value(array) for name, array in batch.inputs.items()}
         values = {}
-        lengths = batch.lengths if any(n is not None for n in batch.lengths) else None
+        lengths = batch.lengths if batch.padded_length is not None else None
         for name, array in batch.inputs.items():
             axes = self._input_axes.get(name, ())
             row_lengths = None
@@ -255,15 +262,15 @@ class GraphRuntime(Runtime):
             values[name] = Value(array, axes, row_lengths)
         return values
 
-    def _step(self, index: int, values: Dict[str, Value], members, check: bool) -> Tuple[Dict[str, Value], float]:
-        """Run one step on what it reads: (what it made, by its own names; seconds it took)."""
+    def _step(self, index: int, values: Dict[str, Value], members, check: bool) -> Dict[str, Value]:
+        """Run one step on what it reads: what it made, by its own names."""
         step = self.steps[index]
-        inputs = {own: values[tensor] for own, tensor in self._wiring[index][0]}
-        if not self._takes_tensors[index]:
-            inputs = {own: on_host(value) for own, value in inputs.items()}
+        if self._to_host[index]:
+            inputs = {own: on_host(values[tensor]) for own, tensor in self._wiring[index][0]}
+        else:
+            inputs = {own: values[tensor] for own, tensor in self._wiring[index][0]}
         if check:
             self._check_inputs(index, inputs)
-        started = time.perf_counter()
         try:
             produced = step.run(inputs, members)
         except (RequestError, MemoryError):
@@ -271,38 +278,50 @@ class GraphRuntime(Runtime):
         except Exception as exc:
             raise ModelError(f"step {step.name!r} failed: {failure_text(exc)}",
                              detail=f"step {step.name!r}: {type(exc).__name__}: {exc}") from exc
-        seconds = time.perf_counter() - started
         if check:
             self._check_outputs(index, produced)
-        return produced, seconds
+        return produced
+
+    def _timed_step(self, index: int, values: Dict[str, Value], members, check: bool):
+        """_step on a helper thread, with the seconds it took there."""
+        started = time.perf_counter()
+        produced = self._step(index, values, members, check)
+        return produced, time.perf_counter() - started
 
     def _walk(self, batch: Batch, check: bool) -> Dict[str, np.ndarray]:
         members = batch.member_rows
         values = self._values(batch)
         spent = [0.0] * len(self.steps)
         branches = self._branches
+        wiring = self._wiring
+        clock = time.perf_counter
+        mark = clock()
         for level, frees in self._levels:
             if branches is None or len(level) == 1:
-                done = [(index, self._step(index, values, members, check)) for index in level]
+                for index in level:  # one after the other on this thread: each step's time runs to the next mark
+                    produced = self._step(index, values, members, check)
+                    now = clock()
+                    spent[index], mark = now - mark, now
+                    for own, tensor in wiring[index][1]:
+                        values[tensor] = produced[own]
             else:
                 # The first step on this thread, the others on helpers; each reads only what
                 # earlier levels made, and what they make is written once all are done.
-                helpers = [(index, branches.submit(self._step, index, values, members, check)) for index in level[1:]]
-                first = (level[0], self._step(level[0], values, members, check))
-                done = [first] + [(index, future.result()) for index, future in helpers]
-            for index, (produced, seconds) in done:
-                spent[index] = seconds
-                for own, tensor in self._wiring[index][1]:
-                    values[tensor] = produced[own]
-            del done
+                helpers = [(index, branches.submit(self._timed_step, index, values, members, check))
+                           for index in level[1:]]
+                done = [(level[0], self._timed_step(level[0], values, members, check))]
+                done += [(index, future.result()) for index, future in helpers]
+                for index, (produced, seconds) in done:
+                    spent[index] = seconds
+                    for own, tensor in wiring[index][1]:
+                        values[tensor] = produced[own]
+                del done
+                mark = clock()
+            del produced  # what the level made is in `values` now, and nowhere else
             for tensor in frees:
                 values.pop(tensor, None)
-        rows = batch.rows
-        with self._lock:
-            for figures, seconds in zip(self._figures, spent):
-                figures[0] += seconds
-                figures[1] += rows
-                figures[2] += 1
+        # Counted when the figures are read (step_figures): one append here, atomic under the GIL.
+        self._unfolded.append((spent, batch.rows))
         if check:
             for name, spec in self._outputs.items():
                 if not _agrees(values[name], spec):
@@ -399,6 +418,12 @@ class GraphRuntime(Runtime):
     # -- figures, close -----------------------------------------------------------------
     def step_figures(self) -> Dict[str, Dict[str, float]]:
         with self._lock:
+            unfolded, self._unfolded = self._unfolded, []
+            for spent, rows in unfolded:
+                for figures, seconds in zip(self._figures, spent):
+                    figures[0] += seconds
+                    figures[1] += rows
+                    figures[2] += 1
             return {step.name: {"seconds": f[0], "rows": f[1], "calls": f[2]}
                     for step, f in zip(self.steps, self._figures)}
 

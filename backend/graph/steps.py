@@ -94,26 +94,29 @@ class ModelStep(Step):
             return [None]
         return [np.asarray(group) for group in groups]
 
-    def _lengths(self, values: Values) -> Optional[np.ndarray]:
+    def _lengths(self, values: Values) -> Tuple[Optional[np.ndarray], Optional[int]]:
+        """Each row's length across the variable inputs, and the longest; (None, None) without."""
         lengths = None
         for name in self._variable:
             found = values[name].row_lengths()
             if found is not None:
                 lengths = found if lengths is None else np.maximum(lengths, found)
-        if lengths is not None and self.max_length and len(lengths) and int(lengths.max()) > self.max_length:
-            longest = int(lengths.max())
+        if lengths is None or not len(lengths):
+            return None, None
+        longest = int(lengths.max())
+        if self.max_length and longest > self.max_length:
             raise RequestError(f"step {self.name!r}: length {longest} exceeds the step's maximum of {self.max_length}")
-        return lengths
+        return lengths, longest
 
     def run(self, values: Values, members: Sequence[int]) -> Values:
         rows = values[self.inputs[0].name].rows
-        lengths = self._lengths(values)
+        lengths, longest = self._lengths(values)
         variable = self._variable
         padded = {t.name: repadded(values[t.name], self.pad_value, self.allocate) if t.name in variable
                   else values[t.name].array for t in self.inputs}
         parts: List[Tuple[Optional[np.ndarray], Optional[int], Dict[str, np.ndarray]]] = []
         for group in self.plan(lengths, rows):
-            length = None if lengths is None else int((lengths if group is None else lengths[group]).max())
+            length = longest if group is None else (None if lengths is None else int(lengths[group].max()))
             feed = {t.name: gather(padded[t.name], values[t.name].axes if t.name in variable else (), group,
                                    length if t.name in variable else None, self.allocate) for t in self.inputs}
             outputs = (self.runtime.run_tensors(feed) if self.keeps_tensors
