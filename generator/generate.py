@@ -9,7 +9,7 @@ from typing import Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from latte.backend.config import ThreadBudget
+from latte.backend.config import GRAPH_FILE, ThreadBudget
 from latte.backend.dtypes import TRITON_TO_NUMPY
 from latte.backend.samples import encode_sample, sample_values
 from latte.triton.perf import read_input_data
@@ -17,7 +17,8 @@ from latte.generator.calibrate import ServingCost, machine_serving_cost
 from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, StepWiring, TensorInfo, check_ensemble
 from latte.generator.fuse import Fusion, fuse_ensemble, step_source, write_fused_model
 from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
-from latte.generator.operating_point import plan_operating_points, write_operating_points
+from latte.generator.config_summary import derivation_report
+from latte.generator.operating_point import OperatingPoint, plan_operating_points, write_operating_points
 from latte.generator.profile_data import Profile, latency_ceiling_ms
 from latte.generator.model_folder import render_model_config, write_ensemble, write_model
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
@@ -262,6 +263,60 @@ def write_ensembles(repo: Path, contexts: List[Dict], fusions: Mapping[str, Fusi
         write_ensemble(repo, context, templates)
 
 
+@dataclass
+class FusedPlan:
+    """A fused model's own profile and the settings derived from it."""
+    name: str
+    derivation: Derivation
+    profile_path: Path
+
+
+def derive_fused(spec: PipelineSpec, repo: Path, fusions: Mapping[str, Fusion], plans: List[ModelPlan],
+                 profiles_dir: Path, templates: Optional[Path] = None,
+                 log: Callable[[str], None] = lambda line: None) -> List[FusedPlan]:
+    """Profile each fused model as written (its whole graph, in this process) and derive its
+    batching and instances from that profile against the tightest SLO of its latte steps (the
+    ensemble's, or the spec ensemble's own slo_ms), at their arrival rate if the spec gives
+    one (the spec ensemble's `profile:` spares the profiling); its config is rewritten with
+    them. A fused model with no latte step keeps the settings its steps gave it."""
+    from latte.generator.profile import ProfileOptions, profile_model
+
+    by_name = {plan.name: plan for plan in plans}
+    derived = []
+    for fusion in fusions.values():
+        entry = next(e for e in spec.ensembles if e.name == fusion.ensemble)
+        for model in fusion.fused:
+            latte = [by_name[step] for step in model.steps if by_name[step].derivation is not None]
+            if not latte:
+                continue
+            slo = entry.slo_ms or min(plan.derivation.slo_ms for plan in latte)
+            rates = [spec.model(plan.name).arrival_rate for plan in latte if spec.model(plan.name).arrival_rate]
+            serving = next((plan.profile.serving for plan in latte if plan.profile and plan.profile.serving), None) \
+                or ServingCost.flat(DEFAULT_BACKEND_OVERHEAD_MS, "assumed: its steps' profiles were taken without "
+                                    "calibration")
+            if model.name == fusion.ensemble and entry.profile is not None:
+                profile, path = Profile.load(entry.profile), entry.profile
+            else:
+                log(f"{model.name}: profiling the fused model ({' -> '.join(model.steps)})")
+                threads = int(model.context["parameters"].get("intra_op_threads", "1"))
+                profile = profile_model(repo / model.name / "1" / GRAPH_FILE,
+                                        ProfileOptions(runtime="graph", intra_op_threads=threads, slo_ms=slo))
+                profile.serving = serving
+                profiles_dir.mkdir(parents=True, exist_ok=True)
+                path = profile.save(profiles_dir / f"{model.name}.json")
+            d = derive(profile, slo, min(rates) if rates else None, spec.cores, spec.gpus, 0, serving)
+            context = model.context
+            context["max_batch_size"] = d.max_batch_size
+            context["dynamic_batching"] = dict(d.dynamic_batching)
+            kind = context["instance_groups"][0]["kind"]  # the device its steps chose
+            context["instance_groups"] = [{"count": d.instance_count, "kind": kind}]
+            if "arena_bytes" in d.parameters:
+                context["parameters"] = {**context["parameters"], "arena_bytes": d.parameters["arena_bytes"]}
+            write_fused_model(repo, model, templates)
+            derived.append(FusedPlan(model.name, d, Path(path)))
+    return derived
+
+
 def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, profiles_dir: Optional[Path] = None,
              log: Callable[[str], None] = lambda line: None, install=None, recalibrate: bool = False,
              fuse: bool = True) -> List[ModelPlan]:
@@ -302,6 +357,12 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
         for line in fusion.summary():
             log(line)
     write_ensembles(repo, ensembles, fusions, templates)
-    write_operating_points(repo, plan_operating_points(spec, plans, profiles_dir))
+    points = plan_operating_points(spec, plans, profiles_dir)
+    for fused in derive_fused(spec, repo, fusions, plans, profiles_dir, templates, log):
+        log(derivation_report(fused.name, fused.derivation))
+        # What verify and tune drive the fused model at: its own derivation, against the ensemble's SLO.
+        points[fused.name] = OperatingPoint(slo_ms=fused.derivation.slo_ms, rate=fused.derivation.planned_rate,
+                                            rate_source="derived", profile=str(fused.profile_path))
+    write_operating_points(repo, points)
     validate_repository(repo)
     return plans

@@ -113,6 +113,11 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 def make_feed(shapes: ModelShapes, batch: int, length: Optional[int], rng: np.random.Generator) -> Dict[str, np.ndarray]:
     from latte.backend.samples import sample_values
 
+    if shapes.samples and not shapes.variable:
+        # The model's own sample requests, taken in turn to fill the batch.
+        count = len(shapes.samples)
+        return {t["name"]: np.concatenate([shapes.samples[i % count][t["name"]] for i in range(batch)])
+                for t in shapes.inputs}
     feed = {}
     for t in shapes.inputs:
         dims = [length if d == -1 else d for d in t["dims"]]
@@ -217,6 +222,7 @@ def profile_model(model_file: Path, opts: Optional[ProfileOptions] = None, show_
     started = time.perf_counter()
     runtime = load_runtime(shapes.runtime, model_file, [t["name"] for t in shapes.inputs],
                            [t["name"] for t in shapes.outputs], opts.intra_op_threads, 1, opts.device)
+    shapes.samples = runtime.samples()
     rng = np.random.default_rng(opts.seed)
     memory_limit = opts.memory_limit_bytes or int(available_memory() * 0.8)
     if shapes.variable:

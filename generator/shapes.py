@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from latte.backend.config import RUNTIME_BY_EXTENSION, RUNTIMES
+from latte.backend.config import GRAPH_FILE, RUNTIME_BY_EXTENSION, RUNTIMES
 from latte.backend.dtypes import TRITON_TYPES
 
 DEFAULT_MAX_LENGTH = 128
@@ -24,6 +24,9 @@ class ModelShapes:
     batched: bool
     max_length: int
     source: str                 # where the shapes came from, for the report
+    # requests (one row each) the model is known to accept, batches are made of where there are
+    # some: a fused model whose first step parses what it is sent (images) has its own
+    samples: Optional[List[dict]] = None
 
     @property
     def variable(self) -> bool:
@@ -73,7 +76,7 @@ def _described_tensors(model_file: Path, runtime: str):
 def resolve_shapes(model_file: Path, runtime: Optional[str] = None, inputs: Optional[List[dict]] = None,
                    max_length: Optional[int] = None) -> ModelShapes:
     model_file = Path(model_file)
-    runtime = runtime or RUNTIME_BY_EXTENSION.get(model_file.suffix)
+    runtime = runtime or RUNTIME_BY_EXTENSION.get(model_file.suffix) or ("graph" if model_file.name == GRAPH_FILE else None)
     if runtime not in RUNTIMES:
         raise ShapeError(f"cannot tell the runtime of {model_file.name}; pass --runtime "
                          f"({', '.join(sorted(RUNTIMES))})")

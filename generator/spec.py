@@ -25,6 +25,8 @@
     ensembles:
       - name: embed_text
         samples: texts.json                 # optional; requests to check a fused model with at load
+        slo_ms: 50                          # optional; end to end, default: the tightest latte step's
+        profile: profiles/embed_text.json   # optional; the fused model's, profiled during generate when absent
         inputs:  [{name: TEXT, data_type: TYPE_STRING, dims: [1]}]
         outputs: [{name: EMBEDDING, data_type: TYPE_FP32, dims: [32]}]
         steps:
@@ -59,7 +61,7 @@ VERSION_KEYS = {"version", "file"}
 # Triton's ModelVersionPolicy: `all`, `latest: N` or `specific: [versions]`.
 VERSION_POLICIES = ("all", "latest", "specific")
 OVERRIDE_KEYS = {"max_batch_size", "dynamic_batching", "instance_count", "instance_kind", "parameters"}
-ENSEMBLE_KEYS = {"name", "max_batch_size", "inputs", "outputs", "steps", "samples"}
+ENSEMBLE_KEYS = {"name", "max_batch_size", "inputs", "outputs", "steps", "samples", "slo_ms", "profile"}
 STEP_KEYS = {"model", "inputs", "outputs"}
 
 
@@ -113,6 +115,8 @@ class EnsembleEntry:
     # requests its first steps accept (perf_analyzer --input-data JSON): a fused model checks its
     # steps' tensors on them at load, where made-up values would not parse
     samples: Optional[Path] = None
+    slo_ms: Optional[float] = None       # end to end; default: the tightest of its latte steps'
+    profile: Optional[Path] = None       # the fused model's; profiled during generate when absent
 
 
 @dataclass
@@ -361,11 +365,18 @@ def _ensemble(reader: _Reader, directory: Path, path: KeyPath) -> EnsembleEntry:
         samples = directory / reader.string(path + ("samples",))
         if not samples.is_file():
             raise doc.error(path + ("samples",), f"file {samples} does not exist")
+    profile = None
+    if "profile" in raw:
+        profile = directory / reader.string(path + ("profile",))
+        if not profile.is_file():
+            raise doc.error(path + ("profile",), f"profile {profile} does not exist; drop the key to profile the "
+                            "fused model during generate")
+    slo = reader.optional(raw, path, "slo_ms", reader.number, minimum=0.001)
     return EnsembleEntry(name=reader.string(path + ("name",)), path=path,
                          inputs=reader.tensors(path + ("inputs",)), outputs=reader.tensors(path + ("outputs",)),
                          steps=steps,
                          max_batch_size=reader.optional(raw, path, "max_batch_size", reader.number, integer=True),
-                         samples=samples)
+                         samples=samples, slo_ms=float(slo) if slo is not None else None, profile=profile)
 
 
 def load_spec(spec_path: Path) -> PipelineSpec:

@@ -17,7 +17,16 @@ def sequence_pipeline(tmp_path_factory):
                       [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1]}],
                       [{"name": "embedding", "data_type": "TYPE_FP32", "dims": [32]}], points)
     profile.save(directory / "encoder.json")
-    write_pipeline(directory, slo_ms=20, cores=2, profile=directory / "encoder.json")
+    # The fused embed_text's own profile: its whole graph per batch of texts (fixed shapes).
+    fused = Profile("embed_text/1/graph.json", "graph", "cpu", 1,
+                    [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": [1]}],
+                    [{"name": "EMBEDDING", "data_type": "TYPE_FP32", "dims": [32]},
+                     {"name": "NORM", "data_type": "TYPE_FP32", "dims": [1]}],
+                    [Point(batch, None, ms, ms, ms * 1.2, batch * 8192)
+                     for batch, ms in ((1, 0.08), (2, 0.1), (4, 0.14), (8, 0.22), (16, 0.4), (32, 0.75))])
+    fused.save(directory / "embed_text.json")
+    write_pipeline(directory, slo_ms=20, cores=2,
+                   profiles={"encoder": directory / "encoder.json", "embed_text": directory / "embed_text.json"})
     return directory
 
 

@@ -71,13 +71,14 @@ def test_overrides_win_over_derived_values(sequence_pipeline, tmp_path):
     # Triton's ensemble batches no more than its smallest step takes.
     assert parse_config((tmp_path / "plain" / "embed_text" / "config.pbtxt").read_text()).max_batch_size == 4
     # Fused, the encoder step keeps its overrides and runs at most 4 rows a call inside the graph,
-    # while the fused model batches as much as its largest step takes.
+    # while the fused model's own settings come from its own profile (the spec's embed_text.json,
+    # batches up to 32) against the ensemble's SLO, not from the encoder's overrides.
     graph = json.loads((tmp_path / "repo" / "embed_text" / "1" / "graph.json").read_text())
     encoder = next(step for step in graph["steps"] if step["name"] == "encoder")["config"]
     assert encoder["max_batch_size"] == 4 and encoder["parameters"]["pad_value"] == {"string_value": "7"}
     fused = parse_config((tmp_path / "repo" / "embed_text" / "config.pbtxt").read_text())
     assert fused.max_batch_size == 32 and fused.instance_group[0].count == 2
-    assert fused.dynamic_batching.max_queue_delay_microseconds == 100
+    assert fused.dynamic_batching.max_queue_delay_microseconds == 0
 
 
 def test_priority_levels_render_lattes_queue_that_the_backend_loads(sequence_pipeline, tmp_path):

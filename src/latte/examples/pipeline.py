@@ -50,7 +50,7 @@ models:
 """ + TEXT_MODELS + """\
 ensembles:
   - name: embed_text
-    inputs:  [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
+{profile_embed_text}    inputs:  [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
     outputs:
       - {{name: EMBEDDING, data_type: TYPE_FP32, dims: [32]}}
       - {{name: NORM, data_type: TYPE_FP32, dims: [1]}}
@@ -69,7 +69,7 @@ models:
     slo_ms: {slo_ms}
 {profile_topics}ensembles:
   - name: embed_and_tag
-    inputs:  [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
+{profile_embed_and_tag}    inputs:  [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
     outputs:
       - {{name: EMBEDDING, data_type: TYPE_FP32, dims: [32]}}
       - {{name: NORM, data_type: TYPE_FP32, dims: [1]}}
@@ -104,7 +104,7 @@ models:
 ensembles:
   - name: classify_image
     samples: samples.json
-    inputs:  [{{name: IMAGE, data_type: TYPE_STRING, dims: [1]}}]
+{profile_classify_image}    inputs:  [{{name: IMAGE, data_type: TYPE_STRING, dims: [1]}}]
     outputs:
       - {{name: PROBS, data_type: TYPE_FP32, dims: [3]}}
       - {{name: CLASSES, data_type: TYPE_INT64, dims: [3]}}
@@ -172,8 +172,9 @@ def _load_step(name: str):
 def write_pipeline(directory: Path, slo_ms: float = 50.0, cores: int = 2, profile: Optional[Path] = None,
                    export_model: bool = True, name: str = "text", profiles: Optional[Dict[str, Path]] = None) -> Path:
     """Lay out an example pipeline's files and spec in directory; returns the spec path.
-    `profiles` maps latte models of the spec (encoder, cnn, topics) to profiles that spare
-    profiling them; `profile` is the first one's (the encoder's, or the CNN's)."""
+    `profiles` maps latte models and ensembles of the spec (encoder, cnn, topics, and the fused
+    embed_text, classify_image, embed_and_tag) to profiles that spare profiling them; `profile`
+    is the first model's (the encoder's, or the CNN's)."""
     from latte.examples import CATALOG, export
 
     example = PIPELINES[name]
@@ -193,7 +194,7 @@ def write_pipeline(directory: Path, slo_ms: float = 50.0, cores: int = 2, profil
     if profile is not None:
         given.setdefault(example.models[0][0], profile)
     lines = {f"profile_{model}": f"    profile: {given[model]}\n" if model in given else ""
-             for model in ("encoder", "cnn", "topics")}
+             for model in ("encoder", "cnn", "topics", "embed_text", "classify_image", "embed_and_tag")}
     spec = directory / "pipeline.yaml"
     spec.write_text(example.spec.format(cores=cores, slo_ms=slo_ms, **lines))
     return spec
