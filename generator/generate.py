@@ -24,8 +24,9 @@ from latte.generator.model_folder import render_model_config, write_ensemble, wr
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
 from latte.generator.validate import InvalidConfig, batcher_stall, parse_config, validate_repository
 
-# Requests of an ensemble's samples a fused model keeps to check its steps with at load.
-FUSED_SAMPLES = 3
+# Requests of an ensemble's samples a fused model keeps: it checks its steps with them at load,
+# and generate profiles it on them.
+FUSED_SAMPLES = 16
 # Variable dimensions of warm-up samples take this size (or the longest profiled length if shorter).
 WARMUP_LENGTH = 16
 

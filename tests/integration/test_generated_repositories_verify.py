@@ -1,10 +1,12 @@
 """Every example `latte generate` renders holds its SLO under `latte verify` at the load it was planned for.
 
-One spec holds the example pipeline (tokenize -> encoder -> normalize, ensemble embed_text)
-and the mlp and cnn examples as single models; generate profiles and calibrates them,
+One spec holds the example pipeline (tokenize -> encoder -> normalize, ensemble embed_text,
+fused) and the mlp and cnn examples as single models; generate profiles and calibrates them,
 one tritonserver serves the result, and each model is verified with Poisson arrivals at
 its planned rate.
 """
+
+from pathlib import Path
 
 import pytest
 
@@ -45,8 +47,10 @@ def test_generate_calibrates_once_and_plans_a_load_per_latte_model_and_ensemble(
     repo, plans = generated
     points = read_operating_points(repo)
     assert sorted(points) == ["cnn", "embed_text", "encoder", "mlp"]
-    # The ensemble's requests also pass through two python steps on the same cores.
-    assert points["embed_text"].rate < points["encoder"].rate
+    # The ensemble is fused: planned by its own profile, taken on the pipeline's sample texts.
+    fused = points["embed_text"]
+    assert fused.rate_source == "derived" and fused.profile.endswith("profiles/embed_text.json")
+    assert Path(fused.profile).is_file() and fused.slo_ms == points["encoder"].slo_ms
     for name in ("cnn", "encoder", "mlp"):
         point = points[name]
         derivation = plans[name].derivation

@@ -151,7 +151,7 @@ def test_generate_fuses_each_ensemble_and_says_so(fused_pipelines):
 def test_the_image_pipelines_samples_travel_into_its_graph(fused_pipelines):
     _, repo = fused_pipelines["image"]
     graph = json.loads((repo / "classify_image" / "1" / "graph.json").read_text())
-    assert len(graph["samples"]) == 3 and set(graph["samples"][0]["IMAGE"]) == {"b64", "shape"}
+    assert len(graph["samples"]) == 16 and set(graph["samples"][0]["IMAGE"]) == {"b64", "shape"}
 
 
 def test_a_spec_naming_a_function_its_file_lacks_is_refused_at_the_line(fused_pipelines, tmp_path):
@@ -161,7 +161,7 @@ def test_a_spec_naming_a_function_its_file_lacks_is_refused_at_the_line(fused_pi
     files, _ = fused_pipelines["text"]
     spec = tmp_path / "pipeline.yaml"
     text = (files / "pipeline.yaml").read_text().replace("function: tokenize", "function: tokenise")
-    for name in ("tokenize.py", "normalize.py", "encoder.json"):
+    for name in ("tokenize.py", "normalize.py", "encoder.json", "samples.json"):
         shutil.copy(files / name, tmp_path / name)
     shutil.copytree(files / "sequence", tmp_path / "sequence")
     spec.write_text(text.replace(str(files), str(tmp_path)))

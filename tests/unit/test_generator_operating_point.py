@@ -26,7 +26,7 @@ def test_ensemble_sustains_the_shared_host_rate_of_its_steps(sequence_pipeline, 
     spec = tmp_path / "pipeline.yaml"
     spec.write_text((sequence_pipeline / "pipeline.yaml").read_text().replace(
         str(sequence_pipeline / "encoder.json"), str(tmp_path / "calibrated.json")))
-    for name in ("tokenize.py", "normalize.py", "sequence"):
+    for name in ("tokenize.py", "normalize.py", "sequence", "samples.json"):
         (tmp_path / name).symlink_to(sequence_pipeline / name)
     plans = {p.name: p for p in generate(spec, tmp_path / "repo", fuse=False)}
     points = read_operating_points(tmp_path / "repo")

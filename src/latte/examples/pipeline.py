@@ -50,6 +50,7 @@ models:
 """ + TEXT_MODELS + """\
 ensembles:
   - name: embed_text
+    samples: samples.json
 {profile_embed_text}    inputs:  [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
     outputs:
       - {{name: EMBEDDING, data_type: TYPE_FP32, dims: [32]}}
@@ -69,6 +70,7 @@ models:
     slo_ms: {slo_ms}
 {profile_topics}ensembles:
   - name: embed_and_tag
+    samples: samples.json
 {profile_embed_and_tag}    inputs:  [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
     outputs:
       - {{name: EMBEDDING, data_type: TYPE_FP32, dims: [32]}}
@@ -114,6 +116,9 @@ ensembles:
       - {{model: classify, inputs: {{LOGITS: logits}}, outputs: {{PROBS: PROBS, CLASSES: CLASSES}}}}
 """
 
+# Requests of each example pipeline's samples.json (generate keeps a few to check with at load and
+# profiles the fused model on all of them).
+SAMPLES = 16
 # Word counts of the example texts: lognormal, median 24 (as the sequence encoder's benchmarks).
 WORDS_MEDIAN, WORDS_SIGMA, MAX_WORDS = 24, 0.8, 128
 
@@ -185,11 +190,11 @@ def write_pipeline(directory: Path, slo_ms: float = 50.0, cores: int = 2, profil
             export(CATALOG[model], directory / model)
     for step in example.steps:
         shutil.copy2(STEPS / f"{step}.py", directory / f"{step}.py")
-    if "samples:" in example.spec:
-        # Requests the first step accepts, for the fused model's check at load (made-up bytes are no image).
-        from latte.triton.perf import write_input_data
+    # Requests as clients send them: the fused model checks its steps on them at load (made-up
+    # bytes are no image) and is profiled on them (made-up words are shorter than these texts).
+    from latte.triton.perf import write_input_data
 
-        write_input_data(directory / "samples.json", [{k: v[0] for k, v in r.items()} for r in example.requests(3)])
+    write_input_data(directory / "samples.json", [{k: v[0] for k, v in r.items()} for r in example.requests(SAMPLES)])
     given = dict(profiles or {})
     if profile is not None:
         given.setdefault(example.models[0][0], profile)
