@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from latte.bench.lengths import LengthDistribution
+from latte.bench.quiet import wait_until_quiet
 from latte.bench.runner import machine_description
 from latte.bench.soak import LONG_TARGETS, SoakSettings, check_ratios, describe_targets, format_ratios, run_soak
 from latte.bench.target import start_or_attach
@@ -56,10 +57,13 @@ def main() -> int:
             build_examples(repo)
     settings = SoakSettings(args.model, requests=args.requests, windows=args.windows, in_flight=args.in_flight,
                             lengths=LengthDistribution.parse(args.lengths), warmup_requests=2000, feeds=feeds)
+    load = wait_until_quiet(log=print)  # building the examples loads the machine for a minute after
+    print(f"load average at start: {load:.2f}", flush=True)
     started = time.time()
     with start_or_attach(repo, log_path=out / "tritonserver.log") as target:
         result = run_soak(target, settings, lambda done, message: print(f"[{done:4.0%}] {message}", flush=True))
     result["machine"] = machine_description()
+    result["load_average_at_start"] = round(load, 2)
     result["duration_s"] = round(time.time() - started, 1)
     path = out / f"soak-{args.model}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
