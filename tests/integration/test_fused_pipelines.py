@@ -1,6 +1,6 @@
-"""End to end: example pipelines generated twice from one spec, fused (as `latte generate`
-renders them) and as Triton's ensemble (`--no-fuse`), served side by side by one real
-tritonserver; clients get the same answers from both, over HTTP and gRPC."""
+"""End to end: the example pipelines (text, image, branching) generated twice from one spec,
+fused (as `latte generate` renders them) and as Triton's ensemble (`--no-fuse`), served side by
+side by one real tritonserver; clients get the same answers from both, over HTTP and gRPC."""
 
 import numpy as np
 import pytest
@@ -20,13 +20,15 @@ def pipelines(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("pipelines")
     repo, names = side_by_side(work / "text", "text")
-    image_repo, image_names = side_by_side(work / "image", "image")
-    for model in image_repo.iterdir():
-        if model.is_dir():
-            shutil.copytree(model, repo / model.name)
+    names = {"text": names}
+    for other in ("image", "branching"):
+        other_repo, names[other] = side_by_side(work / other, other)
+        for model in other_repo.iterdir():
+            if model.is_dir() and not (repo / model.name).exists():  # branching shares text's steps
+                shutil.copytree(model, repo / model.name)
     validate_repository(repo)
     with TritonServer(repo, log_path=work / "tritonserver.log") as server:
-        yield server, repo, work, {"text": names, "image": image_names}
+        yield server, repo, work, names
 
 
 def infer(client_module, client, model, name, array):
@@ -84,6 +86,20 @@ def test_the_fused_image_pipeline_answers_as_its_ensemble_on_image_bytes(pipelin
         ensemble = infer(grpcclient, grpc, names["image"]["ensemble"], "IMAGE", request["IMAGE"])
         assert np.array_equal(fused.as_numpy("CLASSES"), ensemble.as_numpy("CLASSES"))
         assert np.array_equal(fused.as_numpy("PROBS"), ensemble.as_numpy("PROBS"))
+
+
+def test_the_fused_branching_pipeline_answers_both_heads_as_its_ensemble(pipelines):
+    import tritonclient.grpc as grpcclient
+
+    from latte.examples.pipeline import PIPELINES
+
+    server, _, _, names = pipelines
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    for request in PIPELINES["branching"].requests(4, seed=10):
+        fused = infer(grpcclient, grpc, names["branching"]["fused"], "TEXT", request["TEXT"])
+        ensemble = infer(grpcclient, grpc, names["branching"]["ensemble"], "TEXT", request["TEXT"])
+        for output in ("EMBEDDING", "NORM", "TOPICS"):
+            assert np.array_equal(fused.as_numpy(output), ensemble.as_numpy(output)), output
 
 
 def test_bad_input_to_a_fused_model_gets_one_line_and_the_code_its_ensemble_gives(pipelines):
