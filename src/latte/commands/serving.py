@@ -36,6 +36,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http-port", type=int, default=8000, help="HTTP/REST port")
     p.add_argument("--grpc-port", type=int, default=8001, help="gRPC port")
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port (nv_* and latte_*)")
+    p.add_argument("--address", default="127.0.0.1",
+                   help="where HTTP, gRPC and metrics listen (default: 127.0.0.1, this machine only). Off loopback "
+                        "(e.g. 0.0.0.0), Triton's administrative APIs (shared memory, model repository, logging, "
+                        "trace) answer only requests with the header latte-admin-key: TOKEN; inference does not "
+                        "need it")
+    p.add_argument("--access-token", metavar="TOKEN",
+                   help="the value of the latte-admin-key header (default off loopback: a random one, printed)")
+    p.add_argument("--open-admin-apis", action="store_true",
+                   help="off loopback, leave Triton's administrative APIs open to anyone who reaches the server")
     p.add_argument("--log", metavar="FILE", help="server log file (default: a temporary file)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for readiness")
     p.add_argument("--keep-going", action="store_true",
@@ -87,14 +96,31 @@ def _install_backend(args) -> int:
     return 0
 
 
+def _access_token(args):
+    """The admin header's value: given, made up off loopback, or none (loopback, or left open)."""
+    from latte.triton.security import is_loopback, new_access_token, restricted_api_args
+
+    if args.open_admin_apis:
+        if args.access_token:
+            raise ValueError("--access-token and --open-admin-apis contradict each other; pass one of them")
+        return None
+    if args.access_token:
+        restricted_api_args(args.access_token)  # refuses a token tritonserver's flag cannot carry
+        return args.access_token
+    return None if is_loopback(args.address) else new_access_token()
+
+
 def _serve(args) -> int:
     from latte.triton import TritonServer
     from latte.triton.cache import parse_size
+    from latte.triton.security import is_loopback
 
     cache = parse_size(args.response_cache_size) if args.response_cache_size is not None else None
+    token = _access_token(args)
     server = TritonServer(args.repo, install=_install(args), http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
-                          extra_args=args.passthrough, keep_going=args.keep_going, response_cache_bytes=cache)
+                          extra_args=args.passthrough, keep_going=args.keep_going, response_cache_bytes=cache,
+                          address=args.address, admin_token=token)
     stop = {"now": False}
 
     def _on_signal(signum, _frame):
@@ -112,6 +138,14 @@ def _serve(args) -> int:
               file=sys.stderr, flush=True)
     print(f"ready  http://{server.http_url}  grpc {server.grpc_url}  metrics {server.metrics_url}"
           + (f"  ({len(failed)} model(s) not served, listed above)" if failed else ""), flush=True)
+    if token:
+        from latte.triton.security import ADMIN_APIS, ADMIN_HEADER, GRPC_ADMIN_HEADER
+
+        print(f"listening on {args.address}: {', '.join(ADMIN_APIS)} need the header {ADMIN_HEADER}: {token} "
+              f"(over gRPC: {GRPC_ADMIN_HEADER}); inference does not", flush=True)
+    elif not is_loopback(args.address):
+        print(f"listening on {args.address} with Triton's administrative APIs open to anyone who reaches it "
+              "(--open-admin-apis)", flush=True)
     try:
         while not stop["now"]:
             if not server.is_alive():

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from latte.triton.backend_dir import install_backend
+from latte.triton.security import ADMIN_HEADER, restricted_api_args
 from latte.triton.cache import cache_bytes_for, cache_directory_flags, cache_flag
 from latte.triton.locate import TritonInstall, find_triton
 
@@ -65,6 +66,8 @@ class TritonServer:
         log_verbose: int = 0,
         keep_going: bool = False,
         response_cache_bytes: Optional[int] = None,
+        address: str = "127.0.0.1",
+        admin_token: Optional[str] = None,
     ) -> None:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
@@ -82,18 +85,24 @@ class TritonServer:
         # None: a cache of the default size when a model of the repository enables response_cache; 0: none.
         self.response_cache_bytes = cache_bytes_for(self.repository, response_cache_bytes)
         self.process: Optional[subprocess.Popen] = None
+        # Where HTTP, gRPC and metrics listen; with admin_token, Triton's administrative APIs
+        # (security.ADMIN_APIS) answer only requests that carry it (security.ADMIN_HEADER).
+        self.address = address
+        self.admin_token = admin_token
+        # What this process connects to: the address itself, or this machine for a wildcard.
+        self._host = "127.0.0.1" if address in ("0.0.0.0", "::") else address
 
     @property
     def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self._host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self._host}:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return f"http://{self._host}:{self.metrics_port}/metrics"
 
     def command(self) -> List[str]:
         return [
@@ -103,8 +112,9 @@ class TritonServer:
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
-            "--http-address=127.0.0.1",
-            "--grpc-address=127.0.0.1",
+            f"--http-address={self.address}",
+            f"--grpc-address={self.address}",
+            *(restricted_api_args(self.admin_token) if self.admin_token else []),
             # By default a model that fails to load stops the server, so the failure is reported,
             # not hidden; with keep_going the rest is served and the failures are listed.
             f"--exit-on-error={'false' if self.keep_going else 'true'}",
@@ -162,7 +172,7 @@ class TritonServer:
         if "--allow-metrics=false" in self.extra_args:
             return True
         try:
-            with socket.create_connection(("127.0.0.1", self.metrics_port), timeout=1.0):
+            with socket.create_connection((self._host, self.metrics_port), timeout=1.0):
                 return True
         except OSError:
             return False
@@ -170,11 +180,16 @@ class TritonServer:
     def failed_models(self) -> List[Tuple[str, str]]:
         """(model, reason) for every model of the repository that is not ready, from Triton's
         repository index."""
-        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST")
+        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST",
+                                         headers=self.admin_headers())
         with urllib.request.urlopen(request, timeout=5.0) as r:
             index = json.loads(r.read().decode("utf-8"))
         return [(entry["name"], entry.get("reason", "") or entry.get("state", "not ready"))
                 for entry in index if entry.get("state") != "READY"]
+
+    def admin_headers(self) -> dict:
+        """The header Triton's administrative APIs want from this server's callers (none if open)."""
+        return {ADMIN_HEADER: self.admin_token} if self.admin_token else {}
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
