@@ -123,7 +123,7 @@ def test_a_model_with_response_cache_gives_the_pods_a_cache(cached_repo, example
     assert "--cache-config=local,size=67108864" in container_args(only(tmp_path / "sized" / "deployment.yaml"))
     kserve = render_k8s(cached_repo, tmp_path / "kserve", K8sOptions(image=IMAGE, kserve=True,
                                                                      model_uri="s3://models/cached"))
-    assert only(kserve.manifests[0])["spec"]["predictor"]["model"]["args"] == [cache_flag(DEFAULT_CACHE_BYTES)]
+    assert only(kserve.manifests[0])["spec"]["predictor"]["model"]["args"][-1] == cache_flag(DEFAULT_CACHE_BYTES)
 
 
 @pytest.mark.parametrize("text, size", [("268435456", 268435456), ("256Mi", 256 * 2 ** 20), ("1G", 10 ** 9),

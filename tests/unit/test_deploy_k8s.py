@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -58,10 +59,11 @@ def container_of(deployment: dict) -> dict:
 def test_example_repository_renders_a_validated_deployment(examples_repo, tmp_path):
     result = render_k8s(examples_repo, tmp_path / "k8s", K8sOptions(image=IMAGE))
 
-    assert [p.name for p in result.manifests] == ["deployment.yaml", "service.yaml", "hpa.yaml", "pdb.yaml"]
-    assert validate_files(result.manifests, "1.37.0") == 4  # also valid for the newest schemas shipped
+    assert [p.name for p in result.manifests] == ["deployment.yaml", "service.yaml", "hpa.yaml", "pdb.yaml",
+                                                  "networkpolicy.yaml"]
+    assert validate_files(result.manifests, "1.37.0") == 5  # also valid for the newest schemas shipped
     docs = by_kind(tmp_path / "k8s")
-    assert set(docs) == {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+    assert set(docs) == {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "NetworkPolicy"}
 
     deployment = docs["Deployment"]
     pod = deployment["spec"]["template"]
@@ -102,7 +104,7 @@ def test_example_repository_renders_a_validated_kserve_inference_service(example
     out = tmp_path / "kserve"
     result = render_k8s(examples_repo, out, K8sOptions(image=IMAGE, kserve=True, model_uri="s3://models/latte"))
 
-    assert [p.name for p in result.manifests] == ["inferenceservice.yaml"]
+    assert [p.name for p in result.manifests] == ["inferenceservice.yaml", "networkpolicy.yaml"]
     (isvc,) = load_manifests(out / "inferenceservice.yaml")
     model = isvc["spec"]["predictor"]["model"]
     assert model["modelFormat"]["name"] == "triton"
@@ -116,7 +118,7 @@ def test_every_manifest_lands_in_the_namespace_given(examples_repo, tmp_path):
     render_k8s(examples_repo, tmp_path / "k8s", K8sOptions(image=IMAGE, namespace="serving", name="ranker"))
     render_k8s(examples_repo, tmp_path / "kserve", K8sOptions(image=IMAGE, namespace="serving", kserve=True))
     docs = [*by_kind(tmp_path / "k8s").values(), *by_kind(tmp_path / "kserve").values()]
-    assert len(docs) == 5
+    assert len(docs) == 7  # five for the Deployment, two for KServe (each with its NetworkPolicy)
     assert {d["metadata"]["namespace"] for d in docs} == {"serving"}
     assert "namespaces/serving/pods/*/" in (tmp_path / "k8s" / "prometheus-adapter" / "values.yaml").read_text()
 
@@ -124,6 +126,8 @@ def test_every_manifest_lands_in_the_namespace_given(examples_repo, tmp_path):
 def test_switching_to_kserve_removes_the_manifests_it_replaces(examples_repo, tmp_path):
     render_k8s(examples_repo, tmp_path, K8sOptions(image=IMAGE))
     render_k8s(examples_repo, tmp_path, K8sOptions(image=IMAGE, kserve=True))
+    assert sorted(p.name for p in tmp_path.glob("*.yaml")) == ["inferenceservice.yaml", "networkpolicy.yaml"]
+    render_k8s(examples_repo, tmp_path, K8sOptions(image=IMAGE, kserve=True, network_policy=False))
     assert sorted(p.name for p in tmp_path.glob("*.yaml")) == ["inferenceservice.yaml"]
 
 
@@ -207,7 +211,7 @@ def test_object_storage_is_read_by_triton_with_credentials_from_a_secret(tmp_pat
 
     render_k8s(repo, tmp_path / "gs", K8sOptions(image=IMAGE, model_uri="gs://bucket/models", storage_secret="gcp"))
     container = container_of(by_kind(tmp_path / "gs")["Deployment"])
-    assert {e["name"]: e["value"] for e in container["env"]}["GOOGLE_APPLICATION_CREDENTIALS"].endswith("key.json")
+    assert {e["name"]: e.get("value") for e in container["env"]}["GOOGLE_APPLICATION_CREDENTIALS"].endswith("key.json")
 
 
 def test_a_claim_with_a_sub_path_is_mounted_read_only(tmp_path):
@@ -326,7 +330,7 @@ def test_cli_sizes_the_fleet_from_a_target_rate(examples_repo, tmp_path, capsys)
     code = main(["deploy", "k8s", str(examples_repo), "-o", str(tmp_path / "out"), "--image", IMAGE,
                  "--target-rps", "2000", "--profile", str(profile), "--p99-budget-ms", "25", "--headroom", "0.2"])
     assert code == 0
-    assert "validated 4 manifest(s)" in capsys.readouterr().out
+    assert "validated 5 manifest(s)" in capsys.readouterr().out
     hpa = by_kind(tmp_path / "out")["HorizontalPodAutoscaler"]["spec"]
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (6, 12)
 
@@ -343,8 +347,97 @@ def test_cli_validates_edited_manifests(examples_repo, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["deploy", "k8s", str(examples_repo), "-o", str(out), "--image", IMAGE]) == 0
     assert main(["deploy", "validate", str(out), "--kubernetes-version", "1.37.0"]) == 0
-    assert "4 object(s) in 4 file(s) are valid" in capsys.readouterr().out
+    assert "5 object(s) in 5 file(s) are valid" in capsys.readouterr().out
     edited = (out / "hpa.yaml").read_text().replace("maxReplicas:", "maxReplica:")
     (out / "hpa.yaml").write_text(edited)
     assert main(["deploy", "validate", str(out / "hpa.yaml")]) == 1
     assert "HorizontalPodAutoscaler/latte" in capsys.readouterr().err
+
+
+# --- secure by default ---------------------------------------------------------------------------------------
+
+
+def pod_and_container(out: Path, kserve: bool):
+    """The pod spec and the Triton container of either rendering."""
+    if kserve:
+        (isvc,) = load_manifests(out / "inferenceservice.yaml")
+        predictor = isvc["spec"]["predictor"]
+        return predictor, predictor["model"]
+    deployment = by_kind(out)["Deployment"]
+    return deployment["spec"]["template"]["spec"], container_of(deployment)
+
+
+@pytest.mark.parametrize("kserve", [False, True], ids=["deployment", "kserve"])
+def test_the_pods_run_least_privileged_with_the_admin_apis_behind_the_secrets_header(examples_repo, tmp_path, kserve):
+    render_k8s(examples_repo, tmp_path, K8sOptions(image=IMAGE, kserve=kserve, model_uri="s3://models/latte"))
+    pod, container = pod_and_container(tmp_path, kserve)
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    # Writable only where tritonserver, the stubs and the runtimes write.
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["dshm"] == "/dev/shm" and mounts["tmp"] == "/tmp"
+    assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HOME"]["value"] == "/tmp"
+    # The header's value comes from a Secret, never from the manifest.
+    assert env["LATTE_ADMIN_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "latte-admin", "key": "token"}}
+    apis = "shared-memory,model-repository,logging,trace"
+    assert f"--http-restricted-api={apis}:latte-admin-key=$(LATTE_ADMIN_TOKEN)" in container["args"]
+    assert f"--grpc-restricted-protocol={apis}:latte-admin-key=$(LATTE_ADMIN_TOKEN)" in container["args"]
+    readme = (tmp_path / "README.md").read_text()
+    assert "kubectl create secret generic latte-admin --from-literal=token=$(openssl rand -hex 24)" in readme
+
+
+@pytest.mark.parametrize("kserve", [False, True], ids=["deployment", "kserve"])
+def test_a_network_policy_lets_in_labelled_clients_and_the_monitoring_namespace(examples_repo, tmp_path, kserve):
+    render_k8s(examples_repo, tmp_path, K8sOptions(image=IMAGE, kserve=kserve, model_uri="s3://models/latte"))
+    policy = by_kind(tmp_path)["NetworkPolicy"]["spec"]
+    selected = policy["podSelector"]["matchLabels"]
+    if kserve:
+        assert selected == {"serving.kserve.io/inferenceservice": "latte"}
+    else:  # the Service's selector: a canary's pods too
+        assert selected == by_kind(tmp_path)["Service"]["spec"]["selector"]
+    assert policy["policyTypes"] == ["Ingress"]
+    clients, *rest, metrics = policy["ingress"]
+    assert clients["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"latte.dev/client": "true"}}}]
+    if not kserve:
+        assert [p["port"] for p in clients["ports"]] == [8000, 8001]
+    assert metrics == {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                       "ports": [{"port": 8002, "protocol": "TCP"}]}
+    # KServe's requests arrive through its data plane.
+    planes = [f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for r in rest for f in r["from"]]
+    assert planes == (["knative-serving", "istio-system"] if kserve else [])
+
+
+def test_each_relaxation_is_a_named_flag(examples_repo, tmp_path, capsys):
+    out = tmp_path / "relaxed"
+    assert main(["deploy", "k8s", str(examples_repo), "-o", str(out), "--image", IMAGE, "--run-as-user", "2000",
+                 "--writable-root-filesystem", "--open-admin-apis", "--no-network-policy"]) == 0
+    pod, container = pod_and_container(out, kserve=False)
+    assert pod["securityContext"]["runAsUser"] == 2000
+    assert container["securityContext"]["readOnlyRootFilesystem"] is False
+    assert not any("restricted" in a for a in container["args"])
+    assert "LATTE_ADMIN_TOKEN" not in {e["name"] for e in container["env"]}
+    assert not (out / "networkpolicy.yaml").exists()
+    named = tmp_path / "named"
+    assert main(["deploy", "k8s", str(examples_repo), "-o", str(named), "--image", IMAGE, "--admin-secret", "ops-key",
+                 "--client-label", "team=search", "--monitoring-namespace", "observability"]) == 0
+    _, container = pod_and_container(named, kserve=False)
+    assert {e["name"]: e for e in container["env"]}["LATTE_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "ops-key"
+    policy = by_kind(named)["NetworkPolicy"]["spec"]
+    assert policy["ingress"][0]["from"][0]["podSelector"]["matchLabels"] == {"team": "search"}
+    assert policy["ingress"][-1]["from"][0]["namespaceSelector"]["matchLabels"] == \
+        {"kubernetes.io/metadata.name": "observability"}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"run_as_user": 0}, "--run-as-user must be a user id >= 1 (0 is root"),
+    ({"client_label": "no-value"}, "--client-label 'no-value' must be KEY=VALUE"),
+    ({"admin_secret": "Not_A_Name"}, "--admin-secret 'Not_A_Name' must be a Secret name"),
+    ({"monitoring_namespace": "Mon"}, "--monitoring-namespace 'Mon' must be a namespace name"),
+])
+def test_a_relaxation_given_wrongly_is_refused(examples_repo, tmp_path, options, message):
+    with pytest.raises(DeployError, match=re.escape(message)):
+        render_k8s(examples_repo, tmp_path, K8sOptions(image=IMAGE, **options))

@@ -136,6 +136,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--kubernetes-version", default="1.33.0", metavar="X.Y.Z",
                    help="Kubernetes release whose schemas validate the manifests (default: %(default)s)")
 
+    g = p.add_argument_group("security (secure by default; each flag relaxes one setting, docs/scale-out.md)")
+    g.add_argument("--run-as-user", type=int, default=1000, metavar="UID",
+                   help="the non-root user the pods run as (default: %(default)s, the NGC image's triton-server)")
+    g.add_argument("--writable-root-filesystem", action="store_true",
+                   help="let the container write outside /tmp and /dev/shm (a model that writes next to itself)")
+    g.add_argument("--admin-secret", metavar="NAME",
+                   help="the Secret (key `token`) whose value Triton's admin APIs ask for in the header "
+                        "latte-admin-key (default: NAME-admin)")
+    g.add_argument("--open-admin-apis", action="store_true",
+                   help="leave shared memory, model repository, logging and trace open to anyone who reaches a pod")
+    g.add_argument("--no-network-policy", action="store_true", help="render no NetworkPolicy")
+    g.add_argument("--client-label", default="latte.dev/client=true", metavar="KEY=VALUE",
+                   help="the label of the pods (any namespace) the NetworkPolicy lets call HTTP and gRPC "
+                        "(default: %(default)s)")
+    g.add_argument("--monitoring-namespace", default="monitoring", metavar="NAME",
+                   help="the namespace the NetworkPolicy lets scrape the metrics port (default: %(default)s)")
+
     g = p.add_argument_group("rollout and cache")
     g.add_argument("--canary-percent", type=_whole_number, metavar="P",
                    help="render this repository/image as a canary getting P %% of the traffic of the running "
@@ -191,6 +208,9 @@ def _k8s(args) -> int:
         target_queue_us=args.target_queue_us, target_pending=args.target_pending, kserve=args.kserve,
         kubernetes_version=args.kubernetes_version, canary_percent=args.canary_percent,
         response_cache_bytes=parse_size(args.response_cache_size) if args.response_cache_size is not None else None,
+        run_as_user=args.run_as_user, writable_root=args.writable_root_filesystem, admin_secret=args.admin_secret,
+        open_admin_apis=args.open_admin_apis, network_policy=not args.no_network_policy,
+        client_label=args.client_label, monitoring_namespace=args.monitoring_namespace,
     )
     result = render_k8s(Path(args.repo), Path(args.out), options)
     opts = result.options

@@ -1,6 +1,7 @@
 """Render Kubernetes manifests that serve a latte model repository with Triton.
 
     OUT/deployment.yaml service.yaml hpa.yaml pdb.yaml   `kubectl apply -f OUT/`
+    OUT/networkpolicy.yaml                               who may reach the pods (unless --no-network-policy)
     OUT/inferenceservice.yaml                            instead of those four, with --kserve
     OUT/prometheus-adapter/values.yaml                   the custom-metrics rule the HPA reads
     OUT/image/Dockerfile                                 the Latte-on-Triton image the pods run
@@ -20,6 +21,7 @@ from latte.deploy.options import DEFAULT_TRITON_IMAGE, K8sOptions
 from latte.deploy.repository import RepositoryFacts, read_repository
 from latte.deploy.sizing import canary_replicas
 from latte.triton.cache import cache_bytes, cache_flag
+from latte.triton.security import ADMIN_APIS, ADMIN_HEADER, GRPC_ADMIN_HEADER, restricted_api_args
 
 TRITON_VERSION = "2.51"
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -32,6 +34,16 @@ DEFAULT_RUNTIME_PACKAGES = ("onnxruntime", "torch")
 
 MANIFESTS = ("deployment.yaml", "service.yaml", "hpa.yaml", "pdb.yaml")
 KSERVE_MANIFESTS = ("inferenceservice.yaml",)
+NETWORK_POLICY = "networkpolicy.yaml"
+# The admin header's value: a Secret's key, handed to tritonserver's flags through this variable
+# (the kubelet expands $(VAR) in args), so no manifest holds it.
+ADMIN_TOKEN_ENV = "LATTE_ADMIN_TOKEN"
+ADMIN_SECRET_KEY = "token"
+# With a read-only root filesystem, where tritonserver, the Python backend's stubs and the
+# runtimes still write (temporary files, caches under HOME); /dev/shm is its own volume.
+WRITABLE_DIRS = {"tmp": "/tmp"}
+# KServe's data plane (Knative's activator, the Istio gateway) forwards requests to its pods.
+KSERVE_DATA_PLANE_NAMESPACES = ("knative-serving", "istio-system")
 # Beside a running deployment of the same --name: its Service reaches these pods too.
 CANARY_MANIFESTS = ("canary.yaml",)
 METRICS = {
@@ -136,6 +148,28 @@ def manifest_context(options: K8sOptions, facts: RepositoryFacts) -> Dict:
         "runtime_packages": facts.python_packages,
         "kserve": options.kserve,
         "kubernetes_version": options.kubernetes_version,
+        "security": security_context(options),
+    }
+
+
+def security_context(options: K8sOptions) -> Dict:
+    """What the templates need to make the pods least-privileged and the admin APIs closed."""
+    key, _, value = options.client_label.partition("=")
+    return {
+        "run_as_user": options.run_as_user,
+        "read_only_root": not options.writable_root,
+        "writable_dirs": WRITABLE_DIRS,
+        "admin_args": [] if options.open_admin_apis else restricted_api_args(f"$({ADMIN_TOKEN_ENV})"),
+        "admin_secret": None if options.open_admin_apis else options.admin_secret,
+        "admin_env": ADMIN_TOKEN_ENV,
+        "admin_key": ADMIN_SECRET_KEY,
+        "admin_apis": ADMIN_APIS,
+        "admin_header": ADMIN_HEADER,
+        "grpc_admin_header": GRPC_ADMIN_HEADER,
+        "network_policy": options.network_policy,
+        "client_label": {key: value},
+        "monitoring_namespace": options.monitoring_namespace,
+        "data_plane_namespaces": KSERVE_DATA_PLANE_NAMESPACES if options.kserve else (),
     }
 
 
@@ -184,8 +218,10 @@ def render_k8s(repo: Path, out_dir: Path, options: K8sOptions, validate: bool = 
     out_dir.mkdir(parents=True, exist_ok=True)
     split_by_replicas = options.canary_percent is not None and not options.kserve
     names = KSERVE_MANIFESTS if options.kserve else CANARY_MANIFESTS if split_by_replicas else MANIFESTS
+    if options.network_policy and not split_by_replicas:  # a canary's pods are the stable policy's too
+        names = names + (NETWORK_POLICY,)
     # A manifest left from a render of the other kind would be applied along with these.
-    for stale in set(MANIFESTS + KSERVE_MANIFESTS + CANARY_MANIFESTS) - set(names):
+    for stale in set(MANIFESTS + KSERVE_MANIFESTS + CANARY_MANIFESTS + (NETWORK_POLICY,)) - set(names):
         (out_dir / stale).unlink(missing_ok=True)
     written: List[Path] = []
     if split_by_replicas:

@@ -23,6 +23,8 @@ _IMAGE = re.compile(
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _RESOURCE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$")
 _PVC = re.compile(r"^pvc://([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(/.*)?$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,14 @@ class K8sOptions:
     kubernetes_version: str = "1.33.0"
     canary_percent: Optional[int] = None         # render a canary of this share beside a running deployment
     response_cache_bytes: Optional[int] = None   # None: the default when a model enables response_cache
+    # Secure by default (docs/scale-out.md, "Security"); each relaxation is one of these.
+    run_as_user: int = 1000                      # the NGC image's triton-server user
+    writable_root: bool = False                  # --writable-root-filesystem: for a model that writes next to itself
+    admin_secret: Optional[str] = None           # the Secret holding the admin header's value; None: NAME-admin
+    open_admin_apis: bool = False                # --open-admin-apis: no header asked of Triton's admin APIs
+    network_policy: bool = True                  # --no-network-policy
+    client_label: str = "latte.dev/client=true"  # the pods (any namespace) that may call HTTP and gRPC
+    monitoring_namespace: str = "monitoring"     # the namespace whose pods may scrape the metrics port
 
     def checked(self) -> "K8sOptions":
         if not self.image:
@@ -114,6 +124,19 @@ class K8sOptions:
                                                       not isinstance(self.response_cache_bytes, int) or
                                                       self.response_cache_bytes < 0):
             raise DeployError(f"--response-cache-size must be bytes >= 0, got {self.response_cache_bytes!r}")
+        if isinstance(self.run_as_user, bool) or not isinstance(self.run_as_user, int) or self.run_as_user < 1:
+            raise DeployError(f"--run-as-user must be a user id >= 1 (0 is root, which the pods must not run as), "
+                              f"got {self.run_as_user!r}")
+        admin_secret = self.admin_secret or f"{self.name}-admin"
+        if not re.match(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", admin_secret):
+            raise DeployError(f"--admin-secret {admin_secret!r} must be a Secret name (lower-case letters, digits, "
+                              "'-' and '.')")
+        key, sep, value = self.client_label.partition("=")
+        if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+            raise DeployError(f"--client-label {self.client_label!r} must be KEY=VALUE, a label the client pods "
+                              "carry, e.g. latte.dev/client=true")
+        if not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", self.monitoring_namespace or ""):
+            raise DeployError(f"--monitoring-namespace {self.monitoring_namespace!r} must be a namespace name")
         if not re.match(r"^1\.[0-9]+\.[0-9]+$", self.kubernetes_version):
             raise DeployError(f"--kubernetes-version {self.kubernetes_version!r}: expected 1.MINOR.PATCH, e.g. 1.33.0")
-        return replace(self, model_uri=uri, max_replicas=max_replicas)
+        return replace(self, model_uri=uri, max_replicas=max_replicas, admin_secret=admin_secret)
