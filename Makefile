@@ -16,7 +16,7 @@ SOURCES := $(shell find csrc src backend generator model_repository_templates -t
 
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-unit test-integration test-gpu test-cpp sanitize browser clean help
+.PHONY: setup demo test numpy2 test-unit test-integration test-gpu test-cpp sanitize browser clean help
 
 help:
 	@echo "make demo   - set up .venv and run Latte end to end on the bundled examples"
@@ -41,8 +41,30 @@ $(LATTE_STAMP): $(DEPS_STAMP) $(SOURCES)
 demo: setup
 	$(LATTE) demo
 
-test: setup sanitize browser
+test: setup sanitize browser numpy2
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit suite again with numpy 2 and a current tritonclient, so that the package's ranges
+# (pyproject.toml) stay true. Its venv holds only what differs from .venv, latte built against
+# numpy 2 included; the rest (torch, onnxruntime, pytest) is .venv's, read after its own.
+# Tests that start the bundled tritonserver 2.51 (its stub needs numpy<2) stay in .venv's run.
+NUMPY2_VENV  := .venv-numpy2
+NUMPY2_PY    := $(NUMPY2_VENV)/bin/python
+NUMPY2_STAMP := $(NUMPY2_VENV)/.latte-stamp
+
+numpy2: $(NUMPY2_STAMP)
+	@$(NUMPY2_PY) -c "import numpy, latte; from importlib.metadata import version; tc = version('tritonclient'); \
+	  print(f'unit suite with numpy {numpy.__version__}, tritonclient {tc}, latte from {latte.__path__[0]}')"
+	$(NUMPY2_PY) -m pytest -q -p no:cacheprovider -m "not perf_analyzer_2_51" tests/unit
+
+$(NUMPY2_STAMP): $(LATTE_STAMP) requirements-numpy2.txt
+	[ -x $(NUMPY2_PY) ] || $(PYTHON) -m venv $(NUMPY2_VENV)
+	$(NUMPY2_PY) -m pip install -q -r requirements-numpy2.txt 2>&1 | { grep -v "^WARNING: Location" || true; }
+	$(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+	  "$$($(NUMPY2_PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/latte-venv.pth"
+	$(NUMPY2_PY) -m pip install -q --no-deps --no-build-isolation --config-settings=build-dir=build/numpy2 . \
+	  2>&1 | { grep -v "^WARNING: Location" || true; }
+	touch $@
 
 # The report's browser tests render it in Debian's chromium; where it cannot be installed
 # (no root, no apt, no network) they skip and say why.

@@ -32,6 +32,7 @@ def test_latte_tritonserver_points_at_latte_backends_unless_told_otherwise():
     assert [arg for arg in mine if arg.startswith("--backend-directory")] == ["--backend-directory=/opt/b"]
 
 
+@pytest.mark.perf_analyzer_2_51
 @pytest.mark.parametrize("command", [LATTE + ["perf-analyzer", "--help"], [str(Path(sys.executable).parent / "perf_analyzer"), "--help"]])
 def test_perf_analyzer_runs_as_typed(command):
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
@@ -40,6 +41,7 @@ def test_perf_analyzer_runs_as_typed(command):
     assert "--concurrency-range" in output
 
 
+@pytest.mark.perf_analyzer_2_51
 def test_latte_perf_analyzer_help_succeeds_without_the_programs_complaint():
     done = subprocess.run(LATTE + ["perf-analyzer", "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
