@@ -54,7 +54,7 @@ import numpy as np
 from latte.bench import cpu
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
-from latte.examples import CATALOG, Example, ExampleTensor, build_examples, model_context
+from latte.examples import CATALOG, STOCK_PYTHON_MODEL, Example, ExampleTensor, build_examples, model_context
 from latte.generator.calibrate import write_identity_onnx
 from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
@@ -108,8 +108,8 @@ def add_contenders(repo: Path, example: Example, source: Path, setting: Setting,
     """latte, stock and echo copies of the model in `repo` (and latte's ablations); role -> model name."""
     names = {}
     roles = [("latte", "latte", None),
-             ("stock", "python", "echo_python_model.py" if example.name == "identity" else "baseline_python_model.py"),
-             ("echo", "python", "echo_python_model.py")]
+             ("stock", "python", HERE / "echo_python_model.py" if example.name == "identity" else STOCK_PYTHON_MODEL),
+             ("echo", "python", HERE / "echo_python_model.py")]
     roles += [(f"latte_{label}", "latte", None) for label in ablations]
     for role, backend, script in roles:
         context = model_context(example, "onnx", "model.onnx")
@@ -125,7 +125,7 @@ def add_contenders(repo: Path, example: Example, source: Path, setting: Setting,
             context["outputs"] = [{"name": "ECHO", "data_type": first["data_type"], "dims": first["dims"]}]
         model_dir = write_model(repo, context, {"model.onnx": source})
         if script:
-            shutil.copy(HERE / script, model_dir / "1" / "model.py")
+            shutil.copy(script, model_dir / "1" / "model.py")
         names[role] = context["name"]
     return names
 

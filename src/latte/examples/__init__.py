@@ -83,6 +83,8 @@ PIPELINE_EXAMPLES: Dict[str, Example] = {
     ),
 }
 CATALOG: Dict[str, Example] = {**EXAMPLES, **BENCHMARK_EXAMPLES, **PIPELINE_EXAMPLES}
+# The model.py of Triton's stock Python backend that latte is measured against.
+STOCK_PYTHON_MODEL = Path(__file__).with_name("stock_python_model.py")
 FORMATS = {"torchscript": "model.pt", "onnx": "model.onnx"}
 
 

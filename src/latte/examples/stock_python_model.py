@@ -1,5 +1,6 @@
-"""The baseline for benchmarks/serving.py: Triton's stock Python backend serving the same
-ONNX file the way its documentation shows, one request at a time inside `execute`.
+"""What a Triton user runs today, the baseline of `latte demo` and benchmarks/serving.py:
+Triton's stock Python backend serving an ONNX file the way its documentation shows, one
+request at a time inside `execute`.
 
 Its thread budget is set explicitly (1 intra-op thread) so that the comparison measures
 batching, not thread oversubscription.
