@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/pipelines.py [--pipeline text,image,branching] [--rounds 3]
                                              [--concurrency 1,16,64] [--measurement-ms 2000]
                                              [--decompose] [--out results.json]
+                                             [--results-dir benchmarks/results]
 
 Per example pipeline (latte.examples.pipeline), `latte generate` renders it twice from one
 spec and SLO (50 ms) and one tritonserver serves four contenders with the same inputs and
@@ -26,6 +27,9 @@ the same steps on one thread in batches of 8 (texts length-sorted within windows
 
 `--decompose` adds each step's time per request in the fused model, from its own counters
 (latte_step_us_total), next to the whole request's wall time.
+
+The run's figures, summarised, replace benchmarks/results/pipelines.json, from which
+docs/benchmarks.md is rendered (`.venv/bin/python -m latte.bench.page`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from google.protobuf import text_format
 from latte.bench import cpu
 from latte.bench.prometheus_scrape import scrape, split_key
 from latte.bench.quiet import wait_until_quiet
+from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_results
 from latte.bench.triton_stats import fetch_stats
 from latte.examples.pipeline import PIPELINES, InProcess, side_by_side
 from latte.generator.validate import parse_config_file
@@ -233,6 +238,83 @@ def print_results(results: List[dict]) -> None:
                   f"{d['requests_per_execute']:.1f} requests per execute call)")
 
 
+TARGET_VS_ENSEMBLE = 1.6     # at concurrency 16
+TARGET_SHARE_OF_H = 0.75
+TARGET_P50_VS_ENSEMBLE = 0.75
+TARGET_VS_STOCK = 1.1
+
+
+def _x(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _verdict(values, ok) -> str:
+    passed = [v is not None and ok(v) for v in values]
+    return "yes" if all(passed) else ("partly" if any(passed) else "no")
+
+
+def summarize(results: List[dict]) -> dict:
+    """What the page shows of a run: the targets, the tables, the throughput-P99 curves."""
+    def best(r, role):
+        b = r[role]
+        return f"{b['throughput']:,.0f} (c {b['concurrency']}, P99 {b['p99_ms']:.1f} ms)" if b["concurrency"] else "-"
+
+    main_rows = [[r["pipeline"], best(r, "fused"), best(r, "ensemble"), best(r, "stock"), _x(r["fused_vs_ensemble"]),
+                  _x(r["fused_vs_stock"]), f"{r['limit_h']:,.0f}", f"{r['fused_share_of_h']:.0%}",
+                  f"{r['fused']['p50_ms_lowest_level']:.3f} / {r['ensemble']['p50_ms_lowest_level']:.3f} ms "
+                  f"({r['p50_fused_vs_ensemble_lowest_level']:.2f}x)"] for r in results]
+    levels = results[0]["levels"]
+    level_rows = [[r["pipeline"]] + [", ".join(_x(r["ratios_by_level"][other][str(level)]) for level in levels)
+                                     for other in ("ensemble", "stock")]
+                  + [", ".join(f"{x:.2f}" for x in r["round_ratios"]["stock"])] for r in results]
+    top = str(max(levels))
+    cpu_rows = [[r["pipeline"]] + [f"{r['cpu_us_median'][role][top]:.0f}" for role in (*ROLES, "echo")]
+                for r in results]
+    at16 = [r["ratios_by_level"]["ensemble"].get("16") for r in results]
+    names = ", ".join(r["pipeline"] for r in results)
+    targets = [
+        Target(f"fused ≥ {TARGET_VS_ENSEMBLE}x Triton's ensemble at concurrency 16 (P99 ≤ {SLO_MS:.0f} ms)",
+               ", ".join(f"{r['pipeline']} {_x(x)}" for r, x in zip(results, at16)),
+               _verdict(at16, lambda v: v >= TARGET_VS_ENSEMBLE)),
+        Target(f"fused ≥ {TARGET_SHARE_OF_H:.0%} of the one-hop bound H",
+               ", ".join(f"{r['pipeline']} {r['fused_share_of_h']:.0%}" for r in results),
+               _verdict([r["fused_share_of_h"] for r in results], lambda v: v >= TARGET_SHARE_OF_H)),
+        Target(f"P50 at concurrency 1 ≤ {TARGET_P50_VS_ENSEMBLE}x the ensemble's",
+               ", ".join(f"{r['pipeline']} {r['p50_fused_vs_ensemble_lowest_level']:.2f}x" for r in results),
+               _verdict([r["p50_fused_vs_ensemble_lowest_level"] for r in results],
+                        lambda v: v <= TARGET_P50_VS_ENSEMBLE)),
+        Target(f"fused ≥ {TARGET_VS_STOCK}x a stock Python model running the same steps",
+               ", ".join(f"{r['pipeline']} {r['fused_vs_stock']:.3f}x (median of round ratios "
+                         f"{median(r['round_ratios']['stock']):.2f}x)" if r["fused_vs_stock"] else f"{r['pipeline']} -"
+                         for r in results),
+               _verdict([r["fused_vs_stock"] for r in results], lambda v: v >= TARGET_VS_STOCK),
+               why="the serving cost both pay, not the steps, bounds it: see the CPU per request"),
+    ]
+    charts = [Chart(name=f"pipeline-{r['pipeline']}", title=f"{r['pipeline']} pipeline: throughput against P99",
+                    x_label="P99 latency (ms)", y_label="infer/s",
+                    series=[Series({"fused": "fused (latte)", "ensemble": "Triton ensemble",
+                                    "stock": "stock Python, steps by hand"}[role],
+                                   [(round(median([p["p99_ms"] for p in r["points"][role][str(level)]]), 3),
+                                     round(median([p["throughput"] for p in r["points"][role][str(level)]]), 1))
+                                    for level in levels]) for role in ROLES],
+                    x_line=r["slo_ms"], x_line_label=f"SLO {r['slo_ms']:.0f} ms") for r in results]
+    return dict(
+        summary=(f"Pipelines {names}: each served four ways in one tritonserver (fused by `latte generate`; "
+                 "its `--no-fuse` Triton ensemble; a stock Python model running the same steps one request at "
+                 "a time; an echo model computing nothing), perf_analyzer over gRPC, "
+                 f"{results[0]['rounds']} interleaved rounds, medians. H = 1 / (1/echo + 1/in-process)."),
+        targets=targets,
+        tables=[Table(f"Best level with P99 ≤ {SLO_MS:.0f} ms (infer/s):",
+                      ["pipeline", "fused", "ensemble", "stock", "fused / ensemble", "fused / stock", "H",
+                       "fused / H", "P50 at concurrency 1, fused / ensemble"], main_rows),
+                Table(f"Level by level ({', '.join(map(str, levels))} in flight), medians:",
+                      ["pipeline", "fused / ensemble", "fused / stock", f"fused / stock each round at {top}"],
+                      level_rows),
+                Table(f"CPU per request at concurrency {top} (tritonserver + stubs + perf_analyzer, µs):",
+                      ["pipeline", *ROLES, "echo"], cpu_rows)],
+        charts=charts)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipeline", default="text,image,branching",
@@ -243,13 +325,23 @@ def main(argv=None) -> int:
     parser.add_argument("--measurement-ms", type=int, default=2000, help="default: %(default)s")
     parser.add_argument("--decompose", action="store_true", help="also print each fused step's time per request")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results",
+                        help="where pipelines.json, the page's input, goes (default: %(default)s)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.pipeline.split(",") if n.strip()]
     unknown = [n for n in names if n not in PIPELINES]
     if unknown or args.rounds < 1:
         parser.error(f"unknown pipeline(s) {unknown}; choose from {', '.join(PIPELINES)}" if unknown
                      else "--rounds must be >= 1")
-    print_results(run_each(names, run_pipeline, args, "latte-pipelines-"))
+    started = new_results("pipelines", "pipelines", "Fused pipelines against Triton's ensemble and the stock loop",
+                          command_line("benchmarks/pipelines.py", argv), None, HERE)
+    results = run_each(names, run_pipeline, args, "latte-pipelines-")
+    print_results(results)
+    started.load_at_start = round(max(r["load_average_at_start"] for r in results), 2)
+    for key, value in summarize(results).items():
+        setattr(started, key, value)
+    started.figures = {"runs": results}
+    print(f"wrote {write_results(started, args.results_dir)}")
     return 0
 
 

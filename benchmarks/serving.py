@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/serving.py [--model identity,mlp,cnn,sequence,ranker]
                                            [--rounds 3] [--concurrency 1,16] [--decompose]
-                                           [--out results.json]
+                                           [--out results.json] [--results-dir benchmarks/results]
 
 Per model, one tritonserver serves three contenders behind the same `max_batch_size`,
 `dynamic_batching` delay, one instance and one intra-op thread:
@@ -30,6 +30,9 @@ Wall-clock throughput on this kind of box moves 15-25 % between rounds; CPU per 
 moves far less, so `stock CPU / latte CPU` (above 1: latte costs the machine less per
 request) settles what a throughput ratio within the noise cannot.
 
+Each model's figures, summarised, replace benchmarks/results/serving-<model>.json, from which
+docs/benchmarks.md is rendered (`.venv/bin/python -m latte.bench.page`).
+
 Models: identity (ONNX Identity on FP32[64]: serving cost alone), mlp (16 -> 8), cnn
 (3x32x32), sequence (token ids 1..128, lognormal lengths), ranker (item histories 1..64
 into a 97 MB embedding bag + MLP tower; built on request, ~20 s).
@@ -39,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -54,6 +56,8 @@ import numpy as np
 from latte.bench import cpu
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
+from latte.bench.quiet import wait_until_quiet
+from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, utc_now, write_results
 from latte.examples import CATALOG, STOCK_PYTHON_MODEL, Example, ExampleTensor, build_examples, model_context
 from latte.generator.calibrate import write_identity_onnx
 from latte.generator.model_folder import write_model
@@ -223,9 +227,10 @@ def median(values):
 
 
 def run_model(name: str, args, work: Path) -> dict:
-    # Recorded with the figures: a run that starts on a busy machine measures the machine.
-    load_at_start = os.getloadavg()[0]
+    # The model before loads the machine for a minute after its server stops.
+    load_at_start = wait_until_quiet(log=lambda line: print(f"  {line}", flush=True))
     print(f"  load average at start: {load_at_start:.2f}", flush=True)
+    started = utc_now()
     example = IDENTITY if name == "identity" else CATALOG[name]
     setting = SETTINGS[name]
     levels = [int(x) for x in (args.concurrency or setting.concurrency).split(",")]
@@ -264,7 +269,7 @@ def run_model(name: str, args, work: Path) -> dict:
     def summary(role, level, field):
         return median([getattr(p, field) for p in points[role][level]])
 
-    result = {"model": name, "load_average_at_start": load_at_start, "slo_ms": setting.slo_ms, "levels": levels,
+    result = {"model": name, "started": started, "load_average_at_start": load_at_start, "slo_ms": setting.slo_ms, "levels": levels,
               "rounds": args.rounds,
               "in_process_limit": limit, "in_process_batch": limit_batch,
               "points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
@@ -362,6 +367,71 @@ def print_results(results: List[dict]) -> None:
                   f"{d['model']:>6.1f} {d['respond']:>8.1f} {d['latte_wall']:>10.1f} {d['echo_wall']:>10.1f}")
 
 
+# What latte is held to against the stock loop, per model (the rest: never slower).
+TARGET_RATIO = {"ranker": 6.0, "sequence": 1.2}
+TARGET_SHARE = 0.80
+TARGET_P50 = 1.10
+
+
+def summarize(r: dict) -> dict:
+    """What the page shows of one model's run: the targets, the contenders' table, CPU per
+    request, and the throughput-P99 curves."""
+    model, slo, levels, top = r["model"], r["slo_ms"], r["levels"], str(max(r["levels"]))
+    stock_label = "echo (stock)" if model == "identity" else "stock"
+    wanted = TARGET_RATIO.get(model, 1.0)
+    ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+    # The ranker's bound is the model on one thread; the others' is the Python backend (H).
+    share_name, share = (("the in-process limit", r["latte"]["throughput"] / r["in_process_limit"])
+                         if model == "ranker" else ("H", r["latte_share_of_limit"]))
+    server_us = r["cpu_us_median"]["latte"][top]["server"]
+    targets = [Target(f"{model}: latte ≥ {wanted:.1f}x the {stock_label} loop at P99 ≤ {slo:.0f} ms (median of "
+                      "round ratios)", f"{r['round_ratio_median']:.2f}x (ratio of medians {ratio})",
+                      "yes" if r["round_ratio_median"] >= wanted else "no",
+                      why=f"the {stock_label} loop already serves {r['stock_share_of_limit']:.0%} of H: the serving "
+                          "cost both pay bounds the gap"),
+               Target(f"{model}: P50 at concurrency {levels[0]} within {TARGET_P50 - 1:.0%} of the {stock_label} "
+                      "loop's", f"{r['p50_ratio_lowest_level']:.2f}x",
+                      "yes" if r["p50_ratio_lowest_level"] <= TARGET_P50 else "no",
+                      why="with one request a call, latte pays its planning and metrics with nothing to batch")]
+    if model in TARGET_RATIO:
+        targets.append(Target(f"{model}: latte ≥ {TARGET_SHARE:.0%} of {share_name}", f"{share:.0%}",
+                              "yes" if share >= TARGET_SHARE else "no",
+                              why=(f"tritonserver's {server_us:.0f} µs of CPU a request (copying a call's inputs "
+                                   "and responses) runs serially with the model on one instance"
+                                   if model == "ranker" else
+                                   f"the echo alone serves {r['echo']:,.0f} infer/s: the serving cost is most of H")))
+
+    def row(role, label):
+        b = r[role]
+        rounds = " / ".join(f"{p['throughput']:,.0f}" for p in r["points"][role][top])
+        return [label, f"{b['throughput']:,.0f}" if b["concurrency"] else "- (no level within the SLO)",
+                str(b["concurrency"] or "-"), f"{b['p99_ms']:.1f}" if b["p99_ms"] else "-", rounds]
+    rows = [row("latte", "latte"), row("stock", stock_label),
+            ["echo (the serving cost alone)", f"{r['echo']:,.0f}", top, "", ""],
+            [f"in-process limit (1 thread, batch {r['in_process_batch']})", f"{r['in_process_limit']:,.0f} rows/s",
+             "", "", ""],
+            ["H = 1 / (1/echo + 1/in-process)", f"{r['python_backend_limit']:,.0f}", "", "", ""]]
+    cpu_rows = [[role] + [f"{r['cpu_us_median'][role][top][k]:.0f}" for k in ("server", "stub", "client", "total")]
+                for role in ("latte", "stock")]
+    curves = [Series(label, [(round(median([p["p99_ms"] for p in r["points"][role][str(level)]]), 3),
+                              round(median([p["throughput"] for p in r["points"][role][str(level)]]), 1))
+                             for level in levels]) for role, label in (("latte", "latte"), ("stock", stock_label))]
+    return dict(
+        summary=(f"`{model}`: latte / {stock_label} **{ratio}** at the best level with P99 ≤ {slo:.0f} ms (median "
+                 f"of round ratios at concurrency {top}: {r['round_ratio_median']:.2f}x); latte at {share:.0%} of "
+                 f"{share_name}; P50 at concurrency {levels[0]} {r['p50_ratio_lowest_level']:.2f}x the "
+                 f"{stock_label} loop's. One tritonserver, one instance and one intra-op thread each, perf_analyzer "
+                 f"over gRPC at concurrency {', '.join(map(str, levels))}, {r['rounds']} interleaved rounds, medians."),
+        targets=targets,
+        tables=[Table(f"Best level with P99 ≤ {slo:.0f} ms (infer/s; rounds: each round at concurrency {top}):",
+                      ["contender", "infer/s", "at concurrency", "P99 ms", "rounds"], rows),
+                Table(f"CPU per request at concurrency {top} (µs, medians of the rounds; stock / latte "
+                      f"{r['cpu_ratios'][top]['median']:.2f}x):", ["contender", "tritonserver", "stub",
+                                                                   "perf_analyzer", "total"], cpu_rows)],
+        charts=[Chart(f"serving-{model}", f"{model}: throughput against P99", "P99 latency (ms)", "infer/s", curves,
+                      x_line=slo, x_line_label=f"SLO {slo:.0f} ms")] if len(levels) > 1 else [])
+
+
 def ablation_names(text: str) -> List[str]:
     names = [n for n in text.split(",") if n]
     unknown = [n for n in names if n not in ABLATIONS]
@@ -382,6 +452,8 @@ def main(argv=None) -> int:
                         help=f"also measure latte with one setting changed at a time: all of them ({', '.join(ABLATIONS)}), "
                              "or those named, comma-separated")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results",
+                        help="where serving-<model>.json, the page's input, goes (default: %(default)s)")
     parser.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE",
                         help="passed to tritonserver as --backend-config, e.g. python,shm-default-byte-size=16777216 "
                              "(repeatable; applies to every contender)")
@@ -391,7 +463,16 @@ def main(argv=None) -> int:
     if unknown or args.rounds < 1:
         parser.error(f"unknown model(s) {unknown}; choose from {', '.join(SETTINGS)}" if unknown
                      else "--rounds must be >= 1")
-    print_results(run_each(models, run_model, args, "latte-serving-"))
+    command = command_line("benchmarks/serving.py", argv)
+    results = run_each(models, run_model, args, "latte-serving-")
+    print_results(results)
+    for r in results:
+        record = new_results(f"serving-{r['model']}", "serving", f"Serving {r['model']}: latte against the stock "
+                             "Python backend", command, r["load_average_at_start"], HERE, r["started"])
+        for key, value in summarize(r).items():
+            setattr(record, key, value)
+        record.figures = r
+        print(f"wrote {write_results(record, args.results_dir)}")
     return 0
 
 

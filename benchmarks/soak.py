@@ -6,7 +6,9 @@
 
 Builds the example repository (with --pipeline, that example pipeline generated and fused, its
 model the ensemble's name, its requests the example's texts or images), starts tritonserver,
-runs the soak and writes the windows to .latte/soak/soak-<model>.json. Targets after 1M requests: RSS growth <= 2 %, P99 drift <= 5 %,
+runs the soak and writes the windows to .latte/soak/soak-<model>.json, and its summary to
+benchmarks/results/soak-<model>.json (docs/benchmarks.md is rendered from it:
+`.venv/bin/python -m latte.bench.page`). Targets after 1M requests: RSS growth <= 2 %, P99 drift <= 5 %,
 and the arena's fragmentation alarm never raised: the P99 request always fits in one free block
 when the free bytes would hold it, and no allocation fails with live + request <= 80 % of the
 capacity (docs/memory.md).
@@ -15,6 +17,7 @@ capacity (docs/memory.md).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from latte.bench.lengths import LengthDistribution
 from latte.bench.quiet import wait_until_quiet
+from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_results
 from latte.bench.runner import machine_description
 from latte.bench.soak import LONG_TARGETS, SoakSettings, check_ratios, describe_targets, format_ratios, run_soak
 from latte.bench.target import start_or_attach
@@ -30,7 +34,52 @@ from latte.examples.pipeline import PIPELINES, write_pipeline
 from latte.generator.generate import generate
 
 
-def main() -> int:
+HERE = Path(__file__).resolve().parent
+
+
+def summarize(result: dict) -> dict:
+    """What the page shows of a soak: the targets, a table of first and last windows, the
+    memory and latency curves over the run."""
+    ratios, windows = result["ratios"], result["windows"]
+    failures = check_ratios(ratios, LONG_TARGETS)
+
+    def pct(key):
+        return "not exported" if ratios.get(key) is None else f"{ratios[key]:+.1%}"
+
+    first, last = windows[0], windows[-1]
+    rows = [[label, f"{first[key]:{fmt}}", f"{last[key]:{fmt}}", pct(change) if change else ""]
+            for label, key, fmt, change in (
+                ("tritonserver RSS (MiB)", "server_rss_mb", ".1f", "server_rss_growth"),
+                ("stubs' RSS (MiB)", "stubs_rss_mb", ".1f", "stubs_rss_growth"),
+                ("P50 (ms)", "p50_ms", ".2f", "p50_drift"),
+                ("P99 (ms)", "p99_ms", ".2f", "p99_drift"),
+                ("throughput (req/s)", "throughput", ",.0f", "throughput_change"))]
+    slug = result["model"].replace("_", "-").lower()
+    sent = list(itertools.accumulate(w["requests"] / 1000 for w in windows))
+    answered = result["requests"] == result["answered"] and result["failed"] == 0
+    return dict(
+        summary=(f"{result['requests']:,} requests to `{result['model']}` at {result['in_flight']} in flight "
+                 f"{len(windows)} windows, {result.get('duration_s', 0):.0f} s; "
+                 f"{result['failed']} errors; P99 drift over the median of first and last thirds "
+                 f"{pct('p99_drift_thirds')}; arena fragmentation alarm raised in "
+                 f"{ratios.get('fragmented_windows', 0):g} windows, {ratios.get('fragmentation_failures', 0):g} "
+                 "fragmentation failures."),
+        targets=[Target(f"{result['requests']:,} requests to {result['model']}: RSS growth ≤ "
+                        f"{LONG_TARGETS['rss_growth']:.0%}, P99 drift ≤ {LONG_TARGETS['p99_drift']:.0%}, no "
+                        "fragmentation alarm, every request answered once",
+                        f"server {pct('server_rss_growth')}, stubs {pct('stubs_rss_growth')}, P99 "
+                        f"{pct('p99_drift')}, {result['failed']} errors",
+                        "yes" if not failures and answered else "no", why="; ".join(failures))],
+        tables=[Table("First and last window:", ["", "first", "last", "change"], rows)],
+        charts=[Chart(f"soak-{slug}-memory", f"{result['model']}: memory over the soak", "thousand requests sent",
+                      "RSS (MiB)", [Series("tritonserver", [(x, w["server_rss_mb"]) for x, w in zip(sent, windows)]),
+                                    Series("stubs", [(x, w["stubs_rss_mb"]) for x, w in zip(sent, windows)])]),
+                Chart(f"soak-{slug}-latency", f"{result['model']}: latency over the soak", "thousand requests sent",
+                      "ms", [Series("P50", [(x, w["p50_ms"]) for x, w in zip(sent, windows)]),
+                             Series("P99", [(x, w["p99_ms"]) for x, w in zip(sent, windows)])])])
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1_000_000)
     parser.add_argument("--model", default="sequence_onnx")
@@ -40,7 +89,9 @@ def main() -> int:
     parser.add_argument("--pipeline", choices=sorted(PIPELINES),
                         help="soak an example pipeline's fused model instead (its model: the ensemble's name)")
     parser.add_argument("--out", default=".latte/soak")
-    args = parser.parse_args()
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results",
+                        help="where soak-<model>.json, the page's input, goes (default: %(default)s)")
+    args = parser.parse_args(argv)
     out = Path(args.out)
     feeds = None
     if args.pipeline:
@@ -59,6 +110,8 @@ def main() -> int:
                             lengths=LengthDistribution.parse(args.lengths), warmup_requests=2000, feeds=feeds)
     load = wait_until_quiet(log=print)  # building the examples loads the machine for a minute after
     print(f"load average at start: {load:.2f}", flush=True)
+    record = new_results(f"soak-{args.model}", "soak", f"Soak: {args.model}", command_line("benchmarks/soak.py", argv),
+                         load, HERE)
     started = time.time()
     with start_or_attach(repo, log_path=out / "tritonserver.log") as target:
         result = run_soak(target, settings, lambda done, message: print(f"[{done:4.0%}] {message}", flush=True))
@@ -74,6 +127,9 @@ def main() -> int:
     print(f"targets ({describe_targets(LONG_TARGETS)}): "
           + ("met" if not failures else "NOT met: " + "; ".join(failures)))
     print(f"windows: {path}")
+    for key, value in summarize(result).items():
+        setattr(record, key, value)
+    print(f"summary: {write_results(record, args.results_dir)}")
     return 0 if not failures else 1
 
 

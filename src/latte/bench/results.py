@@ -1,0 +1,205 @@
+"""Benchmark results as data: one file per benchmark, its latest run only.
+
+A file holds what the benchmark measured, summarised by the benchmark itself (tables, the
+targets it checks, the curves worth drawing), and what a reader needs to trust it: the command
+that reproduces it, the machine, the load average at the start, the date and the revision.
+docs/benchmarks.md is rendered from these files (latte.bench.page) and never edited by hand;
+earlier runs live in git.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from latte.bench.runner import machine_description
+
+SCHEMA = 1
+# The page's sections, in order: (area, heading).
+AREAS: Tuple[Tuple[str, str], ...] = (
+    ("serving", "Serving: latte against Triton's stock Python backend"),
+    ("pipelines", "Pipelines: fused against Triton's ensemble"),
+    ("generator", "Generator: derived settings against Model Analyzer"),
+    ("allocator", "Allocator"),
+    ("gpu", "GPU"),
+    ("soak", "Soak"),
+    ("overload", "Overload and priorities"),
+    ("cache", "Response cache"),
+    ("scheduler", "Scheduler and lanes"),
+    ("planning", "Batch planning"),
+)
+VERDICTS = ("yes", "partly", "no")
+
+
+class ResultsError(ValueError):
+    """A results file that does not hold what the page needs; the message names the file."""
+
+
+@dataclass
+class Table:
+    caption: str
+    columns: List[str]
+    rows: List[List[str]]
+
+
+@dataclass
+class Target:
+    """One target the benchmark checks, as the summary shows it."""
+    target: str
+    measured: str
+    met: str            # one of VERDICTS
+    why: str = ""       # what bounds it, where it is not met
+
+
+@dataclass
+class Series:
+    label: str
+    points: List[Tuple[float, float]]
+
+
+@dataclass
+class Chart:
+    name: str           # the image's file name without its extension
+    title: str
+    x_label: str
+    y_label: str
+    series: List[Series]
+    x_line: Optional[float] = None      # a vertical line, e.g. the P99 bound
+    x_line_label: str = ""
+    marks: List[Tuple[str, float, float]] = field(default_factory=list)   # (label, x, y)
+    log_x: bool = False
+
+
+@dataclass
+class Results:
+    benchmark: str      # the file's name: benchmarks/results/<benchmark>.json
+    area: str           # one of AREAS
+    title: str
+    command: str
+    machine: str
+    load_at_start: Optional[float]
+    date: str           # UTC, "YYYY-MM-DD HH:MM"
+    revision: str
+    summary: str = ""
+    targets: List[Target] = field(default_factory=list)
+    tables: List[Table] = field(default_factory=list)
+    charts: List[Chart] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    figures: Optional[dict] = None      # the benchmark's raw figures, where it keeps them
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": SCHEMA, **asdict(self)}, indent=1, ensure_ascii=False) + "\n"
+
+
+def git_revision(where: Path) -> str:
+    """The checked-out commit, with `+changes` when the work tree differs from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + ("+changes" if dirty else "")
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+
+
+def new_results(benchmark: str, area: str, title: str, command: str, load_at_start: Optional[float],
+                where: Path, date: Optional[str] = None) -> Results:
+    """Results of a run on this machine that started at `date` (by default now), at the
+    revision checked out in `where`."""
+    return Results(benchmark=benchmark, area=area, title=title, command=command, machine=machine_description(),
+                   load_at_start=None if load_at_start is None else round(load_at_start, 2),
+                   date=date or utc_now(), revision=git_revision(where))
+
+
+def write_results(results: Results, directory: Path) -> Path:
+    check(results, f"{results.benchmark}.json")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{results.benchmark}.json"
+    path.write_text(results.to_json())
+    return path
+
+
+def check(results: Results, source: str) -> None:
+    """Refuse results the page could not show faithfully."""
+    if results.area not in dict(AREAS):
+        raise ResultsError(f"{source}: area {results.area!r} is not one of {', '.join(dict(AREAS))}")
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}( \d{2}:\d{2})?", results.date):
+        raise ResultsError(f"{source}: date {results.date!r} is not 'YYYY-MM-DD HH:MM'")
+    if not results.command.strip():
+        raise ResultsError(f"{source}: no command reproduces these figures")
+    for target in results.targets:
+        if target.met not in VERDICTS:
+            raise ResultsError(f"{source}: target {target.target!r} says met={target.met!r}; "
+                               f"one of {', '.join(VERDICTS)}")
+    for table in results.tables:
+        for row in table.rows:
+            if len(row) != len(table.columns):
+                raise ResultsError(f"{source}: table {table.caption!r} has a row of {len(row)} cells under "
+                                   f"{len(table.columns)} columns: {row}")
+    names = [chart.name for chart in results.charts]
+    if len(set(names)) != len(names) or any(not re.fullmatch(r"[a-z0-9][a-z0-9-]*", n) for n in names):
+        raise ResultsError(f"{source}: chart names must be distinct, lowercase, with dashes: {names}")
+
+
+def read_results(path: Path) -> Results:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ResultsError(f"{path.name}: cannot be read: {exc}") from None
+    if data.pop("schema", None) != SCHEMA:
+        raise ResultsError(f"{path.name}: not a results file of schema {SCHEMA}")
+    try:
+        results = Results(**{**data,
+                             "targets": [Target(**t) for t in data.get("targets", [])],
+                             "tables": [Table(**t) for t in data.get("tables", [])],
+                             "charts": [Chart(**{**c, "series": [Series(s["label"], [tuple(p) for p in s["points"]])
+                                                                 for s in c["series"]],
+                                                 "marks": [tuple(m) for m in c.get("marks", [])]})
+                                        for c in data.get("charts", [])]})
+    except (TypeError, KeyError) as exc:
+        raise ResultsError(f"{path.name}: {exc}") from None
+    if results.benchmark != path.stem:
+        raise ResultsError(f"{path.name}: names benchmark {results.benchmark!r}; the file must be named after it")
+    check(results, path.name)
+    return results
+
+
+def read_all(directory: Path) -> List[Results]:
+    """Every results file of `directory`, in the page's order: by area, then the newest run first."""
+    order = {area: i for i, (area, _) in enumerate(AREAS)}
+    found = [read_results(path) for path in sorted(Path(directory).glob("*.json"))]
+    found.sort(key=lambda r: r.date, reverse=True)
+    return sorted(found, key=lambda r: order[r.area])
+
+
+def by_area(results: Sequence[Results]) -> Dict[str, List[Results]]:
+    grouped: Dict[str, List[Results]] = {}
+    for r in results:
+        grouped.setdefault(r.area, []).append(r)
+    return grouped
+
+
+def command_line(script: str, argv: Optional[Sequence[str]]) -> str:
+    """How to run it again, as a reader would type it from the repository root: the run's
+    arguments less where it wrote its raw figures (`--out`, which need not exist elsewhere)."""
+    import shlex
+
+    args, kept = list(sys.argv[1:] if argv is None else argv), []
+    while args:
+        arg = args.pop(0)
+        if arg == "--out":
+            args = args[1:]
+        elif not arg.startswith("--out="):
+            kept.append(arg)
+    return " ".join([".venv/bin/python", script, *(shlex.quote(a) for a in kept)])

@@ -1,0 +1,153 @@
+"""docs/benchmarks.md is rendered from benchmarks/results/*.json: the page, its charts and
+README's figures agree with the results files, and a results file the page could not show
+faithfully is refused with a line that names it."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from latte.bench.page import chart_file, render_markdown
+from latte.bench.results import (AREAS, Chart, Results, ResultsError, Series, Table, Target, read_all, read_results,
+                                 write_results)
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "benchmarks.md"
+# A ratio (3.78x), a percentage (+0.2 %), or a range of either (3.28-4.46x).
+FIGURE = re.compile(r"([+\-−]?\d[\d,]*(?:\.\d+)?)(?:[-–]([+\-−]?\d[\d,]*(?:\.\d+)?))?(x\b|\s?%)")
+
+
+def normalized(text: str) -> str:
+    return re.sub(r"\s+%", "%", text.replace("−", "-").replace("**", ""))
+
+
+def figures_of(text: str):
+    """Each figure of `text` as it would be written alone: '3.28x', '+0.2%'."""
+    found = []
+    for match in FIGURE.finditer(normalized(text)):
+        unit = match.group(3).strip()
+        found += [f"{value}{unit}" for value in match.groups()[:2] if value]
+    return found
+
+
+def appears(figure: str, page: str) -> bool:
+    unsigned = figure.lstrip("+-")
+    return re.search(r"(?<![\d.,])[+\-]?" + re.escape(unsigned) + r"(?![\d])", page) is not None
+
+
+def test_the_page_is_what_its_results_render():
+    rendered = render_markdown(read_all(RESULTS))
+    assert PAGE.read_text() == rendered, \
+        "docs/benchmarks.md differs from benchmarks/results: run .venv/bin/python -m latte.bench.page"
+
+
+def test_every_chart_the_page_shows_is_on_disk():
+    charts = [chart_file(c) for r in read_all(RESULTS) for c in r.charts]
+    assert charts, "the page has no charts"
+    for relative in charts:
+        assert (PAGE.parent / relative).is_file(), relative
+        assert f"]({relative})" in PAGE.read_text()
+
+
+def test_the_page_covers_every_area_a_reader_looks_for():
+    areas = {r.area for r in read_all(RESULTS)}
+    assert {"serving", "pipelines", "generator", "allocator", "gpu", "soak", "overload", "cache"} <= areas
+    for r in read_all(RESULTS):
+        assert r.command and r.machine and r.revision and r.date, r.benchmark
+
+
+def test_each_figure_readme_states_is_on_the_page():
+    readme = (ROOT / "README.md").read_text()
+    page = normalized(PAGE.read_text())
+    stated = figures_of(readme)
+    assert len(stated) >= 10, stated
+    missing = [f for f in stated if not appears(f, page)]
+    assert not missing, f"README states figures that docs/benchmarks.md does not hold: {missing}"
+
+
+def test_a_figure_not_on_the_page_is_caught():
+    assert figures_of("serves 3.28-4.46x and −28.5 % at P99") == ["3.28x", "4.46x", "-28.5%"]
+    assert appears("3.28x", "| text | 3.28x |")
+    assert not appears("1.10x", "| text | 11.10x |")
+    assert not appears("4.4x", "| text | 4.46x |")
+
+
+def example(**changes) -> Results:
+    results = Results(benchmark="example", area="serving", title="An example", command=".venv/bin/python x.py",
+                      machine="Linux x86_64, 2 cores", load_at_start=0.3, date="2026-11-25 10:00", revision="abc1234",
+                      targets=[Target("latte ≥ 1.0x the stock loop", "1.20x", "yes")],
+                      tables=[Table("", ["model", "ratio"], [["ranker", "1.20x"]])],
+                      charts=[Chart("serving-example", "t", "P99 ms", "infer/s", [Series("latte", [(1.0, 2.0)])])])
+    for key, value in changes.items():
+        setattr(results, key, value)
+    return results
+
+
+def test_results_written_read_back_the_same(tmp_path):
+    path = write_results(example(), tmp_path)
+    assert path.name == "example.json"
+    assert read_results(path) == example()
+
+
+def test_a_verdict_other_than_yes_partly_no_is_refused(tmp_path):
+    with pytest.raises(ResultsError, match=r"example.json: target 'latte ≥ 1.0x the stock loop' says "
+                                           r"met='maybe'; one of yes, partly, no"):
+        write_results(example(targets=[Target("latte ≥ 1.0x the stock loop", "1.2x", "maybe")]), tmp_path)
+
+
+def test_a_row_that_does_not_fit_its_columns_is_refused(tmp_path):
+    with pytest.raises(ResultsError, match="has a row of 1 cells under 2 columns"):
+        write_results(example(tables=[Table("short", ["model", "ratio"], [["ranker"]])]), tmp_path)
+
+
+def test_results_without_a_command_or_in_no_known_area_are_refused(tmp_path):
+    with pytest.raises(ResultsError, match="no command reproduces these figures"):
+        write_results(example(command=" "), tmp_path)
+    with pytest.raises(ResultsError, match=f"area 'speed' is not one of {', '.join(a for a, _ in AREAS)}"):
+        write_results(example(area="speed"), tmp_path)
+
+
+def test_a_file_named_otherwise_than_its_benchmark_is_refused(tmp_path):
+    path = write_results(example(), tmp_path)
+    path.rename(tmp_path / "other.json")
+    with pytest.raises(ResultsError, match="other.json: names benchmark 'example'"):
+        read_results(tmp_path / "other.json")
+
+
+def test_the_summary_links_each_target_to_its_section_and_lists_what_is_not_met():
+    page = render_markdown([example(targets=[Target("a", "0.9x", "no", why="the box"), Target("b", "2x", "yes")])])
+    assert "| [Serving](#an-example) | a | 0.9x | no: the box |" in page
+    assert "| [Serving](#an-example) | b | 2x | yes |" in page
+    assert "- a: no, 0.9x. Why: the box." in page
+    assert "### An example" in page and "    .venv/bin/python x.py" in page
+    assert "![t](img/benchmarks/serving-example.svg)" in page
+
+
+def test_a_load_above_the_quiet_line_is_said_on_the_page():
+    assert "load average at the start 0.80 (above 0.5: not a quiet machine)" in render_markdown([example(load_at_start=0.8)])
+    assert "load average at the start 0.30;" in render_markdown([example()])
+
+
+def commands_of_the_page():
+    """(script, flags) of each command the results name: `.venv/bin/python benchmarks/x.py --a 1`."""
+    found = set()
+    for r in read_all(RESULTS):
+        for part in r.command.split("&&"):
+            words = part.split()
+            scripts = [w for w in words if w.startswith("benchmarks/") and w.endswith(".py")]
+            assert len(scripts) == 1, f"{r.benchmark}: {part!r} runs no benchmark script"
+            flags = tuple(sorted({w.split("=")[0] for w in words if w.startswith("--")}))
+            found.add((scripts[0], flags))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("script,flags", commands_of_the_page())
+def test_each_command_on_the_page_names_a_script_and_flags_it_has(script, flags):
+    import subprocess
+    import sys
+
+    assert (ROOT / script).is_file(), script
+    shown = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert not [f for f in flags if f not in shown.stdout], shown.stdout
