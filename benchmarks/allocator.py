@@ -1,12 +1,15 @@
 """Allocator benchmarks for latte.memory.BuddyArena; every ratio is measured in this run.
 
-    .venv/bin/python benchmarks/allocator.py [--quick]
+    .venv/bin/python benchmarks/allocator.py [--quick] [--results-dir benchmarks/results]
 
 1. alloc + touch every page + free from Python, on a serving-like lognormal mix of sizes
    (4 KiB..64 MiB) and on fixed sizes: BuddyArena vs numpy.empty, torch.empty, malloc (ctypes).
 2. C++ small-path microbenchmark: ns per allocate/free pair (vs malloc/free).
 3. C++ trace replay of a variable-length serving trace (>= 1M operations): BuddyArena vs a
    model of PyTorch's CUDA caching allocator vs glibc malloc's RSS.
+
+The figures, summarised, replace benchmarks/results/allocator.json, from which
+docs/benchmarks.md is rendered (`.venv/bin/python -m latte.bench.page`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from latte.bench.quiet import wait_until_quiet
+from latte.bench.results import Table, Target, command_line, new_results, write_results
 from latte.memory import BuddyArena
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,11 +125,80 @@ def run_json(executable: str, *args: str) -> dict:
     return json.loads(out)
 
 
-def main() -> int:
+TRACE_ROWS = (("buddy_arena", "BuddyArena"), ("buddy_arena_pow2_capacity", "BuddyArena, power-of-two capacity"),
+              ("binary_buddy_no_trim", "binary buddy without tail trimming"),
+              ("caching_allocator_model", "caching-allocator model (PyTorch-like)"))
+
+
+def _slower(speedup: float) -> str:
+    return f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
+
+
+def summarize(py: dict, fast: dict, trace: dict) -> dict:
+    """The page's view of a run: the targets, and one table per part."""
+    mix = next(r for name, r in py.items() if "mix" in name)
+    fixed = {name: r["speedup_vs_best_other"] for name, r in py.items() if "mix" not in name}
+    ns = [r["arena_ns"] for r in fast.values()]
+    arena = trace["buddy_arena"]
+    capacity = f"{trace['capacity'] / MiB:,.0f} MiB"
+    return dict(
+        summary=(f"Every ratio is measured in the same run as its baseline: contenders take turns within each "
+                 f"round, best of the rounds. The trace: {trace['ops']:,} operations of a synthetic serving trace "
+                 f"(peak live {trace['trace_peak_live'] / MiB:,.0f} MiB) replayed into {capacity}."),
+        targets=[Target("arena ≥ 5x faster than the best of numpy, torch and malloc on a 4 KiB-64 MiB mix "
+                        "(alloc + touch + free)", f"{mix['speedup_vs_best_other']:.1f}x",
+                        "yes" if mix["speedup_vs_best_other"] >= 5 else "no"),
+                 Target("arena no more than 1.2x slower on fixed sizes",
+                        ", ".join(f"{name.replace('fixed ', '')} {_slower(v)}" for name, v in fixed.items()),
+                        "yes" if all(v >= 1 / 1.2 for v in fixed.values()) else
+                        ("partly" if any(v >= 1 / 1.2 for v in fixed.values()) else "no"),
+                        why="a fixed cost of the Python binding per call, not the allocator (see the C++ pair)"),
+                 Target("≤ 100 ns per small allocate/free pair (C++)", f"{min(ns):.0f}-{max(ns):.0f} ns",
+                        "yes" if max(ns) <= 100 else "no"),
+                 Target("trace replay: peak reserved / peak live ≤ 1.25",
+                        f"{arena['peak_reserved'] / arena['peak_live']:.3f}",
+                        "yes" if arena["peak_reserved"] / arena["peak_live"] <= 1.25 else "no"),
+                 Target("trace replay: no failures while live ≤ 80 % of capacity",
+                        f"{arena['failures_below_80pct']} at {capacity}, "
+                        f"{trace['buddy_arena_pow2_capacity']['failures_below_80pct']} at "
+                        f"{trace['pow2_capacity'] / MiB:,.0f} MiB",
+                        "yes" if arena["failures_below_80pct"] == 0 else "no",
+                        why="a buddy request needs a free aligned power-of-two block, which large requests find "
+                            "in few places"),
+                 Target("trace replay: external fragmentation flat, ≤ 10 %",
+                        f"mean {arena['ext_frag_mean']:.2f}, max {arena['ext_frag_max']:.2f}",
+                        "yes" if arena["ext_frag_max"] <= 0.10 else "no",
+                        why="a buddy's free space is split at power-of-two boundaries (part metric, part real)")],
+        tables=[Table("alloc + write one byte per 4 KiB page + free, from Python, µs per op:",
+                      ["workload", *mix["us_per_op"], "arena against the best other"],
+                      [[name, *(f"{v:.1f}" for v in r["us_per_op"].values()), _slower(r["speedup_vs_best_other"])]
+                       for name, r in py.items()]),
+                Table("C++ small path, ns per allocate/free pair (best of 5 x 2M pairs):", ["size", "arena", "malloc"],
+                      [[f"{size} B" if size.isdigit() else size.replace("_", " "), f"{r['arena_ns']:.1f}", f"{r['malloc_ns']:.1f}" if "malloc_ns" in r else "-"]
+                       for size, r in fast.items()]),
+                Table(f"Trace replay into {capacity}:", ["allocator", "peak reserved / peak live",
+                                                         "external fragmentation mean / max",
+                                                         "failures while live ≤ 80 %", "replay s"],
+                      [[label, f"{trace[key]['peak_reserved'] / trace[key]['peak_live']:.3f}",
+                        f"{trace[key]['ext_frag_mean']:.2f} / {trace[key]['ext_frag_max']:.2f}",
+                        str(trace[key]["failures_below_80pct"]), f"{trace[key]['seconds']:.2f}"]
+                       for key, label in TRACE_ROWS]
+                      + [["glibc malloc, every page touched (peak RSS / peak live)",
+                          f"{trace['glibc_malloc']['peak_rss'] / trace['trace_peak_live']:.3f}", "-", "-",
+                          f"{trace['glibc_malloc']['seconds']:.2f}"]])])
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and a 200K-op trace")
     parser.add_argument("--json", type=Path, help="also write all figures to this file")
-    args = parser.parse_args()
+    parser.add_argument("--results-dir", type=Path, default=ROOT / "benchmarks" / "results",
+                        help="where allocator.json, the page's input, goes (default: %(default)s)")
+    args = parser.parse_args(argv)
+    build_cpp()  # before the quiet wait: the build loads the machine
+    record = new_results("allocator", "allocator", "Allocator: the buddy arena against numpy, torch and malloc, its "
+                         "C++ small path, a serving trace", command_line("benchmarks/allocator.py", argv),
+                         wait_until_quiet(log=print), ROOT)
 
     print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, torch {torch.__version__}")
     print("\n== alloc + touch every page + free (Python), us per op, best of 7 interleaved rounds ==")
@@ -134,7 +208,6 @@ def main() -> int:
         target = ">= 5x" if "mix" in name else ">= 0.83x (never 1.2x slower)"
         print(f"{name:28s} {cells}  | arena speedup vs best other {r['speedup_vs_best_other']:.2f}x (target {target})")
 
-    build_cpp()
     print("\n== C++ small path: ns per allocate/free pair (best of 5 x 2M) ==")
     fast = run_json("memory_fast_path_bench")
     for size, r in fast.items():
@@ -152,8 +225,13 @@ def main() -> int:
               f"failures below 80% {r['failures_below_80pct']} (target 0)  replay {r['seconds']:.2f} s")
     glibc = trace["glibc_malloc"]
     print(f"  {'glibc_malloc':27s} peak RSS/peak live {glibc['peak_rss'] / trace['trace_peak_live']:.3f}  replay {glibc['seconds']:.2f} s")
+    figures = {"python": py, "fast_path": fast, "trace": trace}
     if args.json:
-        args.json.write_text(json.dumps({"python": py, "fast_path": fast, "trace": trace}, indent=1))
+        args.json.write_text(json.dumps(figures, indent=1))
+    for key, value in summarize(py, fast, trace).items():
+        setattr(record, key, value)
+    record.figures = figures
+    print(f"wrote {write_results(record, args.results_dir)}")
     return 0
 
 

@@ -22,6 +22,9 @@ Variants:
   cost-edge     as cost, each batch padded to its bucket's edge (pad_to: edge)
   cost-default  as cost, with the default cost model (what runs when warmup is off)
   no-buckets    bucket_edges: none; one batch per call padded to its longest request
+
+The in-process figures, summarised, replace benchmarks/results/batch-planning.json, from which
+docs/benchmarks.md is rendered (`.venv/bin/python -m latte.bench.page`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from latte.backend.buckets import BucketPlan
 from latte.backend.config import parse_model_config
 from latte.backend.engine import BatchEngine
 from latte.backend.requests import ParsedRequest
+from latte.bench.quiet import wait_until_quiet
+from latte.bench.results import Table, Target, command_line, new_results, write_results
 from latte.backend.runtimes import load_runtime
 from latte.backend.warmup import measure_cost_model, warmup_requests
 from latte.examples import EXAMPLES, export, model_context
@@ -205,6 +210,26 @@ def report_served(figures: dict, concurrency: list) -> dict:
     return ratios
 
 
+HERE = Path(__file__).resolve().parent
+
+
+def summarize(per_round: dict, shapes: dict, planning: dict, ratios: dict, calls: int, rows: int, rounds: int) -> dict:
+    best = ratios["cost / bucket"] > 1 and ratios["cost / no-buckets"] > 1
+    return dict(
+        summary=(f"In process, no tritonserver: the example sequence encoder (ONNX, one intra-op thread) behind "
+                 f"`BatchEngine` as the backend builds it. One trace of {calls} `execute` calls ({rows} one-row "
+                 f"requests, 4..16 a call, token lengths uniform in 1..128) replayed through every variant, the "
+                 f"variants taking turns call by call; medians of {rounds} rounds, ratios the medians of per-round "
+                 "ratios."),
+        targets=[Target("cost planning faster than one bucket per batch and than buckets off",
+                        ", ".join(f"{k} {v:.3f}x" for k, v in ratios.items() if k.startswith("cost /")),
+                        "yes" if best else "no")],
+        tables=[Table("", ["variant", "rows/s", "model calls per execute", "padded length per row",
+                           "planning µs per execute"],
+                      [[name, f"{statistics.median(values):,.0f}", f"{shapes[name][0]:.2f}", f"{shapes[name][1]:.1f}",
+                        f"{planning[name]:.1f}"] for name, values in per_round.items()])])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300, help="execute calls in the trace")
@@ -214,6 +239,8 @@ def main(argv=None) -> int:
     parser.add_argument("--served", action="store_true", help="measure through tritonserver and perf_analyzer")
     parser.add_argument("--concurrency", default="8,12", help="perf_analyzer concurrency levels (--served)")
     parser.add_argument("--measurement-ms", type=int, default=2000, help="perf_analyzer window (--served)")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results",
+                        help="where batch-planning.json, the page's input, goes (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.calls < 1 or args.rounds < 1:
         parser.error("--calls and --rounds must be >= 1")
@@ -239,6 +266,9 @@ def main(argv=None) -> int:
         rows = sum(len(call) for call in trace)
         for engine in engines.values():
             replay(engine, trace[: max(1, len(trace) // 10)])  # settle caches and the arena
+        record = new_results("batch-planning", "planning", "Batch planning: cost-aware plans against one bucket "
+                             "per batch, in process", command_line("benchmarks/batch_planning.py", argv),
+                             wait_until_quiet(log=print), HERE)
 
         names = list(engines)
         per_round = {name: [] for name in names}
@@ -273,6 +303,10 @@ def main(argv=None) -> int:
             "planning_us_per_execute": planning, "ratios": ratios,
             "cost_model": {n: engines[n].cost_model.describe() for n in ("cost", "cost-default")},
         }, indent=2) + "\n")
+    for key, value in summarize(per_round, shapes, planning, ratios, args.calls, rows, args.rounds).items():
+        setattr(record, key, value)
+    record.figures = {"rows_per_s": per_round, "ratios": ratios}
+    print(f"wrote {write_results(record, args.results_dir)}")
     return 0
 
 

@@ -20,6 +20,9 @@ priority levels); a second probe sends the same requests to an idle copy of the 
 time (what the machine alone adds under the flood). It prints each queue's high-priority P99
 against the flood's (the default class) and the idle copy's, and writes
 .latte/overload/<model>-queues.json.
+
+Each mode's summary replaces benchmarks/results/overload.json or overload-priorities.json, from
+which docs/benchmarks.md is rendered (`.venv/bin/python -m latte.bench.page`).
 """
 
 from __future__ import annotations
@@ -30,11 +33,64 @@ import sys
 from pathlib import Path
 
 from latte.bench.lengths import LengthDistribution
+from latte.bench.quiet import wait_until_quiet
+from latte.bench.results import Table, Target, command_line, new_results, write_results
 from latte.bench.overload import (IDLE, LATTE_QUEUE, TRITON_QUEUE, OverloadSettings, QueueFloodSettings, run_overload,
                                   run_queue_flood, write_overload_repository, write_queue_flood_repository)
 from latte.bench.runner import machine_description
 from latte.bench.target import start_or_attach
 from latte.examples import build_examples
+
+
+HERE = Path(__file__).resolve().parent
+
+
+def summarize_step(result: dict, args) -> dict:
+    step, whole = result["per_phase"]["step"], result["whole_run"]
+    memory = result["memory_return"]
+    return dict(
+        summary=(f"Capacity measured first ({result['capacity_rps']} req/s), then a step to {args.overload:g}x for "
+                 f"{args.step_s:g} s, two priority classes, `{args.model}` on one instance."),
+        targets=[Target("every request answered exactly once", f"{whole['sent']:,} sent, {whole['answered']:,} answered",
+                        "yes" if whole["every_request_answered_once"] else "no"),
+                 Target(f"high-priority P99 ≤ {args.high_slo_ms:g} ms during a {args.overload:g}x step",
+                        f"{step['high']['p99_ms']} ms", "yes" if step["high"]["slo_held"] else "no")],
+        tables=[Table("", ["class", "sent", "P50 ms", "P99 ms", "shed"],
+                      [[cls, f"{step[cls]['sent']:,}", f"{step[cls]['p50_ms']}", f"{step[cls]['p99_ms']}",
+                        f"{step[cls]['shed_rate']:.1%}"] for cls in ("high", "low")])],
+        notes=[f"tritonserver RSS after the step {memory['server_rss_after_vs_baseline']:+.1%}, the stubs "
+               f"{memory['stubs_rss_after_vs_baseline']:+.1%}; "
+               + ("ready afterwards" if result["server_alive_after"] else "NOT ready afterwards")
+               + f", with {result['abandoned_sessions']} abandoned sessions."])
+
+
+def summarize_queues(results: dict, variants, args) -> dict:
+    rows, targets = [], []
+    for variant in variants:
+        r = results[variant]
+        high, idle, flood = r["high"], r.get(IDLE), r["flood"]
+        rows.append([variant, f"{high['p50_ms']}", f"{high['p99_ms']}", f"{high['over_100_ms']} of {high['answered']:,}",
+                     f"{high['max_ms']}", f"{idle['p99_ms']} ({idle['over_100_ms']})" if idle else "-",
+                     f"{flood['p99_ms']} ({flood['shed_rate']:.0%} shed)", f"{r['high_vs_default_p99']}"])
+        if variant == LATTE_QUEUE:
+            held = high["p99_ms"] <= 50 and r["high_vs_default_p99"] <= 0.5
+            targets.append(Target("latte's queue: high-priority P99 ≤ 50 ms and ≤ 0.5x the default class's",
+                                  f"{high['p99_ms']} ms, {r['high_vs_default_p99']}x", "yes" if held else "no"))
+    return dict(
+        summary=(f"A closed-loop flood of {args.concurrency} default-priority requests; a probe sends one "
+                 "high-priority request at a time, and a second probe the same requests to an idle copy of the "
+                 "model (the box's own tail under the flood). One run."),
+        targets=targets,
+        tables=[Table("", ["queue", "high P50 ms", "high P99 ms", "high over 100 ms", "high max ms",
+                           "idle copy P99 ms (over 100 ms)", "default (flood) P99 ms", "high / default P99"], rows)])
+
+
+def record(benchmark: str, title: str, load: float, summary: dict, figures: dict, directory: Path) -> None:
+    results = new_results(benchmark, "overload", title, command_line("benchmarks/overload.py", None), load, HERE)
+    for key, value in summary.items():
+        setattr(results, key, value)
+    results.figures = figures
+    print(f"wrote {write_results(results, directory)}")
 
 
 def main() -> int:
@@ -57,13 +113,17 @@ def main() -> int:
                         help="--compare-queues: which queues to flood, in order (default: %(default)s)")
     parser.add_argument("--no-idle-copy", action="store_true",
                         help="--compare-queues: no second probe of an idle copy (one probe alone, as a lone client sees it)")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results",
+                        help="where overload.json or overload-priorities.json, the page's input, goes "
+                             "(default: %(default)s)")
     args = parser.parse_args()
     out = Path(args.out)
     examples = out / "examples"
     if not (examples / "examples.json").exists():
         build_examples(examples)
+    load = wait_until_quiet(log=print)  # building the examples loads the machine for a minute after
     if args.compare_queues:
-        return compare_queues(args, examples, out)
+        return compare_queues(args, examples, out, load)
     repo = write_overload_repository(examples, args.model, out / "repository")
     settings = OverloadSettings(args.model, baseline_s=args.baseline_s, step_s=args.step_s,
                                 recovery_s=args.recovery_s, overload=args.overload, high_slo_ms=args.high_slo_ms,
@@ -89,12 +149,14 @@ def main() -> int:
           f"stubs {memory['stubs_rss_after_vs_baseline']:+.1%}")
     print(f"server ready afterwards: {result['server_alive_after']}; abandoned sessions: "
           f"{result['abandoned_sessions']}; details: {path}")
+    record("overload", f"Overload: a {args.overload:g}x step for {args.step_s:g} s, high and low priority", load,
+           summarize_step(result, args), result, args.results_dir)
     ok = (whole["every_request_answered_once"] and step["high"]["slo_held"] and result["server_alive_after"]
           and memory["server_rss_after_vs_baseline"] <= 0.10)
     return 0 if ok else 1
 
 
-def compare_queues(args, examples: Path, out: Path) -> int:
+def compare_queues(args, examples: Path, out: Path, load: float) -> int:
     variants = [v.strip() for v in args.queues.split(",") if v.strip()]
     unknown = [v for v in variants if v not in (TRITON_QUEUE, LATTE_QUEUE)]
     if unknown or not variants:
@@ -125,6 +187,8 @@ def compare_queues(args, examples: Path, out: Path) -> int:
               f"high/default P99 {r['high_vs_default_p99']}; flood answered once: {r['every_flood_request_answered_once']}")
         ok = ok and r["every_flood_request_answered_once"] and high["failed"] == 0
     print(f"details: {path}")
+    record("overload-priorities", "Priorities under a closed-loop flood: Triton's queue against latte's", load,
+           summarize_queues(results, variants, args), results, args.results_dir)
     return 0 if ok else 1
 
 

@@ -8,19 +8,23 @@ Knowledge-base question answering sends the same few questions again and again. 
 probability proportional to 1/k^zipf, and replays them in that order with perf_analyzer
 (--input-data) against two copies of one example model in one tritonserver: one whose config
 enables `response_cache`, one without. It prints each copy's throughput and P99, the ratios
-(cache / no cache), and the cache's hit rate, and writes them to OUT/<model>.json.
+(cache / no cache), and the cache's hit rate, and writes them to OUT/<model>.json; the summary
+replaces benchmarks/results/response-cache-<model>.json, from which docs/benchmarks.md is
+rendered (`.venv/bin/python -m latte.bench.page`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import statistics
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from latte.bench.quiet import wait_until_quiet
+from latte.bench.results import Table, Target, command_line, new_results, write_results
 from latte.bench.runner import machine_description
 from latte.examples import CATALOG, build_examples, model_context
 from latte.generator.model_folder import write_model
@@ -63,7 +67,36 @@ def cache_counts(server: TritonServer, model: str) -> tuple:
     return inference["cache_hit"]["count"], inference["cache_miss"]["count"], stats["execution_count"]
 
 
-def main() -> int:
+HERE = Path(__file__).resolve().parent
+
+
+def summarize(result: dict) -> dict:
+    settings, rounds = result["settings"], result["rounds"]
+
+    def med(label, key):
+        return statistics.median(r["results"][label][key] for r in rounds)
+    executions = {label: [r["results"][label]["executions"] for r in rounds] for label in ("cache", "nocache")}
+    met = (result["throughput_ratio"] or 0) > 1 and (result["p99_ratio"] or 9) < 1
+    return dict(
+        summary=(f"{settings['requests']:,} requests drawn from {settings['distinct']:,} distinct ones with "
+                 f"Zipf({settings['zipf']:g}) popularity, perf_analyzer `--input-data` at {settings['concurrency']} "
+                 f"in flight, {settings['measurement_ms'] / 1000:g} s windows; a fresh tritonserver per round (the "
+                 "cache starts empty), the copies with and without `response_cache { enable: true }` alternating; "
+                 f"medians of {len(rounds)} rounds."),
+        targets=[Target(f"{result['model']}: a Zipf repeat workload served faster with Triton's cache, ratio in the "
+                        "same run", f"throughput {result['throughput_ratio']:.2f}x, P99 {result['p99_ratio']:.2f}x",
+                        "yes" if met else "no")],
+        tables=[Table("", ["model", "without cache: infer/s, P99", "with cache: infer/s, P99", "throughput ratio",
+                           "P99 ratio", "hit rate", "model executions with / without"],
+                      [[result["model"], f"{med('nocache', 'throughput'):,.0f}, {med('nocache', 'p99_ms'):.1f} ms",
+                        f"{med('cache', 'throughput'):,.0f}, {med('cache', 'p99_ms'):.1f} ms",
+                        f"{result['throughput_ratio']:.2f}x", f"{result['p99_ratio']:.2f}x",
+                        f"{result['hit_rate']:.1%}",
+                        f"{min(executions['cache'])}-{max(executions['cache'])} / "
+                        f"{min(executions['nocache'])}-{max(executions['nocache'])}"]])])
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="sequence_onnx", help="an example model (default: %(default)s)")
     parser.add_argument("--distinct", type=int, default=1000, help="different requests in the pool")
@@ -77,7 +110,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each on a fresh server (default: %(default)s)")
     parser.add_argument("--cache-size", default="256Mi", help="Triton's cache (default: %(default)s)")
     parser.add_argument("--out", default=".latte/response_cache")
-    args = parser.parse_args()
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results",
+                        help="where response-cache-<model>.json, the page's input, goes (default: %(default)s)")
+    args = parser.parse_args(argv)
     out = Path(args.out)
     examples = out / "examples"
     if not (examples / "examples.json").exists():
@@ -85,7 +120,9 @@ def main() -> int:
     plan = write_repository(examples, args.model, out / "repository")
     data = write_input_data(out / "input_data.json",
                             zipf_requests(plan["example"], args.distinct, args.requests, args.zipf))
-    load = os.getloadavg()[0]
+    load = wait_until_quiet(log=print)  # building the examples loads the machine for a minute after
+    record = new_results(f"response-cache-{args.model}", "cache", f"Triton's response cache on a Zipf repeat workload: "
+                         f"{args.model}", command_line("benchmarks/response_cache.py", argv), load, HERE)
     rounds = []
     for round_ in range(args.rounds):
         # A fresh server per round, so every round starts from an empty cache; the two
@@ -121,11 +158,16 @@ def main() -> int:
     print(f"with / without cache, median of {args.rounds} round(s): throughput x{summary['throughput_ratio']:.2f}, "
           f"P99 x{summary['p99_ratio']:.2f}; hit rate {summary['hit_rate']:.1%} ({args.distinct} distinct of "
           f"{args.requests}, Zipf {args.zipf}; load {load:.2f} at the start)")
-    result = {"model": args.model, "settings": vars(args), "cache_flag": cache_flag(parse_size(args.cache_size)),
+    result = {"model": args.model, "settings": {k: v for k, v in vars(args).items() if k != "results_dir"},
+              "cache_flag": cache_flag(parse_size(args.cache_size)),
               "load_at_start": load, "machine": machine_description(), "rounds": rounds, **summary}
     path = out / f"{args.model}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
+    for key, value in summarize(result).items():
+        setattr(record, key, value)
+    record.figures = result
+    print(f"wrote {write_results(record, args.results_dir)}")
     return 0
 
 

@@ -164,6 +164,7 @@ def main(argv=None) -> int:
         path = args.out.parent / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(page)
     print(f"wrote {args.out} ({len(results)} results files, {len(images)} charts)")
     return 0

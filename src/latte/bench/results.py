@@ -35,6 +35,7 @@ AREAS: Tuple[Tuple[str, str], ...] = (
     ("planning", "Batch planning"),
 )
 VERDICTS = ("yes", "partly", "no")
+RAW_OUTPUT_OPTIONS = ("--out", "--json", "--results-dir")
 
 
 class ResultsError(ValueError):
@@ -192,14 +193,15 @@ def by_area(results: Sequence[Results]) -> Dict[str, List[Results]]:
 
 def command_line(script: str, argv: Optional[Sequence[str]]) -> str:
     """How to run it again, as a reader would type it from the repository root: the run's
-    arguments less where it wrote its raw figures (`--out`, which need not exist elsewhere)."""
+    arguments less where it wrote its figures (`--out`, `--json`, `--results-dir`: paths that need not exist
+    elsewhere)."""
     import shlex
 
     args, kept = list(sys.argv[1:] if argv is None else argv), []
     while args:
         arg = args.pop(0)
-        if arg == "--out":
+        if arg in RAW_OUTPUT_OPTIONS:
             args = args[1:]
-        elif not arg.startswith("--out="):
+        elif arg.split("=")[0] not in RAW_OUTPUT_OPTIONS:
             kept.append(arg)
     return " ".join([".venv/bin/python", script, *(shlex.quote(a) for a in kept)])
