@@ -24,7 +24,9 @@ does not.
 
 --instructions counts, under valgrind's callgrind, the instructions one call of latte and of
 the floor executes (each load run twice, with 100 and 2,100 calls, and differenced): a figure
-that, unlike a timing, does not move with the machine's load (~1 minute per contender and size).
+that, unlike a timing, does not move with the machine's load (~1 minute per contender and size);
+its figures replace benchmarks/results/execute-overhead.json, from which docs/benchmarks.md is
+rendered (`.venv/bin/python -m latte.bench.page`).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def main(argv=None) -> int:
         run_calls(contender, int(n), int(calls))
         return 0
     if args.instructions:
-        return count_instructions([int(x) for x in args.requests.split(",")])
+        return count_instructions([int(x) for x in args.requests.split(",")], argv)
     if args.cold:
         return time_cold_calls([int(x) for x in args.requests.split(",")])
     from latte.backend.standin_stub import InferenceRequest, StandinStub
@@ -133,7 +135,7 @@ def run_calls(contender: str, n: int, calls: int) -> None:
     model.finalize()
 
 
-def count_instructions(sizes) -> int:
+def count_instructions(sizes, argv=None) -> int:
     if shutil.which("valgrind") is None:
         print("--instructions needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
@@ -150,13 +152,27 @@ def count_instructions(sizes) -> int:
             raise RuntimeError(f"valgrind printed no instruction count: {done.stderr[-500:]}")
         return int(match.group(1))
 
+    from latte.bench.results import Table, command_line, new_results, write_results
+
+    record = new_results("execute-overhead", "serving", "latte's own cost per execute call, in instructions",
+                         command_line("benchmarks/execute_overhead.py", argv), os.getloadavg()[0],
+                         Path(__file__).resolve().parent)
     print(f"{'requests/call':>13} {'latte instr/call':>17} {'floor instr/call':>17} {'latte/floor':>12}")
+    rows = []
     for n in sizes:
         per_call = {}
         for contender in ("latte", "floor"):
             per_call[contender] = (collected(contender, n, _FEW + _COUNTED) - collected(contender, n, _FEW)) / _COUNTED
         print(f"{n:>13} {per_call['latte']:>17,.0f} {per_call['floor']:>17,.0f} "
               f"{per_call['latte'] / per_call['floor']:>11.2f}x", flush=True)
+        rows.append([str(n), f"{per_call['latte']:,.0f}", f"{per_call['floor']:,.0f}",
+                     f"{per_call['latte'] - per_call['floor']:,.0f}", f"{per_call['latte'] / per_call['floor']:.2f}x"])
+    record.summary = ("Instructions one `execute` call of the ONNX Identity model executes, in process with stand-in "
+                      "stub objects, counted under valgrind's callgrind (two loads differenced): latte against the "
+                      "least any batching backend can do with the same objects (the floor). A count the machine's "
+                      "load does not move.")
+    record.tables = [Table("", ["requests a call", "latte", "floor", "latte's own", "latte / floor"], rows)]
+    print(f"wrote {write_results(record, Path(__file__).resolve().parent / 'results')}")
     return 0
 
 

@@ -33,6 +33,8 @@ latte changed, measured against the same pick without another half hour of searc
 
 Targets: derived >= 1.0x MA quick at <= 5 % of its wall time; tuned >= 1.05x MA brute at
 <= 10 % of its wall time. Figures belong to a quiet machine; --quick is a smoke run only.
+Each case's summary replaces benchmarks/results/generator-<model>-<slo>.json, from which
+docs/benchmarks.md is rendered (`.venv/bin/python -m latte.bench.page`).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
+
+from latte.bench.quiet import wait_until_quiet
+from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_results
 
 CASES = ["sequence:10", "sequence:30", "ranker:100"]
 # Closed-loop requests in flight: doubling from the first to the last, until P99 passes the SLO.
@@ -350,6 +355,46 @@ def print_table(rows: List[dict]) -> None:
               f"{kept('tuned', 'ma_brute')} |")
 
 
+HERE = Path(__file__).resolve().parent
+LABELS = {"derived": "derived", "tuned": "tuned", "ma_quick": "Model Analyzer quick",
+          "ma_brute": "Model Analyzer brute", "default": "Triton default"}
+
+
+def summarize(row: dict) -> dict:
+    """The page's view of one case: each config's rounds, the two targets, rounds against wall time."""
+    res, model, slo = row["results"], row["model"], row["slo_ms"]
+    targets = []
+    for ours, theirs, want, share in (("derived", "ma_quick", 1.0, 0.05), ("tuned", "ma_brute", 1.05, 0.10)):
+        if ours not in res or theirs not in res or not res[theirs]["infer_s"] or not res[theirs]["wall_s"]:
+            continue
+        ratio = res[ours]["infer_s"] / res[theirs]["infer_s"]
+        wall = res[ours]["wall_s"] / res[theirs]["wall_s"]
+        same = res[ours]["config"] == res[theirs]["config"]
+        targets.append(Target(f"{model} ≤ {slo:g} ms: {ours} ≥ {want:g}x {LABELS[theirs]}'s search at ≤ {share:.0%} "
+                              "of its wall time", f"{ratio:.2f}x at {wall:.1%}" + (" (one config)" if same else ""),
+                              "yes" if ratio >= want and wall <= share else ("partly" if wall <= share else "no"),
+                              why=("the same config on both sides: the ratio is the rounds' spread" if same else
+                                   "wall time met; throughput not" if wall <= share else "")))
+    rows = [[LABELS[name], f"{r['infer_s']:,.0f} (" + " / ".join(f"{x['infer_s']:,.0f}" for x in r["rounds"]) + ")",
+             f"{r['p99_ms']:.2f} ms", f"{r['level']:g}", f"{r['narrow_infer_s']:,.0f}", f"{r['wall_s']:,.1f} s",
+             str(r["config"])] for name, r in res.items()]
+    measured = [name for name, r in res.items() if r["wall_s"] and r["wall_s"] > 0]
+    chart = Chart(f"generator-{model}-{slo:g}".replace(".", "-"), f"{model}, P99 ≤ {slo:g} ms: each config's rounds",
+                  "wall time to choose the config (s, log)", "infer/s",
+                  [Series(LABELS[name], [(round(res[name]["wall_s"], 1), x["infer_s"]) for x in res[name]["rounds"]])
+                   for name in measured],
+                  marks=[("derived, median", round(res["derived"]["wall_s"], 1), res["derived"]["infer_s"])]
+                  if "derived" in measured else [], log_x=True)
+    return dict(
+        summary=(f"Each config served side by side by one tritonserver, perf_analyzer in closed loop with lognormal "
+                 f"lengths, concurrency doubling until P99 passes {slo:g} ms; a config's score is its best throughput "
+                 "within the SLO, the median of interleaved rounds."),
+        targets=targets,
+        tables=[Table("", ["config", "infer/s (rounds)", "P99 at the best level", "in flight",
+                           f"infer/s up to {NARROW_LEVEL} in flight", "wall", "settings"], rows)],
+        charts=[chart] if measured else [])
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default=",".join(CASES), help="MODEL:SLO_MS pairs (default %(default)s)")
@@ -369,6 +414,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "directory, with their wall times, instead of searching again (~30 min a brute search)")
     parser.add_argument("--model-analyzer-venv", default=str(MODEL_ANALYZER_VENV),
                         help="where Model Analyzer is installed (default %(default)s)")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results",
+                        help="where generator-<model>-<slo>.json, the page's input, goes (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.model_analyzer_from and not (Path(args.model_analyzer_from) / "results.json").is_file():
         parser.error(f"{args.model_analyzer_from} has no results.json: give the --out directory of a finished run")
@@ -385,7 +432,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     cost_s = time.perf_counter() - started
     print(f"serving cost: {'measured in this run' if cost_s > 1.0 else 'kept from an earlier run'} "
           f"({cost_s:.1f} s, counted in the derived wall time)", flush=True)
-    rows = [bench_case(case, work, install, cost, cost_s, args) for case in args.cases.split(",")]
+    rows = []
+    for case in args.cases.split(","):
+        record = new_results("", "generator", "", command_line("benchmarks/generator.py", argv),
+                             wait_until_quiet(log=print), HERE)
+        rows.append(bench_case(case, work, install, cost, cost_s, args))
+        row = rows[-1]
+        record.benchmark = f"generator-{row['model']}-{row['slo_ms']:g}"
+        record.title = f"Generator: {row['model']} at P99 ≤ {row['slo_ms']:g} ms against Model Analyzer"
+        for key, value in summarize(row).items():
+            setattr(record, key, value)
+        record.figures = row
+        print(f"wrote {write_results(record, args.results_dir)}", flush=True)
     (work / "results.json").write_text(json.dumps(rows, indent=2))
     print_table(rows)
     return 0

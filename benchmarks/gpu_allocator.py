@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+from latte.bench.results import Chart, Series, Table, Target, new_results, write_results
+
 CONTENDERS = ("caching", "expandable", "arena", "mempool")
 MODELS = ("sequence", "encoder")
 MAX_LENGTH = 2048
@@ -215,6 +217,55 @@ def table(results: list[dict], model: str) -> list[str]:
     return lines + over_time
 
 
+HERE = Path(__file__).resolve().parent
+
+
+def summarize(results: list[dict], device: str, steps: int) -> dict:
+    """The page's view of a run: per model, the contenders' table and memory held over the run;
+    the targets against the caching allocator."""
+    tables, charts, held, p99, oom = [], [], [], [], []
+    for model in dict.fromkeys(r["model"] for r in results):
+        rows = [r for r in results if r["model"] == model and not r.get("cap") and "error" not in r]
+        base = next((r for r in rows if r["contender"] == "caching"), None)
+        if base is None:
+            continue
+        tables.append(Table(f"{model}, {steps:,} steps per contender:",
+                            ["contender", "peak live", "held", "held / live", "held vs caching", "P50 step",
+                             "P99 step", "P99 vs caching", "OOMs"],
+                            [[r["contender"], f"{r['peak_live'] / MIB:.1f} MiB", f"{r['peak_held'] / MIB:.1f} MiB",
+                              f"{r['peak_held'] / max(1, r['peak_live']):.2f}x", ratio(r["peak_held"], base["peak_held"]),
+                              f"{r['p50_ms']:.3f} ms", f"{r['p99_ms']:.3f} ms", ratio(r["p99_ms"], base["p99_ms"]),
+                              str(r["ooms"])] for r in rows]))
+        charts.append(Chart(f"gpu-{model}-memory-held", f"{model} on {device}: memory held over the run",
+                            "step", "held (MiB)",
+                            [Series(r["contender"], [(m["step"], round(m["held"] / MIB, 1)) for m in r["timeline"]])
+                             for r in rows if r["timeline"]]))
+        arena = next((r for r in rows if r["contender"] == "arena"), None)
+        if arena:
+            held.append(f"{model} {arena['peak_held'] / base['peak_held']:.2f}x")
+            p99.append((model, arena["p99_ms"] / base["p99_ms"]))
+        capped = {r["contender"]: r for r in results if r["model"] == model and r.get("cap") and "error" not in r}
+        if "arena" in capped and "caching" in capped:
+            oom.append((model, capped["arena"]["ooms"], capped["caching"]["ooms"]))
+    targets = []
+    if held:
+        ok = all(float(h.split()[-1][:-1]) <= 0.8 for h in held)
+        targets.append(Target("arena-backed torch holds ≤ 0.8x the caching allocator's reserved memory",
+                              ", ".join(held), "yes" if ok else "no"))
+    if p99:
+        passed = [v <= 1.0 for _, v in p99]
+        targets.append(Target("P99 per step ≤ 1.0x the caching allocator's", ", ".join(f"{m} {v:.2f}x" for m, v in p99),
+                              "yes" if all(passed) else ("partly" if any(passed) else "no")))
+    if oom:
+        ok = all(a <= c for _, a, c in oom)
+        targets.append(Target("under a cap, no more OOMs than the caching allocator",
+                              ", ".join(f"{m}: arena {a}, caching {c}" for m, a, c in oom), "yes" if ok else "no"))
+    return dict(summary=(f"Each step draws a batch and a lognormal length, makes the input on the device, runs the "
+                         "model in inference mode and copies the answer to the host; \"held\" is what the allocator "
+                         "held at its peak. One process per contender, one after the other."),
+                targets=targets, tables=tables, charts=charts)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -226,6 +277,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=20261125)
     parser.add_argument("--arena-bytes", type=int, default=16 << 30, help="the arena's capacity when uncapped")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results",
+                        help="where gpu-allocator.json, the page's input, goes")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--contender", help=argparse.SUPPRESS)
@@ -246,6 +299,9 @@ def main() -> int:
         if name not in MODELS + CONTENDERS:
             parser.error(f"unknown model or contender {name!r}; models: {', '.join(MODELS)}; "
                          f"contenders: {', '.join(CONTENDERS)}")
+    record = new_results("gpu-allocator", "gpu", "GPU: PyTorch with latte's arena against the caching allocator, "
+                         "variable shapes", "PYTHONPATH=build/gpu-site python3 benchmarks/gpu_allocator.py "
+                         + " ".join(a for a in sys.argv[1:]), os.getloadavg()[0], HERE)
     print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.2f}, {platform.node()}; {args.steps} steps per contender", flush=True)
     results = []
@@ -270,6 +326,10 @@ def main() -> int:
                 save()
         print(f"\n{model}:")
         print("\n".join(table(results, model)), flush=True)
+    record.machine += f", {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
+    for key, value in summarize(results, torch.cuda.get_device_name(0), args.steps).items():
+        setattr(record, key, value)
+    print(f"wrote {write_results(record, args.results_dir)}")
     return 0
 
 

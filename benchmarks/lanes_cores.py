@@ -77,7 +77,10 @@ from typing import Callable, Optional  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from latte.bench.results import Table, Target, new_results, write_results  # noqa: E402
 from latte.scheduling import AffinityScheduler  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
 
 ENC_FEATURES, ENC_DIM = 32, 128
 MLP_FEATURES, MLP_HIDDEN = 256, 512
@@ -488,7 +491,10 @@ def main() -> int:
                         help="inline workers may run on the lanes' N CPUs (same) or on all allowed")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write everything to this file")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results",
+                        help="where lanes-cores.json, the page's input, goes (default: %(default)s)")
     args = parser.parse_args()
+    load_at_start = os.getloadavg()[0]
     counts = [int(x) for x in args.lanes.split(",") if x.strip()]
     if not counts or min(counts) < 1 or args.rounds < 1 or args.duration <= 0:
         parser.error("--lanes needs counts >= 1, --rounds >= 1, --duration > 0")
@@ -592,6 +598,25 @@ def main() -> int:
     print(f"(medians over {args.rounds} round(s); ratios are medians of per-round ratios; "
           f"load avg now " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + ")")
 
+    record = new_results("lanes-cores", "scheduler", f"Pinned lanes against inline workers on {os.cpu_count()} cores",
+                         "PYTHONPATH=build/gpu-site python3 benchmarks/lanes_cores.py " + " ".join(sys.argv[1:]),
+                         load_at_start, HERE)
+    rows = [[str(n), num(summary[str(n)]["inline"].get("throughput"), ",.0f"),
+             num(summary[str(n)]["lanes"].get("throughput"), ",.0f"),
+             f"{times(summary[str(n)]['ratio']['throughput'])} ("
+             + ", ".join(num(x) for x in summary[str(n)]["ratio_per_round"]["throughput"]) + ")",
+             f"{num(summary[str(n)]['inline'].get('p99_ms'))} ms", f"{num(summary[str(n)]['lanes'].get('p99_ms'))} ms",
+             times(summary[str(n)]["ratio"]["model_us_per_request"])] for n in runnable]
+    best = max((summary[str(n)]["ratio"]["throughput"] for n in runnable), default=float("nan"))
+    record.summary = (f"Two models, {len(keys)} affinity keys, a closed loop per core, one intra-op thread per lane or "
+                      f"worker, {args.rounds} interleaved rounds, medians; ratios are medians of per-round ratios.")
+    record.targets = [Target("pinned lanes ≥ 1.3x inline workers at the same P99 on a mixed load",
+                             ", ".join(f"{times(summary[str(n)]['ratio']['throughput'])} ({n} lanes)" for n in runnable),
+                             "yes" if best >= 1.3 else "no",
+                             why="on CPU a warm cache buys little against the model's own time")]
+    record.tables = [Table("", ["N", "inline req/s", "lanes req/s", "lanes / inline (per round)", "P99 inline",
+                                "P99 lanes", "model µs a request, lanes / inline"], rows)]
+    print(f"wrote {write_results(record, args.results_dir)}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

@@ -34,10 +34,9 @@ from pathlib import Path
 
 from latte.bench.lengths import LengthDistribution
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Table, Target, command_line, new_results, write_results
+from latte.bench.results import Table, Target, command_line, machine_description, new_results, write_results
 from latte.bench.overload import (IDLE, LATTE_QUEUE, TRITON_QUEUE, OverloadSettings, QueueFloodSettings, run_overload,
                                   run_queue_flood, write_overload_repository, write_queue_flood_repository)
-from latte.bench.runner import machine_description
 from latte.bench.target import start_or_attach
 from latte.examples import build_examples
 

@@ -24,8 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Table, Target, command_line, new_results, write_results
-from latte.bench.runner import machine_description
+from latte.bench.results import Table, Target, command_line, machine_description, new_results, write_results
 from latte.examples import CATALOG, build_examples, model_context
 from latte.generator.model_folder import write_model
 from latte.triton import TritonServer

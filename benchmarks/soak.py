@@ -25,8 +25,7 @@ from pathlib import Path
 
 from latte.bench.lengths import LengthDistribution
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_results
-from latte.bench.runner import machine_description
+from latte.bench.results import Chart, Series, Table, Target, command_line, machine_description, new_results, write_results
 from latte.bench.soak import LONG_TARGETS, SoakSettings, check_ratios, describe_targets, format_ratios, run_soak
 from latte.bench.target import start_or_attach
 from latte.examples import build_examples

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
+import platform
 import re
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from latte.bench.runner import machine_description
+from latte.backend.config import cpu_model, usable_cores
 
 SCHEMA = 1
 # The page's sections, in order: (area, heading).
@@ -98,6 +100,12 @@ class Results:
         return json.dumps({"schema": SCHEMA, **asdict(self)}, indent=1, ensure_ascii=False) + "\n"
 
 
+def machine_description() -> str:
+    cores = usable_cores()
+    cpu = cpu_model()
+    return f"{platform.system()} {platform.machine()}, {cores} cores{', ' + cpu if cpu else ''}"
+
+
 def git_revision(where: Path) -> str:
     """The checked-out commit, with `+changes` when the work tree differs from it."""
     try:
@@ -119,7 +127,8 @@ def new_results(benchmark: str, area: str, title: str, command: str, load_at_sta
     """Results of a run on this machine that started at `date` (by default now), at the
     revision checked out in `where`."""
     return Results(benchmark=benchmark, area=area, title=title, command=command, machine=machine_description(),
-                   load_at_start=None if load_at_start is None else round(load_at_start, 2),
+                   # Cut, not rounded: 0.497 is below the quiet line, and the page must not say 0.50.
+                   load_at_start=None if load_at_start is None else math.floor(load_at_start * 100) / 100,
                    date=date or utc_now(), revision=git_revision(where))
 
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence
 
-from latte.backend.config import cpu_model, usable_cores
 from latte.bench.inputs import fetch_model_inputs, write_perf_input_data
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import MetricsSampler, Sample
+from latte.bench.results import machine_description
 from latte.bench.target import Target
 from latte.bench.triton_stats import fetch_stats
 from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer
@@ -48,12 +47,6 @@ class BenchSettings:
 
 
 ProgressHook = Callable[[str], None]
-
-
-def machine_description() -> str:
-    cores = usable_cores()
-    cpu = cpu_model()
-    return f"{platform.system()} {platform.machine()}, {cores} cores{', ' + cpu if cpu else ''}"
 
 
 # When perf_analyzer cannot settle within the stability asked for (bursty Poisson load on a
