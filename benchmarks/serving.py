@@ -58,7 +58,8 @@ from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
 from latte.bench.quiet import wait_until_quiet
 from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, utc_now, write_results
-from latte.examples import CATALOG, STOCK_PYTHON_MODEL, Example, ExampleTensor, build_examples, model_context
+from latte.examples import (CATALOG, FORMATS, STOCK_PYTHON_MODEL, Example, ExampleTensor, build_examples,
+                            model_context)
 from latte.generator.calibrate import write_identity_onnx
 from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
@@ -99,26 +100,30 @@ SETTINGS = {
 }
 
 
-def model_file(example: Example, work: Path) -> Path:
-    """The example's ONNX file, built here."""
+def model_file(example: Example, work: Path, runtime: str = "onnx") -> Path:
+    """The example's ONNX or TorchScript file, built here."""
     if example.name == "identity":
+        if runtime != "onnx":
+            raise SystemExit("serving.py: the identity model is ONNX only")
         return write_identity_onnx(work / "identity" / "model.onnx")
     repo = build_examples(work / f"{example.name}-build-repo", names=[example.name])
-    return repo / f"{example.name}_onnx" / "1" / "model.onnx"
+    return repo / f"{example.name}_{runtime}" / "1" / FORMATS[runtime]
 
 
-def add_contenders(repo: Path, example: Example, source: Path, setting: Setting, ablations: Sequence[str] = ()
-                   ) -> Dict[str, str]:
-    """latte, stock and echo copies of the model in `repo` (and latte's ablations); role -> model name."""
+def add_contenders(repo: Path, example: Example, source: Path, setting: Setting, ablations: Sequence[str] = (),
+                   runtime: str = "onnx", kind: str = "KIND_CPU") -> Dict[str, str]:
+    """latte, stock and echo copies of the model in `repo` (and latte's ablations); role -> model name.
+    latte and stock run on `kind`'s instances; the echo, which computes nothing, on the CPU."""
     names = {}
     roles = [("latte", "latte", None),
              ("stock", "python", HERE / "echo_python_model.py" if example.name == "identity" else STOCK_PYTHON_MODEL),
              ("echo", "python", HERE / "echo_python_model.py")]
     roles += [(f"latte_{label}", "latte", None) for label in ablations]
     for role, backend, script in roles:
-        context = model_context(example, "onnx", "model.onnx")
+        context = model_context(example, runtime, source.name)
         context.update(name=f"{example.name}_{role}", backend=backend, max_batch_size=setting.max_batch_size,
-                       dynamic_batching={"max_queue_delay_microseconds": setting.queue_delay_us})
+                       dynamic_batching={"max_queue_delay_microseconds": setting.queue_delay_us},
+                       instance_groups=[{"count": 1, "kind": "KIND_CPU" if role == "echo" else kind}])
         if backend == "python":
             context["parameters"] = {}
         if role.startswith("latte_"):
@@ -127,7 +132,7 @@ def add_contenders(repo: Path, example: Example, source: Path, setting: Setting,
             # The same request bytes, echoed: the first input comes back as the output.
             first = context["inputs"][0]
             context["outputs"] = [{"name": "ECHO", "data_type": first["data_type"], "dims": first["dims"]}]
-        model_dir = write_model(repo, context, {"model.onnx": source})
+        model_dir = write_model(repo, context, {source.name: source})
         if script:
             shutil.copy(script, model_dir / "1" / "model.py")
         names[role] = context["name"]
@@ -142,16 +147,34 @@ def samples_for(example: Example, setting: Setting, count: int = 256):
     return [{k: v[0] for k, v in example.sample(1, rng).items()} for _ in range(count)]
 
 
-def in_process_limit(source: Path, example: Example, samples, max_batch: int, seconds: float = 3.0):
-    """Best rows/s of the ONNX file on one thread: (rate, batch). Ragged inputs are sorted by
-    length within windows of 64 requests and padded per batch, the best a batcher can do."""
-    import onnxruntime as ort
+def model_runner(source: Path, name: str, device: str = "cpu"):
+    """One call of the model file on one thread: ONNX with onnxruntime, TorchScript with torch
+    on `device` (answers copied back to the host, as a served model's are)."""
+    if source.suffix == ".onnx":
+        import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(source), sess_options=options, providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(source), sess_options=options, providers=["CPUExecutionProvider"])
+        return lambda x: session.run(None, {name: x})
+    import torch
+
+    torch.set_num_threads(1)
+    module = torch.jit.load(str(source), map_location=device).eval()
+
+    def run(x):
+        with torch.inference_mode():
+            return module(torch.from_numpy(x).to(device)).cpu().numpy()
+    return run
+
+
+def in_process_limit(source: Path, example: Example, samples, max_batch: int, seconds: float = 3.0,
+                     device: str = "cpu"):
+    """Best rows/s of the model file on one thread: (rate, batch). Ragged inputs are sorted by
+    length within windows of 64 requests and padded per batch, the best a batcher can do."""
     name = example.inputs[0].name
+    run = model_runner(source, name, device)
     rows = [s[name] for s in samples]
     if example.inputs[0].ragged:
         rows = [r for w in range(0, len(rows), 64) for r in sorted(rows[w:w + 64], key=len)]
@@ -170,7 +193,7 @@ def in_process_limit(source: Path, example: Example, samples, max_batch: int, se
                 feeds.append(padded)
         done, started, i = 0, time.perf_counter(), 0
         while time.perf_counter() - started < seconds / 5:
-            session.run(None, {name: feeds[i % len(feeds)]})
+            run(feeds[i % len(feeds)])
             done += batch
             i += 1
         rates[batch] = done / (time.perf_counter() - started)
@@ -234,9 +257,9 @@ def run_model(name: str, args, work: Path) -> dict:
     example = IDENTITY if name == "identity" else CATALOG[name]
     setting = SETTINGS[name]
     levels = [int(x) for x in (args.concurrency or setting.concurrency).split(",")]
-    source = model_file(example, work)
+    source = model_file(example, work, args.runtime)
     repo = work / f"{name}-repo"
-    names = add_contenders(repo, example, source, setting, args.ablation)
+    names = add_contenders(repo, example, source, setting, args.ablation, args.runtime, args.kind)
     samples = samples_for(example, setting)
     data = write_input_data(work / f"{name}-inputs.json", samples)
     points: Dict[str, Dict[int, list]] = {role: {level: [] for level in levels} for role in names}
@@ -264,12 +287,13 @@ def run_model(name: str, args, work: Path) -> dict:
                     if decompose:
                         time.sleep(1.2)  # latte publishes its counters once a second
                         decomposed.append(per_request(before, latte_counters(server.metrics_url, names["latte"])))
-    limit, limit_batch = in_process_limit(source, example, samples, setting.max_batch_size)
+    limit, limit_batch = in_process_limit(source, example, samples, setting.max_batch_size,
+                                          device="cuda" if args.kind == "KIND_GPU" else "cpu")
 
     def summary(role, level, field):
         return median([getattr(p, field) for p in points[role][level]])
 
-    result = {"model": name, "started": started, "load_average_at_start": load_at_start, "slo_ms": setting.slo_ms, "levels": levels,
+    result = {"model": name, "runtime": args.runtime, "kind": args.kind, "started": started, "load_average_at_start": load_at_start, "slo_ms": setting.slo_ms, "levels": levels,
               "rounds": args.rounds,
               "in_process_limit": limit, "in_process_batch": limit_batch,
               "points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
@@ -367,6 +391,16 @@ def print_results(results: List[dict]) -> None:
                   f"{d['model']:>6.1f} {d['respond']:>8.1f} {d['latte_wall']:>10.1f} {d['echo_wall']:>10.1f}")
 
 
+def variant_suffix(r: dict) -> str:
+    """'' for the default (ONNX on CPU instances), else '-torchscript-gpu' and the like."""
+    runtime, kind = r.get("runtime", "onnx"), r.get("kind", "KIND_CPU")
+    return "" if (runtime, kind) == ("onnx", "KIND_CPU") else f"-{runtime}-{kind.split('_')[1].lower()}"
+
+
+def variant_label(r: dict) -> str:
+    return f" ({r['runtime']}, {r['kind']})" if variant_suffix(r) else ""
+
+
 # What latte is held to against the stock loop, per model (the rest: never slower).
 TARGET_RATIO = {"ranker": 6.0, "sequence": 1.2}
 TARGET_SHARE = 0.80
@@ -428,7 +462,7 @@ def summarize(r: dict) -> dict:
                 Table(f"CPU per request at concurrency {top} (µs, medians of the rounds; stock / latte "
                       f"{r['cpu_ratios'][top]['median']:.2f}x):", ["contender", "tritonserver", "stub",
                                                                    "perf_analyzer", "total"], cpu_rows)],
-        charts=[Chart(f"serving-{model}", f"{model}: throughput against P99", "P99 latency (ms)", "infer/s", curves,
+        charts=[Chart(f"serving-{model}{variant_suffix(r)}", f"{model}{variant_label(r)}: throughput against P99", "P99 latency (ms)", "infer/s", curves,
                       x_line=slo, x_line_label=f"SLO {slo:.0f} ms")] if len(levels) > 1 else [])
 
 
@@ -454,6 +488,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results",
                         help="where serving-<model>.json, the page's input, goes (default: %(default)s)")
+    parser.add_argument("--runtime", choices=("onnx", "torchscript"), default="onnx",
+                        help="the model file latte and the stock model serve (default: %(default)s)")
+    parser.add_argument("--kind", choices=("KIND_CPU", "KIND_GPU"), default="KIND_CPU",
+                        help="latte's and the stock model's instances; KIND_GPU needs --runtime torchscript "
+                             "(default: %(default)s)")
     parser.add_argument("--backend-config", action="append", default=[], metavar="BACKEND,KEY=VALUE",
                         help="passed to tritonserver as --backend-config, e.g. python,shm-default-byte-size=16777216 "
                              "(repeatable; applies to every contender)")
@@ -463,12 +502,16 @@ def main(argv=None) -> int:
     if unknown or args.rounds < 1:
         parser.error(f"unknown model(s) {unknown}; choose from {', '.join(SETTINGS)}" if unknown
                      else "--rounds must be >= 1")
+    if args.kind == "KIND_GPU" and args.runtime != "torchscript":
+        parser.error("--kind KIND_GPU serves TorchScript: add --runtime torchscript (onnxruntime runs on the CPU here)")
     command = command_line("benchmarks/serving.py", argv)
     results = run_each(models, run_model, args, "latte-serving-")
     print_results(results)
     for r in results:
-        record = new_results(f"serving-{r['model']}", "serving", f"Serving {r['model']}: latte against the stock "
-                             "Python backend", command, r["load_average_at_start"], HERE, r["started"])
+        # The default (ONNX on CPU instances) keeps its plain name; other settings are their own results.
+        record = new_results(f"serving-{r['model']}{variant_suffix(r)}", "gpu" if args.kind == "KIND_GPU" else "serving",
+                             f"Serving {r['model']}{variant_label(r)}: latte against the stock Python backend",
+                             command, r["load_average_at_start"], HERE, r["started"])
         for key, value in summarize(r).items():
             setattr(record, key, value)
         record.figures = r
