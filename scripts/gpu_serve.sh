@@ -33,7 +33,8 @@ if [ ! -x "$venv/bin/python" ]; then
   machine_site="$("$python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")"
   echo "$machine_site" > "$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/machine-site.pth"
 fi
-"$venv/bin/python" -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl .whl-stub/*.whl .whl-triton/*.whl
+"$venv/bin/python" -m pip install -q --no-index --no-deps --no-cache-dir --ignore-installed \
+  .whl/*.whl .whl-stub/*.whl .whl-triton/*.whl
 # Built over the machine's torch and build tools (read through the .pth file); with CUDA where
 # the machine has it.
 "$venv/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
