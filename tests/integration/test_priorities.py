@@ -22,8 +22,9 @@ from priority_probe import PRIORITY_PROBE_LENGTHS, PRIORITY_PROBES, priority_pro
 
 LOW, HIGH = 0, 9
 PRIORITIES = (LOW,) * 6 + (HIGH,) * 2   # the high ones are sent last
-ATTEMPTS = 3          # a burst split over two execute calls, or seen all at once, is sent again
+ATTEMPTS = 6          # a burst split over two execute calls, or seen all at once, is sent again
 CLUSTER_S = 0.025     # answers one by one are spread over 8 model calls, ~100 ms
+TOGETHER_MS = 2.0     # answers this close arrived together: the client's own scheduling orders them
 
 
 def full_calls(server, model: str) -> int:
@@ -137,9 +138,9 @@ def test_high_priority_requests_of_one_call_are_answered_first(server, protocol,
         pytest.fail(f"no burst of {len(feeds)} requests was answered one by one within one execute call "
                     f"(None: all answers at once, as if held until the call ended): {seen}")
 
-    priorities = [priority for priority, _ in arrival]
-    last_high = len(priorities) - 1 - priorities[::-1].index(HIGH)
-    lows_before_last_high = priorities[:last_high].count(LOW)
+    last_high_ms = max(ms for priority, ms in arrival if priority == HIGH)
+    lows_before_last_high = sum(1 for priority, ms in arrival if priority == LOW and ms < last_high_ms - TOGETHER_MS)
     # In priority order both high ones come first; with two lanes, or a hiccup on a busy
-    # machine, a low one or two may finish next to them. In arrival order six lows come first.
+    # machine, a low one or two may finish next to them. In arrival order six lows come first,
+    # a model call (~10 ms) apart.
     assert lows_before_last_high <= 2, f"answers arrived (priority_level, ms) as {arrival}"

@@ -242,17 +242,30 @@ bool SchedulerCore::steal_into(std::size_t thief) {
 bool SchedulerCore::steal_more_urgent_than(std::size_t thief, int priority) {
   // A lane that is about to start work of `priority` takes a higher-priority group that waits
   // behind a busy lane instead: otherwise a lane runs its own low-priority requests while a
-  // high-priority one queues on another lane (a priority inversion across lanes). Lone
-  // requests too: priority outranks the warm state the victim has for them.
+  // high-priority one queues on another lane (a priority inversion across lanes). Moving a
+  // group loses the victim's warm state for it, so a lone cold request stays where it is warm
+  // unless the thief is warm for it too, or more urgent work than the thief's waits there.
+  const Lane& mine = lanes_[thief];
+  auto warm_here = [&](const std::string& key) {
+    return std::find(mine.recent_keys.begin(), mine.recent_keys.end(), key) != mine.recent_keys.end();
+  };
   MoreUrgent more_urgent;
   std::optional<std::size_t> victim;
   std::map<std::string, Group>::iterator chosen;
   for (std::size_t l = 0; l < lanes_.size(); ++l) {
     Lane& lane = lanes_[l];
     if (l == thief || !lane.busy) continue;
+    std::size_t waiting = 0;  // requests on this lane more urgent than the thief's own
+    for (const auto& [key, group] : lane.groups) {
+      for (const QueuedRequest& q : group.requests) {
+        if (q.request.priority <= priority) break;  // ordered most urgent first
+        ++waiting;
+      }
+    }
     for (auto g = lane.groups.begin(); g != lane.groups.end(); ++g) {
       const QueuedRequest& head = *g->second.requests.begin();
       if (head.request.priority <= priority) continue;
+      if (waiting < config_.steal_min_queued && !warm_here(g->first)) continue;
       if (!victim || more_urgent(head, *chosen->second.requests.begin())) {
         victim = l;
         chosen = g;
