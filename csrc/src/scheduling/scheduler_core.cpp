@@ -235,53 +235,8 @@ bool SchedulerCore::steal_into(std::size_t thief) {
     }
   }
   if (chosen == from.groups.end()) return false;
-  move_group(*victim, chosen, thief);
-  return true;
-}
-
-bool SchedulerCore::steal_more_urgent_than(std::size_t thief, int priority) {
-  // A lane that is about to start work of `priority` takes a higher-priority group that waits
-  // behind a busy lane instead: otherwise a lane runs its own low-priority requests while a
-  // high-priority one queues on another lane (a priority inversion across lanes). Moving a
-  // group loses the victim's warm state for it, so a lone cold request stays where it is warm
-  // unless the thief is warm for it too, or more urgent work than the thief's waits there.
-  const Lane& mine = lanes_[thief];
-  auto warm_here = [&](const std::string& key) {
-    return std::find(mine.recent_keys.begin(), mine.recent_keys.end(), key) != mine.recent_keys.end();
-  };
-  MoreUrgent more_urgent;
-  std::optional<std::size_t> victim;
-  std::map<std::string, Group>::iterator chosen;
-  for (std::size_t l = 0; l < lanes_.size(); ++l) {
-    Lane& lane = lanes_[l];
-    if (l == thief || !lane.busy) continue;
-    std::size_t waiting = 0;  // requests on this lane more urgent than the thief's own
-    for (const auto& [key, group] : lane.groups) {
-      for (const QueuedRequest& q : group.requests) {
-        if (q.request.priority <= priority) break;  // ordered most urgent first
-        ++waiting;
-      }
-    }
-    for (auto g = lane.groups.begin(); g != lane.groups.end(); ++g) {
-      const QueuedRequest& head = *g->second.requests.begin();
-      if (head.request.priority <= priority) continue;
-      if (waiting < config_.steal_min_queued && !warm_here(g->first)) continue;
-      if (!victim || more_urgent(head, *chosen->second.requests.begin())) {
-        victim = l;
-        chosen = g;
-      }
-    }
-  }
-  if (!victim) return false;
-  move_group(*victim, chosen, thief);
-  return true;
-}
-
-void SchedulerCore::move_group(std::size_t from_lane, std::map<std::string, Group>::iterator group,
-                               std::size_t thief) {
-  Lane& from = lanes_[from_lane];
-  const std::size_t moved = group->second.requests.size();
-  auto node = from.groups.extract(group);
+  const std::size_t moved = chosen->second.requests.size();
+  auto node = from.groups.extract(chosen);
   node.mapped().stolen = true;
   node.mapped().hold_until = -1;
   group_lane_[node.key()] = thief;
@@ -289,6 +244,7 @@ void SchedulerCore::move_group(std::size_t from_lane, std::map<std::string, Grou
   lanes_[thief].queued += moved;
   lanes_[thief].groups.insert(std::move(node));
   metrics_.on_steal();
+  return true;
 }
 
 std::size_t SchedulerCore::target_batch_size(const std::string& key, Nanos now) const {
@@ -397,11 +353,7 @@ Decision SchedulerCore::next_batch(std::size_t lane_index, Nanos now) {
   expire(now);
   Lane& lane = lanes_[lane_index];
   Decision decision;
-  if (lane.groups.empty()) {
-    if (!steal_into(lane_index)) return decision;
-  } else {
-    steal_more_urgent_than(lane_index, most_urgent_group(lane)->second.requests.begin()->request.priority);
-  }
+  if (lane.groups.empty() && !steal_into(lane_index)) return decision;
   auto group = most_urgent_group(lane);
   Nanos wake_at = 0;
   bool window_expired = false;

@@ -276,62 +276,9 @@ TEST_CASE("a thief takes higher-priority work first, even if it is warm on the v
   CHECK(!core.submit(make(4, "a", 2), 0));
   CHECK_EQ(core.lane_of("b"), 0u);
   CHECK_EQ(core.lane_of("a"), 0u);
-  run(core, 1, clock);  // lane 1 runs its own "c" first: the lone "a" is cold there
+  run(core, 1, clock);
   Decision stolen = core.next_batch(1, clock.now());
   CHECK_EQ(stolen.batch.affinity_key, std::string("a"));
-  (void)busy;
-}
-
-TEST_CASE("a lane takes a higher-priority group waiting behind a busy lane before its own lower one") {
-  VirtualClock clock;
-  SchedulerCore core(no_window(2));
-  CHECK(!core.submit(make(1, "a", 2), 0));
-  Decision busy = core.next_batch(0, 0);  // lane 0 runs "a" at priority 2: "a" is warm there
-  CHECK(!core.submit(make(2, "low", 0), 0));
-  CHECK_EQ(core.lane_of("low"), 1u);
-  CHECK(!core.submit(make(3, "a", 2), 0));  // two high ones queued behind lane 0's batch
-  CHECK(!core.submit(make(4, "a", 2), 0));
-  CHECK_EQ(core.lane_of("a"), 0u);
-  Decision next = core.next_batch(1, clock.now());
-  CHECK(next.kind == Decision::Kind::kRun);
-  CHECK_EQ(next.batch.affinity_key, std::string("a"));
-  CHECK(next.batch.stolen);
-  core.complete(next.batch, all_ok(next.batch), clock.now());
-  Decision then = core.next_batch(1, clock.now());
-  CHECK_EQ(then.batch.affinity_key, std::string("low"));
-  core.complete(then.batch, all_ok(then.batch), clock.now());
-  core.complete(busy.batch, all_ok(busy.batch), clock.now());
-  CHECK_EQ(core.queued(), 0u);
-}
-
-TEST_CASE("a lone high-priority request cold on the thief waits for its warm lane") {
-  VirtualClock clock;
-  SchedulerCore core(no_window(2));
-  CHECK(!core.submit(make(1, "a", 2), 0));
-  Decision busy = core.next_batch(0, 0);  // lane 0 runs "a": warm there, cold on lane 1
-  CHECK(!core.submit(make(2, "low", 0), 0));
-  CHECK(!core.submit(make(3, "a", 2), 0));
-  CHECK_EQ(core.lane_of("a"), 0u);
-  Decision next = core.next_batch(1, clock.now());
-  CHECK_EQ(next.batch.affinity_key, std::string("low"));
-  CHECK_EQ(core.metrics().steals, 0u);
-  core.complete(next.batch, all_ok(next.batch), clock.now());
-  core.complete(busy.batch, all_ok(busy.batch), clock.now());
-  Decision home = core.next_batch(0, clock.now());
-  CHECK_EQ(home.batch.affinity_key, std::string("a"));
-  CHECK(home.batch.affinity_hit);
-}
-
-TEST_CASE("work of equal priority stays on its warm lane") {
-  SchedulerCore core(no_window(2));
-  CHECK(!core.submit(make(1, "a", 1), 0));
-  Decision busy = core.next_batch(0, 0);
-  CHECK(!core.submit(make(2, "b", 1), 0));
-  CHECK_EQ(core.lane_of("b"), 1u);
-  CHECK(!core.submit(make(3, "a", 1), 0));
-  Decision next = core.next_batch(1, 0);
-  CHECK_EQ(next.batch.affinity_key, std::string("b"));
-  CHECK(!next.batch.stolen);
   (void)busy;
 }
 

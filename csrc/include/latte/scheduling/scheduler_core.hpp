@@ -106,8 +106,6 @@ class SchedulerCore {
   std::size_t place(const std::string& key, int priority) const;
   void expire(Nanos now);
   bool steal_into(std::size_t thief);
-  bool steal_more_urgent_than(std::size_t thief, int priority);
-  void move_group(std::size_t from_lane, std::map<std::string, Group>::iterator group, std::size_t thief);
   std::map<std::string, Group>::iterator most_urgent_group(Lane& lane);
   bool should_wait(const std::string& key, Group& group, const Lane& lane, Nanos now,
                    Nanos* wake_at, bool* window_expired);
