@@ -23,7 +23,7 @@ from priority_probe import PRIORITY_PROBE_LENGTHS, PRIORITY_PROBES, priority_pro
 LOW, HIGH = 0, 9
 PRIORITIES = (LOW,) * 6 + (HIGH,) * 2   # the high ones are sent last
 ATTEMPTS = 6          # a burst split over two execute calls, or seen all at once, is sent again
-CLUSTER_S = 0.025     # answers one by one are spread over 8 model calls, ~100 ms
+CLUSTER_S = 0.025     # answers one by one are spread over 8 model calls, ~100 ms on one lane
 TOGETHER_MS = 2.0     # answers this close arrived together: the client's own scheduling orders them
 
 
@@ -108,11 +108,11 @@ def send_burst(server, protocol: str, model: str, feeds):
     return answers
 
 
-def burst_outcome(answers):
+def burst_outcome(answers, lanes: int):
     """None when the client saw all answers at once (a busy machine can hold the client back
     while the server sends), else the order they arrived in as (priority_level, ms)."""
     seconds = sorted(a[1] for a in answers)
-    if seconds[-1] - seconds[0] < CLUSTER_S:
+    if seconds[-1] - seconds[0] < CLUSTER_S / lanes:  # lanes run the model calls side by side
         return None
     return [(priority, round(s * 1000, 1)) for priority, s, _ in sorted(answers, key=lambda a: a[1])]
 
@@ -130,7 +130,7 @@ def test_high_priority_requests_of_one_call_are_answered_first(server, protocol,
         for (_, _, y), x in zip(answers, feeds):
             np.testing.assert_allclose(y, priority_probe_reference(x), rtol=1e-4, atol=1e-5)
         one_call = wait_for_full_calls(server, model, before + 1) == before + 1
-        arrival = burst_outcome(answers)
+        arrival = burst_outcome(answers, PRIORITY_PROBES[model])
         seen.append(arrival)
         if one_call and arrival is not None:
             break
@@ -140,7 +140,9 @@ def test_high_priority_requests_of_one_call_are_answered_first(server, protocol,
 
     last_high_ms = max(ms for priority, ms in arrival if priority == HIGH)
     lows_before_last_high = sum(1 for priority, ms in arrival if priority == LOW and ms < last_high_ms - TOGETHER_MS)
-    # In priority order both high ones come first; with two lanes, or a hiccup on a busy
-    # machine, a low one or two may finish next to them. In arrival order six lows come first,
-    # a model call (~10 ms) apart.
-    assert lows_before_last_high <= 2, f"answers arrived (priority_level, ms) as {arrival}"
+    # In priority order both high ones come first; a hiccup on a busy machine may let a low one
+    # or two finish next to them. With two lanes, the other lane runs its own low ones while the
+    # second high one waits behind the first (docs/scheduling.md, "Work stealing"): one more.
+    # In arrival order six lows come first, a model call (~10 ms) apart.
+    allowed = 2 + (PRIORITY_PROBES[model] - 1)
+    assert lows_before_last_high <= allowed, f"answers arrived (priority_level, ms) as {arrival}"
