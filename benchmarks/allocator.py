@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Table, Target, command_line, new_results, write_results
+from latte.bench.results import Table, Target, command_line, new_results, write_summary
 from latte.memory import BuddyArena
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,10 +228,7 @@ def main(argv=None) -> int:
     figures = {"python": py, "fast_path": fast, "trace": trace}
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
-    for key, value in summarize(py, fast, trace).items():
-        setattr(record, key, value)
-    record.figures = figures
-    print(f"wrote {write_results(record, args.results_dir)}")
+    print(f"wrote {write_summary(record, summarize(py, fast, trace), args.results_dir, figures)}")
     return 0
 
 

@@ -49,7 +49,7 @@ from latte.backend.config import parse_model_config
 from latte.backend.engine import BatchEngine
 from latte.backend.requests import ParsedRequest
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Table, Target, command_line, new_results, write_results
+from latte.bench.results import Table, Target, command_line, new_results, write_summary
 from latte.backend.runtimes import load_runtime
 from latte.backend.warmup import measure_cost_model, warmup_requests
 from latte.examples import EXAMPLES, export, model_context
@@ -303,10 +303,8 @@ def main(argv=None) -> int:
             "planning_us_per_execute": planning, "ratios": ratios,
             "cost_model": {n: engines[n].cost_model.describe() for n in ("cost", "cost-default")},
         }, indent=2) + "\n")
-    for key, value in summarize(per_round, shapes, planning, ratios, args.calls, rows, args.rounds).items():
-        setattr(record, key, value)
-    record.figures = {"rows_per_s": per_round, "ratios": ratios}
-    print(f"wrote {write_results(record, args.results_dir)}")
+    summary = summarize(per_round, shapes, planning, ratios, args.calls, rows, args.rounds)
+    print(f"wrote {write_summary(record, summary, args.results_dir, {'rows_per_s': per_round, 'ratios': ratios})}")
     return 0
 
 

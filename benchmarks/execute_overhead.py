@@ -152,7 +152,7 @@ def count_instructions(sizes, argv=None) -> int:
             raise RuntimeError(f"valgrind printed no instruction count: {done.stderr[-500:]}")
         return int(match.group(1))
 
-    from latte.bench.results import Table, command_line, new_results, write_results
+    from latte.bench.results import Table, command_line, new_results, write_summary
 
     record = new_results("execute-overhead", "serving", "latte's own cost per execute call, in instructions",
                          command_line("benchmarks/execute_overhead.py", argv), os.getloadavg()[0],
@@ -167,12 +167,13 @@ def count_instructions(sizes, argv=None) -> int:
               f"{per_call['latte'] / per_call['floor']:>11.2f}x", flush=True)
         rows.append([str(n), f"{per_call['latte']:,.0f}", f"{per_call['floor']:,.0f}",
                      f"{per_call['latte'] - per_call['floor']:,.0f}", f"{per_call['latte'] / per_call['floor']:.2f}x"])
-    record.summary = ("Instructions one `execute` call of the ONNX Identity model executes, in process with stand-in "
-                      "stub objects, counted under valgrind's callgrind (two loads differenced): latte against the "
-                      "least any batching backend can do with the same objects (the floor). A count the machine's "
-                      "load does not move.")
-    record.tables = [Table("", ["requests a call", "latte", "floor", "latte's own", "latte / floor"], rows)]
-    print(f"wrote {write_results(record, Path(__file__).resolve().parent / 'results')}")
+    summary = ("Instructions one `execute` call of the ONNX Identity model executes, in process with stand-in "
+               "stub objects, counted under valgrind's callgrind (two loads differenced): latte against the "
+               "least any batching backend can do with the same objects (the floor). A count the machine's "
+               "load does not move.")
+    tables = [Table("", ["requests a call", "latte", "floor", "latte's own", "latte / floor"], rows)]
+    written = write_summary(record, dict(summary=summary, tables=tables), Path(__file__).resolve().parent / "results")
+    print(f"wrote {written}")
     return 0
 
 

@@ -54,7 +54,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_results
+from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary
 
 CASES = ["sequence:10", "sequence:30", "ranker:100"]
 # Closed-loop requests in flight: doubling from the first to the last, until P99 passes the SLO.
@@ -440,10 +440,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         row = rows[-1]
         record.benchmark = f"generator-{row['model']}-{row['slo_ms']:g}"
         record.title = f"Generator: {row['model']} at P99 ≤ {row['slo_ms']:g} ms against Model Analyzer"
-        for key, value in summarize(row).items():
-            setattr(record, key, value)
-        record.figures = row
-        print(f"wrote {write_results(record, args.results_dir)}", flush=True)
+        print(f"wrote {write_summary(record, summarize(row), args.results_dir, row)}", flush=True)
     (work / "results.json").write_text(json.dumps(rows, indent=2))
     print_table(rows)
     return 0

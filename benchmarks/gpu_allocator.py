@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from latte.bench.results import Chart, Series, Table, Target, new_results, write_results
+from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary
 
 CONTENDERS = ("caching", "expandable", "arena", "mempool")
 MODELS = ("sequence", "encoder")
@@ -300,8 +300,8 @@ def main() -> int:
             parser.error(f"unknown model or contender {name!r}; models: {', '.join(MODELS)}; "
                          f"contenders: {', '.join(CONTENDERS)}")
     record = new_results("gpu-allocator", "gpu", "GPU: PyTorch with latte's arena against the caching allocator, "
-                         "variable shapes", "PYTHONPATH=build/gpu-site python3 benchmarks/gpu_allocator.py "
-                         + " ".join(a for a in sys.argv[1:]), os.getloadavg()[0], HERE)
+                         "variable shapes", command_line("benchmarks/gpu_allocator.py", None, python="PYTHONPATH=build/gpu-site python3"),
+                         os.getloadavg()[0], HERE)
     print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.2f}, {platform.node()}; {args.steps} steps per contender", flush=True)
     results = []
@@ -327,9 +327,8 @@ def main() -> int:
         print(f"\n{model}:")
         print("\n".join(table(results, model)), flush=True)
     record.machine += f", {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    for key, value in summarize(results, torch.cuda.get_device_name(0), args.steps).items():
-        setattr(record, key, value)
-    print(f"wrote {write_results(record, args.results_dir)}")
+    summary = summarize(results, torch.cuda.get_device_name(0), args.steps)
+    print(f"wrote {write_summary(record, summary, args.results_dir)}")
     return 0
 
 

@@ -77,7 +77,7 @@ from typing import Callable, Optional  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from latte.bench.results import Table, Target, new_results, write_results  # noqa: E402
+from latte.bench.results import Table, Target, command_line, new_results, write_summary  # noqa: E402
 from latte.scheduling import AffinityScheduler  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -599,7 +599,7 @@ def main() -> int:
           f"load avg now " + " ".join(f"{x:.2f}" for x in os.getloadavg()) + ")")
 
     record = new_results("lanes-cores", "scheduler", f"Pinned lanes against inline workers on {os.cpu_count()} cores",
-                         "PYTHONPATH=build/gpu-site python3 benchmarks/lanes_cores.py " + " ".join(sys.argv[1:]),
+                         command_line("benchmarks/lanes_cores.py", None, python="PYTHONPATH=build/gpu-site python3"),
                          load_at_start, HERE)
     rows = [[str(n), num(summary[str(n)]["inline"].get("throughput"), ",.0f"),
              num(summary[str(n)]["lanes"].get("throughput"), ",.0f"),
@@ -608,15 +608,16 @@ def main() -> int:
              f"{num(summary[str(n)]['inline'].get('p99_ms'))} ms", f"{num(summary[str(n)]['lanes'].get('p99_ms'))} ms",
              times(summary[str(n)]["ratio"]["model_us_per_request"])] for n in runnable]
     best = max((summary[str(n)]["ratio"]["throughput"] for n in runnable), default=float("nan"))
-    record.summary = (f"Two models, {len(keys)} affinity keys, a closed loop per core, one intra-op thread per lane or "
-                      f"worker, {args.rounds} interleaved rounds, medians; ratios are medians of per-round ratios.")
-    record.targets = [Target("pinned lanes ≥ 1.3x inline workers at the same P99 on a mixed load",
-                             ", ".join(f"{times(summary[str(n)]['ratio']['throughput'])} ({n} lanes)" for n in runnable),
-                             "yes" if best >= 1.3 else "no",
-                             why="on CPU a warm cache buys little against the model's own time")]
-    record.tables = [Table("", ["N", "inline req/s", "lanes req/s", "lanes / inline (per round)", "P99 inline",
-                                "P99 lanes", "model µs a request, lanes / inline"], rows)]
-    print(f"wrote {write_results(record, args.results_dir)}")
+    page = dict(
+        summary=(f"Two models, {len(keys)} affinity keys, a closed loop per core, one intra-op thread per lane or "
+                 f"worker, {args.rounds} interleaved rounds, medians; ratios are medians of per-round ratios."),
+        targets=[Target("pinned lanes ≥ 1.3x inline workers at the same P99 on a mixed load",
+                        ", ".join(f"{times(summary[str(n)]['ratio']['throughput'])} ({n} lanes)" for n in runnable),
+                        "yes" if best >= 1.3 else "no",
+                        why="on CPU a warm cache buys little against the model's own time")],
+        tables=[Table("", ["N", "inline req/s", "lanes req/s", "lanes / inline (per round)", "P99 inline",
+                           "P99 lanes", "model µs a request, lanes / inline"], rows)])
+    print(f"wrote {write_summary(record, page, args.results_dir)}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from latte.bench.lengths import LengthDistribution
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Table, Target, command_line, machine_description, new_results, write_results
+from latte.bench.results import Table, Target, command_line, machine_description, new_results, write_summary
 from latte.bench.overload import (IDLE, LATTE_QUEUE, TRITON_QUEUE, OverloadSettings, QueueFloodSettings, run_overload,
                                   run_queue_flood, write_overload_repository, write_queue_flood_repository)
 from latte.bench.target import start_or_attach
@@ -86,10 +86,7 @@ def summarize_queues(results: dict, variants, args) -> dict:
 
 def record(benchmark: str, title: str, load: float, summary: dict, figures: dict, directory: Path) -> None:
     results = new_results(benchmark, "overload", title, command_line("benchmarks/overload.py", None), load, HERE)
-    for key, value in summary.items():
-        setattr(results, key, value)
-    results.figures = figures
-    print(f"wrote {write_results(results, directory)}")
+    print(f"wrote {write_summary(results, summary, directory, figures)}")
 
 
 def main() -> int:

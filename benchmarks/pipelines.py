@@ -46,7 +46,7 @@ from google.protobuf import text_format
 from latte.bench import cpu
 from latte.bench.prometheus_scrape import scrape, split_key
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_results
+from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary
 from latte.bench.triton_stats import fetch_stats
 from latte.examples.pipeline import PIPELINES, InProcess, side_by_side
 from latte.generator.validate import parse_config_file
@@ -54,7 +54,7 @@ from latte.triton import TritonServer
 from latte.triton.perf import write_input_data
 
 # benchmarks/serving.py: one level measured, a stable median, each of a run's parts in one folder
-from serving import measure, median, run_each
+from serving import measure, median, p99_throughput_curve, run_each
 
 HERE = Path(__file__).resolve().parent
 SLO_MS = 50.0
@@ -294,9 +294,7 @@ def summarize(results: List[dict]) -> dict:
                     x_label="P99 latency (ms)", y_label="infer/s",
                     series=[Series({"fused": "fused (latte)", "ensemble": "Triton ensemble",
                                     "stock": "stock Python, steps by hand"}[role],
-                                   [(round(median([p["p99_ms"] for p in r["points"][role][str(level)]]), 3),
-                                     round(median([p["throughput"] for p in r["points"][role][str(level)]]), 1))
-                                    for level in levels]) for role in ROLES],
+                                   p99_throughput_curve(r["points"][role], levels)) for role in ROLES],
                     x_line=r["slo_ms"], x_line_label=f"SLO {r['slo_ms']:.0f} ms") for r in results]
     return dict(
         summary=(f"Pipelines {names}: each served four ways in one tritonserver (fused by `latte generate`; "
@@ -338,10 +336,7 @@ def main(argv=None) -> int:
     results = run_each(names, run_pipeline, args, "latte-pipelines-")
     print_results(results)
     started.load_at_start = round(max(r["load_average_at_start"] for r in results), 2)
-    for key, value in summarize(results).items():
-        setattr(started, key, value)
-    started.figures = {"runs": results}
-    print(f"wrote {write_results(started, args.results_dir)}")
+    print(f"wrote {write_summary(started, summarize(results), args.results_dir, {'runs': results})}")
     return 0
 
 

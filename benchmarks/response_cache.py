@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Table, Target, command_line, machine_description, new_results, write_results
+from latte.bench.results import Table, Target, command_line, machine_description, new_results, write_summary
 from latte.examples import CATALOG, build_examples, model_context
 from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
@@ -163,10 +163,7 @@ def main(argv=None) -> int:
     path = out / f"{args.model}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
-    for key, value in summarize(result).items():
-        setattr(record, key, value)
-    record.figures = result
-    print(f"wrote {write_results(record, args.results_dir)}")
+    print(f"wrote {write_summary(record, summarize(result), args.results_dir, result)}")
     return 0
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Table, Target, command_line, new_results, write_results
+from latte.bench.results import Table, Target, command_line, new_results, write_summary
 from latte.scheduling import AffinityScheduler
 
 BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128)  # sequence lengths, Zipf-popular from the left
@@ -520,22 +520,22 @@ def main(argv=None) -> int:
                   f"{np.mean([m['timeout_flush_share'] for m in latte_metrics])*100:.1f}%")
         print("replay lag P99 (ms): " + ", ".join(
             f"{p} {r['replay_lag_p99']*1e3:.1f}" for p, r in results.items()))
-    record.summary = (f"A TorchScript encoder compiled per shape bucket (Zipf popularity), 25 % of requests continuing "
-                      f"a session, 20 % high priority (P99 SLO {SLO_S[1]*1e3:.0f} ms), the rest low "
-                      f"({SLO_S[0]*1e3:.0f} ms); open-loop arrivals replayed identically for each policy, {len(lanes)} "
-                      f"lanes pinned to cores, {args.rounds} interleaved rounds of {d:.0f} s per scenario, capacity "
-                      "measured before each round. Goodput: requests completed within their SLO per second.")
-    record.tables = tables
+    summary = (f"A TorchScript encoder compiled per shape bucket (Zipf popularity), 25 % of requests continuing "
+               f"a session, 20 % high priority (P99 SLO {SLO_S[1]*1e3:.0f} ms), the rest low "
+               f"({SLO_S[0]*1e3:.0f} ms); open-loop arrivals replayed identically for each policy, {len(lanes)} "
+               f"lanes pinned to cores, {args.rounds} interleaved rounds of {d:.0f} s per scenario, capacity "
+               "measured before each round. Goodput: requests completed within their SLO per second.")
+    page = dict(summary=summary, tables=tables, targets=[])
     if ratios_by_scenario:
         met = [r >= 1.5 for r in ratios_by_scenario.values()]
-        record.targets.append(Target("≥ 1.5x goodput under SLO against FIFO + a fixed window",
-                                     ", ".join(f"{n} {r:.2f}x" for n, r in ratios_by_scenario.items()),
-                                     "yes" if all(met) else ("partly" if any(met) else "no"),
-                                     why="steady load leaves FIFO's queue short: little to gain but locality"))
+        page["targets"].append(Target("≥ 1.5x goodput under SLO against FIFO + a fixed window",
+                                      ", ".join(f"{n} {r:.2f}x" for n, r in ratios_by_scenario.items()),
+                                      "yes" if all(met) else ("partly" if any(met) else "no"),
+                                      why="steady load leaves FIFO's queue short: little to gain but locality"))
     if step_high is not None:
-        record.targets.append(Target(f"high-priority P99 within its {SLO_S[1]*1e3:.0f} ms SLO during the overload step",
-                                     f"{step_high*1e3:.1f} ms", "yes" if step_high <= SLO_S[1] else "no"))
-    print(f"wrote {write_results(record, args.results_dir)}")
+        page["targets"].append(Target(f"high-priority P99 within its {SLO_S[1]*1e3:.0f} ms SLO during the overload step",
+                                      f"{step_high*1e3:.1f} ms", "yes" if step_high <= SLO_S[1] else "no"))
+    print(f"wrote {write_summary(record, page, args.results_dir)}")
     return 0
 
 

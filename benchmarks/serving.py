@@ -57,7 +57,7 @@ from latte.bench import cpu
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, utc_now, write_results
+from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, utc_now, write_summary
 from latte.examples import (CATALOG, FORMATS, STOCK_PYTHON_MODEL, Example, ExampleTensor, build_examples,
                             model_context)
 from latte.generator.calibrate import write_identity_onnx
@@ -247,6 +247,12 @@ def per_request(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, 
 def median(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
+
+
+def p99_throughput_curve(points_by_level: dict, levels) -> list:
+    """(P99 ms, infer/s) at each level, medians of the rounds: the curve the page draws."""
+    return [(round(median([p["p99_ms"] for p in points_by_level[str(level)]]), 3),
+             round(median([p["throughput"] for p in points_by_level[str(level)]]), 1)) for level in levels]
 
 
 def run_model(name: str, args, work: Path) -> dict:
@@ -447,9 +453,8 @@ def summarize(r: dict) -> dict:
             ["H = 1 / (1/echo + 1/in-process)", f"{r['python_backend_limit']:,.0f}", "", "", ""]]
     cpu_rows = [[role] + [f"{r['cpu_us_median'][role][top][k]:.0f}" for k in ("server", "stub", "client", "total")]
                 for role in ("latte", "stock")]
-    curves = [Series(label, [(round(median([p["p99_ms"] for p in r["points"][role][str(level)]]), 3),
-                              round(median([p["throughput"] for p in r["points"][role][str(level)]]), 1))
-                             for level in levels]) for role, label in (("latte", "latte"), ("stock", stock_label))]
+    curves = [Series(label, p99_throughput_curve(r["points"][role], levels))
+              for role, label in (("latte", "latte"), ("stock", stock_label))]
     return dict(
         summary=(f"`{model}`: latte / {stock_label} **{ratio}** at the best level with P99 ≤ {slo:.0f} ms (median "
                  f"of round ratios at concurrency {top}: {r['round_ratio_median']:.2f}x); latte at {share:.0%} of "
@@ -512,10 +517,7 @@ def main(argv=None) -> int:
         record = new_results(f"serving-{r['model']}{variant_suffix(r)}", "gpu" if args.kind == "KIND_GPU" else "serving",
                              f"Serving {r['model']}{variant_label(r)}: latte against the stock Python backend",
                              command, r["load_average_at_start"], HERE, r["started"])
-        for key, value in summarize(r).items():
-            setattr(record, key, value)
-        record.figures = r
-        print(f"wrote {write_results(record, args.results_dir)}")
+        print(f"wrote {write_summary(record, summarize(r), args.results_dir, r)}")
     return 0
 
 

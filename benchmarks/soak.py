@@ -25,7 +25,7 @@ from pathlib import Path
 
 from latte.bench.lengths import LengthDistribution
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Chart, Series, Table, Target, command_line, machine_description, new_results, write_results
+from latte.bench.results import Chart, Series, Table, Target, command_line, machine_description, new_results, write_summary
 from latte.bench.soak import LONG_TARGETS, SoakSettings, check_ratios, describe_targets, format_ratios, run_soak
 from latte.bench.target import start_or_attach
 from latte.examples import build_examples
@@ -126,9 +126,7 @@ def main(argv=None) -> int:
     print(f"targets ({describe_targets(LONG_TARGETS)}): "
           + ("met" if not failures else "NOT met: " + "; ".join(failures)))
     print(f"windows: {path}")
-    for key, value in summarize(result).items():
-        setattr(record, key, value)
-    print(f"summary: {write_results(record, args.results_dir)}")
+    print(f"summary: {write_summary(record, summarize(result), args.results_dir)}")
     return 0 if not failures else 1
 
 

@@ -151,3 +151,25 @@ def test_each_command_on_the_page_names_a_script_and_flags_it_has(script, flags)
     shown = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr[-2000:]
     assert not [f for f in flags if f not in shown.stdout], shown.stdout
+
+
+def test_a_recorded_command_leaves_out_where_the_run_wrote_its_figures():
+    from latte.bench.results import command_line
+
+    assert command_line("benchmarks/serving.py", ["--model", "ranker", "--out", "/tmp/x.json", "--results-dir=/tmp/r",
+                                                  "--rounds", "3"]) == \
+        ".venv/bin/python benchmarks/serving.py --model ranker --rounds 3"
+    assert command_line("benchmarks/lanes_cores.py", ["--json", "build/gpu/lanes.json", "--lanes", "2,4"],
+                        python="PYTHONPATH=build/gpu-site python3") == \
+        "PYTHONPATH=build/gpu-site python3 benchmarks/lanes_cores.py --lanes 2,4"
+
+
+def test_a_summary_fills_the_results_and_an_unknown_field_is_refused(tmp_path):
+    from latte.bench.results import write_summary
+
+    path = write_summary(example(targets=[]), {"summary": "one run", "targets": [Target("t", "1x", "yes")]}, tmp_path,
+                         {"raw": 1})
+    written = read_results(path)
+    assert (written.summary, written.targets[0].target, written.figures) == ("one run", "t", {"raw": 1})
+    with pytest.raises(TypeError, match="speed"):
+        write_summary(example(), {"speed": "fast"}, tmp_path)

@@ -9,16 +9,18 @@ earlier runs live in git.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import math
 import platform
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from latte.backend.config import cpu_model, usable_cores
 
@@ -132,6 +134,12 @@ def new_results(benchmark: str, area: str, title: str, command: str, load_at_sta
                    date=date or utc_now(), revision=git_revision(where))
 
 
+def write_summary(results: Results, summary: Mapping, directory: Path, figures: Optional[dict] = None) -> Path:
+    """`results` completed with what a benchmark made of its run (a mapping of `summary`,
+    `targets`, `tables`, `charts`, `notes`) and its raw figures, written to `directory`."""
+    return write_results(dataclasses.replace(results, **summary, figures=figures), directory)
+
+
 def write_results(results: Results, directory: Path) -> Path:
     check(results, f"{results.benchmark}.json")
     directory.mkdir(parents=True, exist_ok=True)
@@ -200,12 +208,10 @@ def by_area(results: Sequence[Results]) -> Dict[str, List[Results]]:
     return grouped
 
 
-def command_line(script: str, argv: Optional[Sequence[str]]) -> str:
-    """How to run it again, as a reader would type it from the repository root: the run's
-    arguments less where it wrote its figures (`--out`, `--json`, `--results-dir`: paths that need not exist
-    elsewhere)."""
-    import shlex
-
+def command_line(script: str, argv: Optional[Sequence[str]], python: str = ".venv/bin/python") -> str:
+    """How to run it again, as a reader would type it from the repository root (with `python`):
+    the run's arguments less where it wrote its figures (`--out`, `--json`, `--results-dir`:
+    paths that need not exist elsewhere)."""
     args, kept = list(sys.argv[1:] if argv is None else argv), []
     while args:
         arg = args.pop(0)
@@ -213,4 +219,4 @@ def command_line(script: str, argv: Optional[Sequence[str]]) -> str:
             args = args[1:]
         elif arg.split("=")[0] not in RAW_OUTPUT_OPTIONS:
             kept.append(arg)
-    return " ".join([".venv/bin/python", script, *(shlex.quote(a) for a in kept)])
+    return " ".join([python, script, *(shlex.quote(a) for a in kept)])
