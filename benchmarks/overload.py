@@ -49,7 +49,8 @@ def summarize_step(result: dict, args) -> dict:
     memory = result["memory_return"]
     return dict(
         summary=(f"Capacity measured first ({result['capacity_rps']} req/s), then a step to {args.overload:g}x for "
-                 f"{args.step_s:g} s, two priority classes, `{args.model}` on one instance."),
+                 f"{args.step_s:g} s, two priority classes, `{args.model}` on one instance. One run: the step is "
+                 "the measurement, with no contender to interleave."),
         targets=[Target("every request answered exactly once", f"{whole['sent']:,} sent, {whole['answered']:,} answered",
                         "yes" if whole["every_request_answered_once"] else "no"),
                  Target(f"high-priority P99 ≤ {args.high_slo_ms:g} ms during a {args.overload:g}x step",
