@@ -74,31 +74,21 @@ def test_the_fused_text_pipeline_answers_as_its_ensemble_and_its_steps_do(pipeli
         assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
-def test_the_fused_image_pipeline_answers_as_its_ensemble_on_image_bytes(pipelines):
+@pytest.mark.parametrize("pipeline,tensor,outputs,seed", [
+    ("image", "IMAGE", ("CLASSES", "PROBS"), 9),                # image bytes in
+    ("branching", "TEXT", ("EMBEDDING", "NORM", "TOPICS"), 10),  # both heads of one encoder
+])
+def test_a_fused_pipeline_answers_as_its_ensemble_bit_for_bit(pipelines, pipeline, tensor, outputs, seed):
     import tritonclient.grpc as grpcclient
 
     from latte.examples.pipeline import PIPELINES
 
     server, _, _, names = pipelines
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    for request in PIPELINES["image"].requests(4, seed=9):
-        fused = infer(grpcclient, grpc, names["image"]["fused"], "IMAGE", request["IMAGE"])
-        ensemble = infer(grpcclient, grpc, names["image"]["ensemble"], "IMAGE", request["IMAGE"])
-        assert np.array_equal(fused.as_numpy("CLASSES"), ensemble.as_numpy("CLASSES"))
-        assert np.array_equal(fused.as_numpy("PROBS"), ensemble.as_numpy("PROBS"))
-
-
-def test_the_fused_branching_pipeline_answers_both_heads_as_its_ensemble(pipelines):
-    import tritonclient.grpc as grpcclient
-
-    from latte.examples.pipeline import PIPELINES
-
-    server, _, _, names = pipelines
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    for request in PIPELINES["branching"].requests(4, seed=10):
-        fused = infer(grpcclient, grpc, names["branching"]["fused"], "TEXT", request["TEXT"])
-        ensemble = infer(grpcclient, grpc, names["branching"]["ensemble"], "TEXT", request["TEXT"])
-        for output in ("EMBEDDING", "NORM", "TOPICS"):
+    for request in PIPELINES[pipeline].requests(4, seed=seed):
+        fused = infer(grpcclient, grpc, names[pipeline]["fused"], tensor, request[tensor])
+        ensemble = infer(grpcclient, grpc, names[pipeline]["ensemble"], tensor, request[tensor])
+        for output in outputs:
             assert np.array_equal(fused.as_numpy(output), ensemble.as_numpy(output)), output
 
 
