@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -59,9 +58,8 @@ from latte.bench.prometheus_scrape import scrape, total
 from latte.bench.quiet import wait_until_quiet
 from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, utc_now, write_summary
 from latte.examples import (CATALOG, FORMATS, STOCK_PYTHON_MODEL, Example, ExampleTensor, build_examples,
-                            model_context)
+                            write_served_copy)
 from latte.generator.calibrate import write_identity_onnx
-from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
 from latte.bench.triton_stats import fetch_stats
 from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
@@ -111,7 +109,7 @@ def model_file(example: Example, work: Path, runtime: str = "onnx") -> Path:
 
 
 def add_contenders(repo: Path, example: Example, source: Path, setting: Setting, ablations: Sequence[str] = (),
-                   runtime: str = "onnx", kind: str = "KIND_CPU") -> Dict[str, str]:
+                   kind: str = "KIND_CPU") -> Dict[str, str]:
     """latte, stock and echo copies of the model in `repo` (and latte's ablations); role -> model name.
     latte and stock run on `kind`'s instances; the echo, which computes nothing, on the CPU."""
     names = {}
@@ -120,22 +118,17 @@ def add_contenders(repo: Path, example: Example, source: Path, setting: Setting,
              ("echo", "python", HERE / "echo_python_model.py")]
     roles += [(f"latte_{label}", "latte", None) for label in ablations]
     for role, backend, script in roles:
-        context = model_context(example, runtime, source.name)
-        context.update(name=f"{example.name}_{role}", backend=backend, max_batch_size=setting.max_batch_size,
-                       dynamic_batching={"max_queue_delay_microseconds": setting.queue_delay_us},
-                       instance_groups=[{"count": 1, "kind": "KIND_CPU" if role == "echo" else kind}])
-        if backend == "python":
-            context["parameters"] = {}
-        if role.startswith("latte_"):
-            context["parameters"] = {**context["parameters"], **ABLATIONS[role[len("latte_"):]]}
+        config = dict(max_batch_size=setting.max_batch_size,
+                      dynamic_batching={"max_queue_delay_microseconds": setting.queue_delay_us},
+                      instance_groups=[{"count": 1, "kind": "KIND_CPU" if role == "echo" else kind}])
         if role == "echo":
             # The same request bytes, echoed: the first input comes back as the output.
-            first = context["inputs"][0]
-            context["outputs"] = [{"name": "ECHO", "data_type": first["data_type"], "dims": first["dims"]}]
-        model_dir = write_model(repo, context, {source.name: source})
-        if script:
-            shutil.copy(script, model_dir / "1" / "model.py")
-        names[role] = context["name"]
+            first = example.inputs[0]
+            config["outputs"] = [{"name": "ECHO", "data_type": first.data_type, "dims": list(first.dims)}]
+        names[role] = f"{example.name}_{role}"
+        write_served_copy(repo, example, source, names[role], backend, script=script,
+                          parameters=ABLATIONS.get(role[len("latte_"):]) if role.startswith("latte_") else None,
+                          **config)
     return names
 
 
@@ -265,7 +258,7 @@ def run_model(name: str, args, work: Path) -> dict:
     levels = [int(x) for x in (args.concurrency or setting.concurrency).split(",")]
     source = model_file(example, work, args.runtime)
     repo = work / f"{name}-repo"
-    names = add_contenders(repo, example, source, setting, args.ablation, args.runtime, args.kind)
+    names = add_contenders(repo, example, source, setting, args.ablation, args.kind)
     samples = samples_for(example, setting)
     data = write_input_data(work / f"{name}-inputs.json", samples)
     points: Dict[str, Dict[int, list]] = {role: {level: [] for level in levels} for role in names}

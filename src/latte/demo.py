@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Dict
@@ -91,22 +90,14 @@ def write_ranker_contenders(repo: Path, build: Path) -> Dict[str, str]:
     `repo`, from one ONNX file: with backend "latte", and with Triton's stock Python backend
     running it one request at a time, as its documentation shows. Same batch size, queue delay,
     one instance and one intra-op thread each. Returns role -> model name."""
-    from latte.examples import CATALOG, STOCK_PYTHON_MODEL, export, model_context
-    from latte.generator.model_folder import write_model
+    from latte.examples import CATALOG, export, write_served_copy
 
     example = CATALOG["ranker"]
     source = export(example, build)["onnx"]
-    names = {}
+    names = {"latte": "ranker_latte", "stock": "ranker_stock"}
     for role, backend in (("latte", "latte"), ("stock", "python")):
-        context = model_context(example, "onnx", source.name)
-        context.update(name=f"ranker_{role}", backend=backend,
-                       dynamic_batching={"max_queue_delay_microseconds": 2000})
-        if backend == "python":
-            context["parameters"] = {}
-        model_dir = write_model(repo, context, {source.name: source})
-        if backend == "python":
-            shutil.copy(STOCK_PYTHON_MODEL, model_dir / "1" / "model.py")
-        names[role] = context["name"]
+        write_served_copy(repo, example, source, names[role], backend,
+                          dynamic_batching={"max_queue_delay_microseconds": 2000})
     return names
 
 

@@ -7,10 +7,11 @@ each as TorchScript and ONNX, and renders a model repository with backend "latte
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -144,6 +145,25 @@ def model_context(example: Example, runtime: str, model_file: str) -> dict:
                if example.max_sequence_length else {}),
         },
     }
+
+
+def write_served_copy(repo: Path, example: Example, source: Path, name: str, backend: str,
+                      parameters: Optional[Mapping[str, str]] = None, script: Optional[Path] = None,
+                      **config) -> Path:
+    """`example`'s model file `source` in `repo` as NAME, served by latte (backend "latte", its
+    parameters updated with `parameters`) or by Triton's stock Python backend (backend "python",
+    `script` or STOCK_PYTHON_MODEL as its model.py, no parameters); `config` replaces fields of
+    its config (max_batch_size, dynamic_batching, instance_groups, outputs). Returns its folder."""
+    from latte.generator.model_folder import write_model
+
+    runtime = next(r for r, file in FORMATS.items() if file == source.name)
+    context = model_context(example, runtime, source.name)
+    context.update(name=name, backend=backend, **config)
+    context["parameters"] = {} if backend == "python" else {**context["parameters"], **(parameters or {})}
+    model_dir = write_model(repo, context, {source.name: source})
+    if backend == "python":
+        shutil.copy(script or STOCK_PYTHON_MODEL, model_dir / "1" / "model.py")
+    return model_dir
 
 
 def build_examples(repo: Path, names: List[str] = None) -> Path:
