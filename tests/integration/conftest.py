@@ -76,3 +76,22 @@ def clients(server):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def assert_same_output(got, want, shape, dtype, what) -> None:
+    """Two answers' arrays for one output (as tritonclient's as_numpy gives them): each there,
+    of `shape` and `dtype`, and equal bit for bit.
+
+    as_numpy gives None for an output its response lacks, and np.array_equal(None, None) is
+    True: without the first check, two answers missing the same output would pass as equal."""
+    for which, array in (("first", got), ("second", want)):
+        assert array is not None, f"{what}: missing from the {which} answer"
+        assert array.shape == tuple(shape) and array.dtype == np.dtype(dtype), (
+            f"{what}: the {which} answer is {array.dtype} {list(array.shape)}, expected {np.dtype(dtype)} {list(shape)}")
+    assert np.array_equal(got, want), what
+
+
+@pytest.fixture(scope="session")
+def same_output():
+    """assert_same_output, for the tests that compare served answers bit for bit."""
+    return assert_same_output
