@@ -227,3 +227,48 @@ def test_a_model_with_sessions_on_two_instances_validates_with_a_warning(repo, c
     err = capsys.readouterr().err
     assert ("warning: encoder: sessions (session_input) live in one model instance, but 2 instances share the "
             "requests") in err
+
+
+# Triton 2.51's batcher stall (docs/backend.md, Priorities; benchmarks/batcher_stall.py measures it).
+STALL_WARNING = "one instance with dynamic_batching priority_levels or a default_queue_policy limit stalls up to 500 ms"
+
+
+def rendered_priorities_config(priority_queue: str) -> str:
+    """What `latte generate` renders for a two-priority model with a 50 ms SLO on 2 cores."""
+    from latte.generator.derive import derive
+    from latte.generator.model_folder import render_model_config
+    from latte.generator.profile_data import Point, Profile
+
+    tensors = {"inputs": [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}],
+               "outputs": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}]}
+    points = [Point(b, None, 1.0, 1.0, 1.0, 1000 * b) for b in (1, 2, 4, 8)]
+    profile = Profile("echo.onnx", "onnx", "cpu", 1, tensors["inputs"], tensors["outputs"], points)
+    d = derive(profile, slo_ms=50, cores=2, priority_levels=2, priority_queue=priority_queue)
+    return render_model_config({"name": "rendered", "backend": "python", "max_batch_size": d.max_batch_size,
+                                **tensors, "dynamic_batching": d.dynamic_batching,
+                                "instance_groups": d.instance_groups(), "parameters": {}})
+
+
+def test_the_stall_warning_flags_one_instance_behind_priority_levels_and_not_the_rendered_configs():
+    from latte.generator.validate import batcher_stall, parse_config
+
+    hand_written = parse_config('name: "hand_written"\nbackend: "python"\nmax_batch_size: 8\n'
+                                "dynamic_batching { priority_levels: 2 default_priority_level: 2 }\n"
+                                "instance_group [ { count: 1 kind: KIND_CPU } ]\n")
+    assert STALL_WARNING in batcher_stall(hand_written)
+    in_tritons_queue = parse_config(rendered_priorities_config("triton"))
+    assert in_tritons_queue.dynamic_batching.priority_levels == 2   # the rendered config does use priorities
+    assert batcher_stall(in_tritons_queue) is None
+    in_lattes_queue = parse_config(rendered_priorities_config("latte"))
+    assert in_lattes_queue.dynamic_batching.priority_levels == 0    # Triton's queue holds no priorities
+    assert batcher_stall(in_lattes_queue) is None
+
+
+def test_cli_validate_warns_on_one_instance_behind_priority_levels(repo, capsys):
+    config = repo / "encoder" / "config.pbtxt"
+    config.write_text(config.read_text() + "dynamic_batching { priority_levels: 2 default_priority_level: 2 }\n")
+    assert main(["validate", str(repo)]) == 0
+    assert f"warning: encoder: {STALL_WARNING}" in capsys.readouterr().err
+    config.write_text(config.read_text() + "instance_group [ { count: 2, kind: KIND_CPU } ]\n")
+    assert main(["validate", str(repo)]) == 0
+    assert "warning" not in capsys.readouterr().err
