@@ -16,7 +16,7 @@ from latte.backend.config import ModelSpec
 from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
 from latte.backend.planning import CostModel
-from latte.backend.requests import ParsedRequest
+from latte.backend.requests import Columns, ParsedRequest
 from latte.backend.runtimes import Runtime
 from latte.backend.runtimes.base import as_declared
 from latte.backend.sessions import SessionStore
@@ -34,6 +34,12 @@ def failure_text(exc: BaseException) -> str:
     if len(first) > 300:
         first = first[:297] + "..."
     return type(exc).__name__ + (f": {first}" if first else "")
+
+
+def column_request(columns: Columns, i: int) -> ParsedRequest:
+    """Request i of a call read by input, as the general path reads it."""
+    length = columns.lengths[i] if columns.lengths is not None else None
+    return ParsedRequest({name: arrays[i] for name, arrays in columns.arrays.items()}, columns.rows[i], length=length)
 
 
 def model_failure(model: str, exc: BaseException) -> ModelError:
@@ -159,18 +165,42 @@ class BatchEngine:
         return assemble_columns(self.spec, columns, rows, lengths if lengths is not None else [None] * len(rows),
                                 self.buckets, self.allocate)
 
-    def run_columns(self, columns: Dict[str, List[np.ndarray]], rows: Sequence[int],
-                    lengths: Optional[Sequence[int]], plan: Sequence[Sequence[int]]) -> List[Dict[str, np.ndarray]]:
-        """Each request's outputs, in order, for a plain call read by input and planned by
-        plan_columns: each batch packed natively, run and cut back into views. Raises when a
-        batch fails; the general path then answers each request alone."""
-        results: List[Dict[str, np.ndarray]] = [None] * len(rows)  # type: ignore[list-item]
+    def run_columns(self, columns: Columns, plan: Sequence[Sequence[int]]) -> List[Result]:
+        """Each request's outcome, in order, for a plain call read by input and planned by
+        plan_columns: each batch packed natively, run and cut back into views. A batch that
+        fails is isolated as on the general path (its requests alone); the others are not run
+        again."""
+        results: List[Result] = [None] * len(columns.rows)  # type: ignore[list-item]
         for members in plan:
-            batch = self.columns_batch(columns, rows, lengths, members)
-            for i, outcome in zip(members, split(self.spec, batch, self.run(batch))):
+            for i, outcome in zip(members, self._run_members(columns, members)):
                 results[i] = outcome
-            del batch  # arena-backed buffers go back as soon as the call is over
         return results
+
+    def run_whole(self, columns: Columns) -> Tuple[Optional[Dict[str, np.ndarray]], Optional[List[Result]]]:
+        """A plain call that is one batch: (its outputs, None), or when the batch fails
+        (None, each request's outcome, run alone)."""
+        started = self.clock()
+        batch = None
+        try:
+            batch = self.columns_batch(columns.arrays, columns.rows, columns.lengths)
+            return self.run(batch, started), None
+        except Exception as exc:
+            return None, self._isolated(exc, batch, started, len(columns.rows),
+                                        lambda: [column_request(columns, i) for i in range(len(columns.rows))])
+        finally:
+            del batch  # arena-backed input buffers go back as soon as the call is over
+
+    def _run_members(self, columns: Columns, members: Sequence[int]) -> List[Result]:
+        started = self.clock()
+        batch = None
+        try:
+            batch = self.columns_batch(columns.arrays, columns.rows, columns.lengths, members)
+            return split(self.spec, batch, self.run(batch, started))
+        except Exception as exc:
+            return self._isolated(exc, batch, started, len(members),
+                                  lambda: [column_request(columns, i) for i in members])
+        finally:
+            del batch
 
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
               options: Optional[Sequence[Optional[RequestOptions]]] = None) -> List[Result]:
@@ -293,19 +323,24 @@ class BatchEngine:
         try:
             batch = assemble(self.spec, requests, self.buckets, self.allocate)
             return split(self.spec, batch, self.run(batch, started))
-        except MemoryError as exc:
-            # Not the model's fault and not the request's: the arena is full right now.
-            full = exc if isinstance(exc, OutOfMemory) else OutOfMemory(str(exc))
-            return [full] * len(requests)
         except Exception as exc:
-            if batch is not None:
-                self._record(batch, len(requests), started, failed=True)
-            if len(requests) == 1:
-                # A step of a graph that refuses what this request brought answers it as a bad request.
-                return [exc if isinstance(exc, RequestError) else model_failure(self.spec.signature.name, exc)]
-            return [result for request in requests for result in self._run_requests([request])]
+            return self._isolated(exc, batch, started, len(requests), lambda: requests)
         finally:
             del batch  # arena-backed input buffers go back as soon as the call is over
+
+    def _isolated(self, exc: Exception, batch: Optional[Batch], started: float, count: int,
+                  requests: Callable[[], Sequence[ParsedRequest]]) -> List[Result]:
+        """The outcomes of a batch of `count` requests that raised `exc`: a full arena fails
+        them all (not the model's fault, nor the requests'); otherwise the batch is recorded as
+        failed and each request runs alone, so only those the model fails on fail."""
+        if isinstance(exc, MemoryError):
+            return [exc if isinstance(exc, OutOfMemory) else OutOfMemory(str(exc))] * count
+        if batch is not None:
+            self._record_failed(batch, count, started)
+        if count == 1:
+            # A step of a graph that refuses what this request brought answers it as a bad request.
+            return [exc if isinstance(exc, RequestError) else model_failure(self.spec.signature.name, exc)]
+        return [result for request in requests() for result in self._run_requests([request])]
 
     def run(self, batch: Batch, started: Optional[float] = None) -> Dict[str, np.ndarray]:
         """The one batch runner: the batch through the model (the one place a batch meets its
@@ -326,10 +361,10 @@ class BatchEngine:
                                       model_seconds=ran - called))
         return outputs
 
-    def _record(self, batch, requests: int, started: float, failed: bool, model_seconds: float = 0.0) -> None:
+    def _record_failed(self, batch: Batch, requests: int, started: float) -> None:
         if self.on_batch is not None:
             self.on_batch(BatchRecord(rows=batch.rows, requests=requests, padded_length=batch.padded_length,
-                                      seconds=self.clock() - started, failed=failed, model_seconds=model_seconds))
+                                      seconds=self.clock() - started, failed=True))
 
     # -- sessions -------------------------------------------------------------------------
     def _with_session(self, request: ParsedRequest, opts: RequestOptions) -> ParsedRequest:

@@ -259,6 +259,7 @@ _STAGE_ENGINE = ("latte_execute_us_total", (("stage", "engine"),))
 _STAGE_RESPOND = ("latte_execute_us_total", (("stage", "respond"),))
 _MODEL_US = ("latte_model_duration_us_total", ())
 _BATCH_SIZE = ("latte_batch_size", ())
+_FAILED_BATCHES = ("latte_failed_batches_total", ())
 
 
 def _stages(requests: int, read_s: float, engine_s: float, respond_s: float) -> list:
@@ -266,10 +267,14 @@ def _stages(requests: int, read_s: float, engine_s: float, respond_s: float) -> 
             (_STAGE_ENGINE, engine_s * 1e6), (_STAGE_RESPOND, respond_s * 1e6)]
 
 
-def _batch(rows: int, seconds: float, increments: list, observations: list) -> None:
-    """One model call: its rows and its time inside the runtime."""
+def _batch(rows: int, seconds: float, failed: bool, increments: list, observations: list) -> None:
+    """One model call: its time inside the runtime, and its rows where it served them (a
+    failed batch's requests are answered by their retries alone or as failures)."""
     increments.append((_MODEL_US, seconds * 1e6))
-    observations.append((_BATCH_SIZE, rows, BATCH_BUCKETS, 1))
+    if failed:
+        increments.append((_FAILED_BATCHES, 1.0))
+    else:
+        observations.append((_BATCH_SIZE, rows, BATCH_BUCKETS, 1))
 
 
 class BackendMetrics:
@@ -294,14 +299,14 @@ class BackendMetrics:
         packing, model calls, splitting), building and sending responses."""
         self.aggregate.add_all(_stages(requests, read_s, engine_s, respond_s))
 
-    def batch(self, rows: int, seconds: float) -> None:
+    def batch(self, rows: int, seconds: float, failed: bool = False) -> None:
         increments, observations = [], []
-        _batch(rows, seconds, increments, observations)
+        _batch(rows, seconds, failed, increments, observations)
         self.aggregate.update(increments, observations)
 
     def call(self, requests: int, read_s: float, engine_s: float, respond_s: float,
              answered: Sequence[Tuple[Mapping[Tuple[str, int], int], float]],
-             batches: Sequence[Tuple[int, float]]) -> None:
+             batches: Sequence[Tuple[int, float, bool]]) -> None:
         """A whole execute call: its stages (as `execute`), each group of answered requests
         with its latency (as `requests`) and each batch (as `batch`); kept as it is and
         folded in when the figures are read."""
@@ -319,8 +324,8 @@ class BackendMetrics:
         observations = []
         for counts, seconds in answered:
             self._answered(counts, seconds, increments, observations)
-        for rows, seconds in batches:
-            _batch(rows, seconds, increments, observations)
+        for rows, seconds, failed in batches:
+            _batch(rows, seconds, failed, increments, observations)
         return increments, observations
 
     def _answered(self, counts, seconds: float, increments: list, observations: list) -> None:

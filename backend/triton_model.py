@@ -22,7 +22,7 @@ from latte.backend.precision import load_at_precision
 from latte.backend.requests import NO_PARAMETERS, ParsedRequest, RequestError, RequestReader
 from latte.backend.responses import EarlyAnswers, ResponseBuilder
 from latte.backend.sessions import SessionStore
-from latte.backend.warmup import measure_cost_model, warmup_requests, warmup_shapes
+from latte.backend.warmup import measure_cost_model, warmup_calls, warmup_shapes
 from latte.memory import BuddyArena
 
 
@@ -113,7 +113,7 @@ class LatteModel:
         # back to each request's own length (split does that).
         self._views = not signature.trimmed_outputs and not self.runtime.trims_outputs
         self.early = EarlyAnswers(serving.respond)
-        self._batches: List = []  # (rows, model seconds) of the running execute call's batches
+        self._batches: List = []  # (rows, model seconds, failed) of the running execute call's batches
         # Answers of async_execute wait here for the sender thread, highest priority_level first
         # (then in the order they finished): (-priority, sequence number, [(sender, outcome)]).
         self._outbox: "queue.PriorityQueue" = queue.PriorityQueue()
@@ -147,17 +147,18 @@ class LatteModel:
 
     def _warmup(self) -> int:
         samples = self.runtime.samples()
-        requests = warmup_requests(self.spec, samples)
-        for outcome in self.engine.infer(requests):
-            if isinstance(outcome, RequestError) and samples is None:
-                # Made-up values a model's first step cannot parse (text where it decodes images):
-                # nothing is wrong with the model, it starts cold.
-                self.pb.Logger.log_warn(f"latte: {self.spec.signature.name}: warm-up requests of made-up values "
-                                        f"were refused ({outcome}); the model starts cold")
-                return 0
-            if isinstance(outcome, Exception):
-                raise RuntimeError(f"warmup of model {self.spec.signature.name!r} failed: {outcome}")
-        return len(requests)
+        calls = warmup_calls(self.spec, samples)
+        for requests in calls:
+            for outcome in self.engine.infer(requests):
+                if isinstance(outcome, RequestError) and samples is None:
+                    # Made-up values a model's first step cannot parse (text where it decodes
+                    # images): nothing is wrong with the model, it starts cold.
+                    self.pb.Logger.log_warn(f"latte: {self.spec.signature.name}: warm-up requests of made-up "
+                                            f"values were refused ({outcome}); the model starts cold")
+                    return 0
+                if isinstance(outcome, Exception):
+                    raise RuntimeError(f"warmup of model {self.spec.signature.name!r} failed: {outcome}")
+        return len(calls)
 
     @staticmethod
     def auto_complete_config(auto_complete_model_config, pb):
@@ -221,9 +222,8 @@ class LatteModel:
         """A plain call of a model whose requests share one shape key: read by input, planned
         from the rows and lengths the native check measured (one batch when they fit), each
         batch packed natively; no per-request object on the way. None when the call is anything
-        else (a request to refuse, parameters, a timeout), a batch fails, or the plan has
-        batches to answer early (EarlyAnswers): the general path then answers it, each request
-        with its own outcome."""
+        else (a request to refuse, parameters, a timeout) or its plan has batches to answer
+        early (EarlyAnswers): the general path then reads it, before anything has run."""
         columns = self.reader.read_columns(requests)
         if columns is None:
             return None
@@ -231,18 +231,23 @@ class LatteModel:
         if len(plan) > 1 and self.early.pays():
             return None
         read = time.perf_counter()
-        try:
-            if len(plan) == 1 and self._views:
-                outputs = self.engine.run(self.engine.columns_batch(columns.arrays, columns.rows, columns.lengths))
-                ran = time.perf_counter()
-                responses = self.responses.from_batch(outputs, columns.rows)
-            else:
-                results = self.engine.run_columns(columns.arrays, columns.rows, columns.lengths, plan)
-                ran = time.perf_counter()
-                responses = self.responses.successes(results)
-        except Exception:
-            self._batches = []
-            return None
+        outputs = None
+        if len(plan) == 1 and self._views:
+            outputs, results = self.engine.run_whole(columns)
+        else:
+            results = self.engine.run_columns(columns, plan)
+        ran = time.perf_counter()
+        if outputs is not None:
+            responses = self.responses.from_batch(outputs, columns.rows)
+        elif all(type(r) is dict for r in results):
+            responses = self.responses.successes(results)
+        else:
+            # A batch failed and its requests ran alone: each answered with its own outcome.
+            responses = self.responses.build_all(results)
+            answered = [(self._tally(list(enumerate(results)), None), ran - started)]
+            batches, self._batches = self._batches, []
+            self.metrics.call(len(requests), read - started, ran - read, time.perf_counter() - ran, answered, batches)
+            return responses
         self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
         return responses
 
@@ -250,7 +255,7 @@ class LatteModel:
         """Metrics of a call whose every request was answered with outputs at default priority."""
         batches, self._batches = self._batches, []
         if len(batches) == 1:  # one model call: the common case, folded with its likes
-            ((rows, model_s),) = batches
+            ((rows, model_s, _),) = batches
             self.metrics.plain_call(requests, read_s, engine_s, respond_s, rows, model_s)
         else:
             self.metrics.call(requests, read_s, engine_s, respond_s, [({_SUCCESS: requests}, read_s + engine_s)], batches)
@@ -357,11 +362,11 @@ class LatteModel:
 
     def _on_batch(self, record: BatchRecord) -> None:
         if self._async:
-            self.metrics.batch(record.rows, record.model_seconds)
+            self.metrics.batch(record.rows, record.model_seconds, record.failed)
         else:
             # Counted with the rest of its execute call, under one lock; lanes running the
             # call's batches append from their threads before the call's last answer is in.
-            self._batches.append((record.rows, record.model_seconds))
+            self._batches.append((record.rows, record.model_seconds, record.failed))
         self.early.batch_done(record.requests, record.seconds)
 
     def _refresh_gauges(self) -> None:

@@ -24,28 +24,32 @@ def _ones(shape: tuple, dtype: np.dtype) -> np.ndarray:
     return np.ones(shape, dtype=dtype)
 
 
-def warmup_requests(spec: ModelSpec, samples: Optional[List[Dict[str, np.ndarray]]] = None) -> List[ParsedRequest]:
-    """Requests run at load: one per shape bucket of made-up values, or the runtime's own
-    samples (Runtime.samples) when it has them."""
+def warmup_calls(spec: ModelSpec, samples: Optional[List[Dict[str, np.ndarray]]] = None
+                 ) -> List[List[ParsedRequest]]:
+    """The calls run at load, shaped as clients send requests (one row each): the runtime's
+    own samples (Runtime.samples) as one call when it has them, else one call per shape bucket
+    of made-up values, as many one-row requests as a batch holds. A step that reads one row per
+    request (as Python models whose clients send one do) then sees what it will serve."""
     if samples:
-        return [ParsedRequest(inputs=sample, rows=1) for sample in samples]
-    lengths = list(spec.serving.bucket_edges or ()) or [spec.serving.max_sequence_length or 8]
-    rows = max(1, spec.signature.max_batch_size) if spec.signature.batched else 1
-    requests = []
-    for length in lengths if any(t.ragged for t in spec.signature.inputs) else lengths[:1]:
-        feed: Dict[str, np.ndarray] = {}
-        for t in spec.signature.inputs:
-            if t.optional:
-                continue
-            inner = tuple(length if d == -1 else d for d in t.dims)
-            shape = ((rows,) if spec.signature.batched else ()) + inner
-            feed[t.name] = _ones(shape, t.dtype)
-        requests.append(ParsedRequest(inputs=feed, rows=rows))
-    return requests
+        return [[ParsedRequest(inputs=sample, rows=1) for sample in samples]]
+    count = max(1, spec.signature.max_batch_size) if spec.signature.batched else 1
+    return [_one_row_requests(spec, length, count) for length in _warmup_lengths(spec)]
 
 
 def warmup_shapes(spec: ModelSpec) -> List[Dict[str, tuple]]:
-    return [{name: array.shape for name, array in r.inputs.items()} for r in warmup_requests(spec)]
+    """The input shapes of a full batch of each warm-up call (a runtime's accuracy check)."""
+    rows = max(1, spec.signature.max_batch_size) if spec.signature.batched else 1
+    shapes = []
+    for length in _warmup_lengths(spec):
+        inner = {t.name: tuple(length if d == -1 else d for d in t.dims) for t in spec.signature.inputs
+                 if not t.optional}
+        shapes.append({name: ((rows,) if spec.signature.batched else ()) + dims for name, dims in inner.items()})
+    return shapes
+
+
+def _warmup_lengths(spec: ModelSpec) -> List[int]:
+    lengths = list(spec.serving.bucket_edges or ()) or [spec.serving.max_sequence_length or 8]
+    return lengths if any(t.ragged for t in spec.signature.inputs) else lengths[:1]
 
 
 def _one_row_requests(spec: ModelSpec, length: int, count: int) -> List[ParsedRequest]:
@@ -53,7 +57,8 @@ def _one_row_requests(spec: ModelSpec, length: int, count: int) -> List[ParsedRe
     for t in spec.signature.inputs:
         if t.optional:
             continue
-        feed[t.name] = _ones((1, *(length if d == -1 else d for d in t.dims)), t.dtype)
+        inner = tuple(length if d == -1 else d for d in t.dims)
+        feed[t.name] = _ones((1, *inner) if spec.signature.batched else inner, t.dtype)
     return [ParsedRequest(inputs=feed, rows=1) for _ in range(count)]
 
 

@@ -51,7 +51,7 @@ from latte.backend.requests import ParsedRequest
 from latte.bench.quiet import wait_until_quiet
 from latte.bench.results import Table, Target, command_line, new_results, write_summary
 from latte.backend.runtimes import load_runtime
-from latte.backend.warmup import measure_cost_model, warmup_requests
+from latte.backend.warmup import measure_cost_model, warmup_calls
 from latte.examples import EXAMPLES, export, model_context
 from latte.generator.model_folder import write_model
 from latte.generator.validate import parse_config_file
@@ -82,7 +82,8 @@ def build_engine(repo: Path, model_file: Path, name: str, parameters: dict):
     engine.arena = arena  # keeps the arena alive as long as the engine
     # What LatteModel does at load.
     if serving.warmup:
-        engine.infer(warmup_requests(spec))
+        for call in warmup_calls(spec):
+            engine.infer(call)
         if engine.cost_model is not None:
             engine.cost_model = measure_cost_model(engine)
     return engine

@@ -10,23 +10,23 @@ triton_python_backend_utils; elsewhere (tests, in-process runs) a stand-in of it
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
+import types
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from latte.backend.batching import Allocate
 from latte.backend.config import TensorSpec
 from latte.backend.errors import ConfigError, RequestError
+from latte.backend.graph.step_imports import StepNamespace
 from latte.backend.graph.steps import Step, Values
 from latte.backend.graph.values import stack_members
 from latte.backend.standin_stub import Tensor as StepTensor
 
 STEP_FILE = "model.py"
-_loaded = 0
 
 
 def pb_utils():
@@ -40,24 +40,23 @@ def pb_utils():
     return module
 
 
-def load_step_module(path: Path, step: str):
-    """Import a step's file under a name of its own; its folder is on sys.path, as Triton puts a
-    Python model's version folder there."""
-    global _loaded
+def load_step_module(path: Path, step: str) -> Tuple[types.ModuleType, StepNamespace]:
+    """Import a step's file in an import namespace of its own (step_imports): the modules
+    beside it are its own, as in the process Triton gives each Python model."""
     if not path.is_file():
         raise ConfigError(f"step {step!r}: {path} does not exist")
     pb_utils()  # the step may import it at its top
-    folder = str(path.parent)
-    if folder not in sys.path:
-        sys.path.append(folder)
-    _loaded += 1
-    spec = importlib.util.spec_from_file_location(f"latte_step_{_loaded}_{step}", path)
-    module = importlib.util.module_from_spec(spec)
+    namespace = StepNamespace(path.parent, step)
     try:
-        spec.loader.exec_module(module)
+        with namespace.loading():
+            module = namespace.load(path)
+    except ConfigError:
+        namespace.close()
+        raise
     except Exception as exc:
+        namespace.close()
         raise ConfigError(f"step {step!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
-    return module
+    return module, namespace
 
 
 def step_function(module, name: str, step: str, path: Path):
@@ -150,18 +149,25 @@ class PythonModelStep(Step):
     def load(cls, name: str, path: Path, folder: Path, config: Mapping, inputs: Sequence[TensorSpec],
              outputs: Sequence[TensorSpec], device: str, pad_value: float = 0.0,
              allocate: Allocate = np.empty) -> "PythonModelStep":
-        module = load_step_module(path, name)
-        model_class = getattr(module, "TritonPythonModel", None)
-        if model_class is None:
-            raise ConfigError(f"step {name!r}: {path} defines no TritonPythonModel (name a plain function "
-                              "with `function:` instead)")
-        model = model_class()
-        if hasattr(model, "initialize"):
-            try:
-                model.initialize(initialize_args(name, folder, config, device))
-            except Exception as exc:
-                raise ConfigError(f"step {name!r}: initialize failed: {type(exc).__name__}: {exc}") from exc
-        return cls(name, model, inputs, outputs, pad_value, allocate)
+        module, namespace = load_step_module(path, name)
+        try:
+            model_class = getattr(module, "TritonPythonModel", None)
+            if model_class is None:
+                raise ConfigError(f"step {name!r}: {path} defines no TritonPythonModel (name a plain function "
+                                  "with `function:` instead)")
+            model = model_class()
+            if hasattr(model, "initialize"):
+                with namespace.loading():
+                    try:
+                        model.initialize(initialize_args(name, folder, config, device))
+                    except Exception as exc:
+                        raise ConfigError(f"step {name!r}: initialize failed: {type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            namespace.close()
+            raise
+        step = cls(name, model, inputs, outputs, pad_value, allocate)
+        step.namespace = namespace
+        return step
 
     def _requests(self, values: Values, members: Sequence[int]) -> List[StepRequest]:
         requests = []
@@ -191,7 +197,7 @@ class PythonModelStep(Step):
         if len(responses) != len(requests):
             raise RuntimeError(f"execute answered {len(responses)} response(s) for {len(requests)} request(s)")
         parts: Dict[str, List[np.ndarray]] = {name: [] for name in self._output_names}
-        for response in responses:
+        for response, rows in zip(responses, members):
             if response is None:
                 raise RuntimeError("a request got no response")
             if response.has_error():
@@ -201,7 +207,12 @@ class PythonModelStep(Step):
                 tensor = found.get(name)
                 if tensor is None:
                     raise RuntimeError(f"a response has no output {name!r} (it has {sorted(found)})")
-                parts[name].append(np.asarray(tensor.as_numpy()))
+                array = np.asarray(tensor.as_numpy())
+                if array.ndim == 0 or array.shape[0] != rows:
+                    # Named here, where it happens: a later step would see a batch of fewer rows.
+                    raise RuntimeError(f"answered output {name!r} with shape {list(array.shape)} for a request of "
+                                       f"{rows} row(s); each response holds its request's rows")
+                parts[name].append(array)
         return {name: stack_members(parts[name], self.output_axes[name], self.pad_value, self.allocate)
                 for name in self._output_names}
 
@@ -213,8 +224,10 @@ class PythonModelStep(Step):
         raise RuntimeError(message)
 
     def close(self) -> None:
-        if hasattr(self.model, "finalize"):
-            try:
+        try:
+            if hasattr(self.model, "finalize"):
                 self.model.finalize()
-            except Exception:
-                pass  # unloading goes on; the model's own log says why
+        except Exception:
+            pass  # unloading goes on; the model's own log says why
+        finally:
+            super().close()

@@ -90,11 +90,13 @@ class GraphRuntime(Runtime):
         self.device = device
         self.allocate = allocate
         self._threads = (intra_op_threads, inter_op_threads)
+        # Set before any step loads: close() after a failed load must not fail in its turn.
+        self._branches: Optional[ThreadPoolExecutor] = None
         self.steps: List[Step] = []
         try:
             for definition in graph.steps:
                 self.steps.append(self._load(definition))
-        except Exception:
+        except BaseException:
             self.close()
             raise
         self._inputs = {t.name: _spec_of(t) for t in graph.inputs}
@@ -110,7 +112,6 @@ class GraphRuntime(Runtime):
         # copied to the host first (none, unless some torch step keeps its outputs).
         kept = any(getattr(step, "keeps_tensors", False) for step in self.steps)
         self._to_host = [kept and not getattr(step, "takes_tensors", False) for step in self.steps]
-        self._branches: Optional[ThreadPoolExecutor] = None  # helper threads for independent steps, when they pay
         self._lock = threading.Lock()  # scheduler lanes run batches from their own threads
         self._figures = [[0.0, 0, 0] for _ in self.steps]  # seconds, rows, calls
         self._unfolded: List[Tuple[List[float], int]] = []  # (seconds per step, rows) of batches not yet counted
@@ -138,8 +139,15 @@ class GraphRuntime(Runtime):
                 raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
             path = definition.version_dir / STEP_FILE
             if definition.function:
-                function = step_function(load_step_module(path, name), definition.function, name, path)
-                return FunctionStep(name, function, inputs, outputs, pad, self.allocate)
+                module, namespace = load_step_module(path, name)
+                try:
+                    function = step_function(module, definition.function, name, path)
+                except ConfigError:
+                    namespace.close()
+                    raise
+                step = FunctionStep(name, function, inputs, outputs, pad, self.allocate)
+                step.namespace = namespace
+                return step
             return PythonModelStep.load(name, path, definition.folder, config, inputs, outputs, self.device, pad,
                                         self.allocate)
         if definition.backend != "latte":
@@ -161,6 +169,8 @@ class GraphRuntime(Runtime):
             runtime, _ = load_at_precision(spec, warmup_shapes(spec))
         except ConfigError as exc:
             raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
+        except Exception as exc:  # the runtime's own refusal of the model file
+            raise ConfigError(f"{self.graph.where(definition)}: loading its model failed: {failure_text(exc)}") from exc
         return ModelStep(name, spec, runtime, self.allocate)
 
     def _keep_tensors(self, graph: GraphDefinition) -> None:
@@ -438,4 +448,8 @@ class GraphRuntime(Runtime):
             self._branches.shutdown(wait=True)
             self._branches = None
         for step in self.steps:
-            step.close()
+            try:
+                step.close()
+            except Exception:
+                pass  # closing goes on for the other steps; a step's error on load is the one to report
+        self.steps = []

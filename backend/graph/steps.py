@@ -39,6 +39,7 @@ class Step:
         self.outputs = tuple(outputs)
         self.pad_value = pad_value
         self.output_axes = {t.name: variable_axes(t.dims) for t in outputs}
+        self.namespace = None  # a Python step's import namespace (step_imports), closed with it
 
     def run(self, values: Values, members: Sequence[int]) -> Values:
         raise NotImplementedError
@@ -47,7 +48,9 @@ class Step:
         """Time what the step's planning needs, once at load (a model step's cost model)."""
 
     def close(self) -> None:
-        pass
+        if self.namespace is not None:
+            self.namespace.close()
+            self.namespace = None
 
 
 class ModelStep(Step):

@@ -41,7 +41,7 @@ def test_calls_recorded_while_another_thread_reads_the_figures_are_all_counted()
 
     def record():
         for _ in range(calls_per_thread):
-            metrics.call(1, 1e-6, 1e-6, 1e-6, [({("success", 0): 1}, 1e-5)], [(1, 1e-6)])
+            metrics.call(1, 1e-6, 1e-6, 1e-6, [({("success", 0): 1}, 1e-5)], [(1, 1e-6, False)])
 
     def read():  # the publisher's reads, as often as they can come
         while not done.is_set():
@@ -75,7 +75,7 @@ def test_plain_calls_folded_together_record_what_each_call_would():
         requests, rows = int(rng.integers(1, 9)), int(rng.integers(1, 40))
         read_s, engine_s, respond_s, model_s = rng.uniform(1e-6, 3e-3, 4)
         one_by_one.call(requests, read_s, engine_s, respond_s, [({("success", 0): requests}, read_s + engine_s)],
-                        [(rows, model_s)])
+                        [(rows, model_s, False)])
         together.plain_call(requests, read_s, engine_s, respond_s, rows, model_s)
     want, _ = one_by_one.aggregate.snapshot()
     got, _ = together.aggregate.snapshot()
@@ -93,3 +93,14 @@ def test_plain_calls_past_the_deferred_limit_are_folded_on_the_way_and_none_lost
         metrics.plain_call(2, 1e-6, 1e-6, 1e-6, 2, 1e-6)
     counters, _ = metrics.aggregate.snapshot()
     assert counters[("latte_execute_requests_total", ())] == 2 * (module._MAX_DEFERRED * 2 + 5)
+
+
+def test_a_failed_batch_is_counted_as_failed_not_as_a_served_batch():
+    metrics = BackendMetrics()
+    # One call: a batch of 4 rows failed, then its requests ran alone (4 one-row batches).
+    metrics.call(4, 1e-6, 1e-6, 1e-6, [({("success", 0): 3, ("model_error", 0): 1}, 1e-5)],
+                 [(4, 1e-6, True)] + [(1, 1e-6, False)] * 3 + [(1, 1e-6, True)])
+    counters, _ = metrics.aggregate.snapshot()
+    assert counters[("latte_failed_batches_total", ())] == 2
+    assert counters[("latte_batch_size_count", ())] == 3
+    assert counters[("latte_batch_size_sum", ())] == 3

@@ -224,3 +224,66 @@ def test_the_plan_of_a_plain_call_is_the_general_paths_plan(sequence):
     general = [[position for position, _ in batch] for batch in sequence.engine._plan(parsed)]
     assert sequence.engine.plan_columns(rows, lengths) == general
 
+
+
+class CountingRuntime:
+    """Wraps a model's runtime: counts the batches it runs by their first feature, and fails
+    every batch that holds a row whose first feature is FAILS."""
+
+    FAILS = 99.0
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.runs = []  # the first features of each batch run, in order
+
+    def __getattr__(self, name):
+        return getattr(self.runtime, name)
+
+    def run_batch(self, batch):
+        firsts = batch.inputs["features"][:, 0].tolist()
+        self.runs.append(firsts)
+        if self.FAILS in firsts:
+            raise RuntimeError("the model fails on this row")
+        return self.runtime.run_batch(batch)
+
+
+def marked_requests(marks, rows=32):
+    """One request of `rows` rows per mark, every row's first feature the mark."""
+    requests = []
+    for mark in marks:
+        features = np.zeros((rows, 16), np.float32)
+        features[:, 0] = mark
+        requests.append(InferenceRequest({"features": features}))
+    return requests
+
+
+def test_a_call_whose_second_batch_fails_runs_its_first_batch_once(example_repo):
+    model = load(example_repo, "mlp_onnx", warmup="false")
+    try:
+        counting = model.engine.runtime = CountingRuntime(model.engine.runtime)
+        # 64 rows a batch: the plan is [1, 2] then [3, 99], and only the second batch fails.
+        responses = model.execute(marked_requests([1.0, 2.0, 3.0, CountingRuntime.FAILS]))
+
+        assert [r.has_error() for r in responses] == [False, False, False, True]
+        assert "the model fails on this row" in responses[3].error().message()
+        first_batch_runs = [run for run in counting.runs if 1.0 in run or 2.0 in run]
+        assert len(first_batch_runs) == 1  # the batch that succeeded is not run again
+        # The failed batch ran once whole, then each of its requests alone.
+        assert [sorted(set(run)) for run in counting.runs[1:]] == [[3.0, 99.0], [3.0], [99.0]]
+    finally:
+        model.finalize()
+
+
+def test_a_failed_batch_shows_as_failed_in_the_metrics(example_repo):
+    model = load(example_repo, "mlp_onnx", warmup="false")
+    try:
+        model.engine.runtime = CountingRuntime(model.engine.runtime)
+        served = counter(model, "latte_batch_size_count")
+        model.execute(marked_requests([1.0, 2.0, 3.0, CountingRuntime.FAILS]))
+
+        assert counter(model, "latte_failed_batches_total") == 2  # [3, 99] as a batch, then [99] alone
+        assert counter(model, "latte_batch_size_count") == served + 2  # [1, 2] and [3] served
+        assert counter(model, "latte_requests_total", outcome="model_error") == 1
+        assert counter(model, "latte_requests_total", outcome="success") == 3
+    finally:
+        model.finalize()
