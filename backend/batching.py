@@ -17,12 +17,12 @@ import numpy as np
 
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
+from latte.backend import memory_resource
 from latte.backend.dtypes import is_string
 from latte._native import pack_arrays
 from latte.backend.planning import CostModel, plan_by_cost
 from latte.backend.requests import UNMEASURED, ParsedRequest
 
-Allocate = Callable[[tuple, np.dtype], np.ndarray]
 
 
 @dataclass
@@ -153,7 +153,7 @@ def _own_length(length: int) -> int:
 
 
 def assemble(spec: ModelSpec, group: Sequence[ParsedRequest], buckets: Optional[BucketPlan] = None,
-             allocate: Allocate = np.empty) -> Batch:
+             ) -> Batch:
     """The requests of one planned batch as the model's inputs: one native copy per input."""
     ragged = spec.signature.ragged_inputs
     if len(group) == 1 and not ragged:
@@ -166,12 +166,12 @@ def assemble(spec: ModelSpec, group: Sequence[ParsedRequest], buckets: Optional[
     if not spec.signature.batched:
         return Batch(inputs=group[0].inputs, member_rows=member_rows, lengths=lengths, rows=sum(member_rows))
     columns = {t.name: [req.inputs[t.name] for req in group if t.name in req.inputs] for t in spec.signature.inputs}
-    return assemble_columns(spec, columns, member_rows, lengths, buckets, allocate)
+    return assemble_columns(spec, columns, member_rows, lengths, buckets)
 
 
 def assemble_columns(spec: ModelSpec, columns: Dict[str, List[np.ndarray]], member_rows: List[int],
                      lengths: List[Optional[int]], buckets: Optional[BucketPlan] = None,
-                     allocate: Allocate = np.empty) -> Batch:
+                     ) -> Batch:
     """One batch of a batched model from its members' arrays by input (an optional input
     lists only the members that sent it): one native copy per input, ragged inputs padded
     to the longest member (or, with pad_to: edge, its bucket's edge)."""
@@ -196,24 +196,25 @@ def assemble_columns(spec: ModelSpec, columns: Dict[str, List[np.ndarray]], memb
                 out = parts[0]  # a request alone at its own length: nothing to pad
             else:
                 # One native copy of every part, the padding written around them.
-                out = packed(parts, (rows, *inner), t.dtype, spec.serving.pad_value, allocate)
+                out = packed(parts, (rows, *inner), t.dtype, spec.serving.pad_value)
         elif len(parts) == 1:
             out = parts[0]
         else:
-            out = packed(parts, (rows, *parts[0].shape[1:]), t.dtype, spec.serving.pad_value, allocate)
+            out = packed(parts, (rows, *parts[0].shape[1:]), t.dtype, spec.serving.pad_value)
         inputs[t.name] = out
     return Batch(inputs=inputs, member_rows=member_rows, lengths=lengths, padded_length=padded, rows=total)
 
 
 def packed(parts: Sequence[np.ndarray], shape: tuple, dtype: np.dtype, pad_value: float,
-           allocate: Allocate = np.empty) -> np.ndarray:
+           ) -> np.ndarray:
     """`parts` one after another along the rows in a new array of `shape`, each padded to it:
-    one native copy (~4x np.concatenate's speed) into memory from `allocate`. Strings hold
+    one native copy (~4x np.concatenate's speed) into memory from the current resource
+    (memory_resource). Strings hold
     references, which a byte copy would not count and the arena must not keep: they are
     concatenated by numpy (they are never padded; the config refuses ragged strings)."""
     if is_string(dtype):
         return np.concatenate(parts)
-    out = allocate(shape, dtype)
+    out = memory_resource.empty(shape, dtype)
     pack_arrays(parts, out, pad_bytes(pad_value, dtype))
     return out
 

@@ -9,7 +9,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Un
 
 import numpy as np
 
-from latte.backend.batching import (Allocate, Batch, affinity_key, assemble, assemble_columns, chunk_by_rows,
+from latte.backend.batching import (Batch, affinity_key, assemble, assemble_columns, chunk_by_rows,
                                     plan_batches, plan_rows, ragged_length, split, uniform_shapes)
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
@@ -86,7 +86,7 @@ _NEVER = float("inf")
 class BatchEngine:
     def __init__(self, spec: ModelSpec, runtime: Runtime, buckets: Optional[BucketPlan] = None,
                  sessions: Optional[SessionStore] = None, session_input: Optional[str] = None,
-                 allocate: Allocate = np.empty, clock: Callable[[], float] = time.monotonic,
+                 clock: Callable[[], float] = time.monotonic,
                  on_batch: Optional[Callable[[BatchRecord], None]] = None,
                  cost_model: Optional[CostModel] = None) -> None:
         self.spec = spec
@@ -99,7 +99,6 @@ class BatchEngine:
         self.cost_model = cost_model if spec.serving.batch_planning == "cost" else None
         self.sessions = sessions
         self.session_input = session_input
-        self.allocate = allocate
         self.clock = clock
         self.on_batch = on_batch
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
@@ -163,7 +162,7 @@ class BatchEngine:
             rows = [rows[i] for i in members]
             lengths = [lengths[i] for i in members] if lengths is not None else None
         return assemble_columns(self.spec, columns, rows, lengths if lengths is not None else [None] * len(rows),
-                                self.buckets, self.allocate)
+                                self.buckets)
 
     def run_columns(self, columns: Columns, plan: Sequence[Sequence[int]]) -> List[Result]:
         """Each request's outcome, in order, for a plain call read by input and planned by
@@ -321,7 +320,7 @@ class BatchEngine:
         started = self.clock()
         batch = None
         try:
-            batch = assemble(self.spec, requests, self.buckets, self.allocate)
+            batch = assemble(self.spec, requests, self.buckets)
             return split(self.spec, batch, self.run(batch, started))
         except Exception as exc:
             return self._isolated(exc, batch, started, len(requests), lambda: requests)

@@ -78,7 +78,7 @@ def compare(precision: str, reference: Callable, reduced: Callable, feeds) -> Ac
     return AccuracyReport(precision, rel, max_abs, agree / total if total else float("nan"))
 
 
-def load_at_precision(spec: ModelSpec, shapes: List[Dict[str, tuple]], allocate=np.empty):
+def load_at_precision(spec: ModelSpec, shapes: List[Dict[str, tuple]]):
     """The runtime to serve with, and the accuracy report when it is not FP32."""
     from latte.backend.runtimes import load_runtime
 
@@ -87,7 +87,7 @@ def load_at_precision(spec: ModelSpec, shapes: List[Dict[str, tuple]], allocate=
 
     def load(path, **kwargs):
         return load_runtime(signature.runtime, path, inputs, outputs, serving.intra_op_threads,
-                            serving.inter_op_threads, serving.device, allocate=allocate, **kwargs)
+                            serving.inter_op_threads, serving.device, **kwargs)
 
     reference = load(signature.model_path)
     if serving.precision == "fp32":

@@ -293,7 +293,3 @@ def _parameters(raw) -> Mapping[str, object]:
     except (ValueError, TypeError):
         raise RequestError(f"request parameters are not valid JSON: {raw!r}") from None
     return value if isinstance(value, dict) and value else NO_PARAMETERS
-
-
-def describe_inputs(spec: ModelSpec) -> List[str]:
-    return [f"{t.name}: {_dtype_name(t.dtype)} {t.shape_text(spec.signature.batched)}" for t in spec.signature.inputs]

@@ -14,6 +14,7 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
+from latte.backend import memory_resource
 from latte.backend.errors import RequestError
 
 
@@ -34,7 +35,6 @@ class SessionStats:
 
 class SessionStore:
     def __init__(self, ttl_s: float, max_sessions: int, max_length: Optional[int],
-                 allocate: Callable[[tuple, np.dtype], np.ndarray] = np.empty,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if ttl_s <= 0:
             raise ValueError(f"session TTL must be > 0 seconds, got {ttl_s}")
@@ -43,7 +43,6 @@ class SessionStore:
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
         self.max_length = max_length
-        self._allocate = allocate
         self._clock = clock
         self._sessions: Dict[str, Session] = {}
         self._stats = SessionStats()
@@ -82,7 +81,7 @@ class SessionStore:
                 f"session {session_id!r} would reach {total} tokens; the model takes at most {self.max_length} "
                 f"(end the session and start a new one)"
             )
-        combined = self._allocate((1, total), tokens.dtype)
+        combined = memory_resource.empty((1, total), tokens.dtype)
         combined[0, :prefix.shape[0]] = prefix
         combined[0, prefix.shape[0]:] = tokens[0]
         return combined

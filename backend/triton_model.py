@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from latte.backend import autocomplete
+from latte.backend import autocomplete, memory_resource
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import parse_args, parse_model_config, thread_budget_warning, usable_core_ids
 from latte.backend.engine import BatchEngine, BatchRecord, ModelError, model_failure
@@ -78,12 +78,12 @@ class LatteModel:
         # Batch buffers, a graph's intermediates and session state live here, so memory stays
         # flat however shapes vary.
         self.arena = BuddyArena(serving.arena_bytes, "cpu")
-        allocate = self.arena.empty
-        self.runtime, accuracy = load_at_precision(spec, warmup_shapes(spec), allocate)
+        memory_resource.use(self.arena.empty, f"latte arena of {signature.name!r} ({serving.arena_bytes >> 20} MiB)")
+        self.runtime, accuracy = load_at_precision(spec, warmup_shapes(spec))
         if accuracy is not None:
             pb.Logger.log_info(f"latte: {signature.name}: {accuracy.text()}")
         self.sessions = (SessionStore(serving.session_ttl_s, serving.max_sessions, serving.max_sequence_length,
-                                      allocate) if serving.session_input else None)
+) if serving.session_input else None)
         if serving.session_input and serving.instance_count > 1:
             pb.Logger.log_warn(
                 f"latte: {signature.name}: sessions live in the instance that opened them and Triton hands each "
@@ -94,7 +94,7 @@ class LatteModel:
         self.reader = RequestReader(spec)
         self.engine = BatchEngine(
             spec, self.runtime, buckets=BucketPlan(serving.bucket_edges) if serving.bucket_edges else None,
-            sessions=self.sessions, session_input=serving.session_input, allocate=allocate, on_batch=self._on_batch,
+            sessions=self.sessions, session_input=serving.session_input, on_batch=self._on_batch,
         )
         self.dispatcher = None
         if serving.scheduler == "affinity":
@@ -388,3 +388,4 @@ class LatteModel:
             self._outbox.put((_LAST, next(self._sequence), None))  # after every answer still waiting
             self._sender.join(timeout=5.0)
         self.runtime.close()
+        memory_resource.release(self.arena.empty)

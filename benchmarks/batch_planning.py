@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 from google.protobuf.json_format import MessageToDict
 
+from latte.backend import memory_resource
 from latte.backend.batching import plan_batches
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import parse_model_config
@@ -77,8 +78,8 @@ def build_engine(repo: Path, model_file: Path, name: str, parameters: dict):
     runtime = load_runtime(signature.runtime, signature.model_path, [t.name for t in signature.inputs],
                            [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)
     arena = BuddyArena(serving.arena_bytes, "cpu")
-    engine = BatchEngine(spec, runtime, buckets=BucketPlan(serving.bucket_edges) if serving.bucket_edges else None,
-                         allocate=arena.empty)
+    memory_resource.use(arena.empty, "the benchmark's arena")
+    engine = BatchEngine(spec, runtime, buckets=BucketPlan(serving.bucket_edges) if serving.bucket_edges else None)
     engine.arena = arena  # keeps the arena alive as long as the engine
     # What LatteModel does at load.
     if serving.warmup:

@@ -18,7 +18,6 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from latte.backend.batching import Allocate
 from latte.backend.config import TensorSpec
 from latte.backend.errors import ConfigError, RequestError
 from latte.backend.graph.step_imports import StepNamespace
@@ -139,16 +138,14 @@ class PythonModelStep(Step):
     kind = "python_model"
 
     def __init__(self, name: str, model, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                 pad_value: float = 0.0, allocate: Allocate = np.empty) -> None:
+                 pad_value: float = 0.0) -> None:
         super().__init__(name, inputs, outputs, pad_value)
         self.model = model
-        self.allocate = allocate
         self._output_names = [t.name for t in outputs]
 
     @classmethod
     def load(cls, name: str, path: Path, folder: Path, config: Mapping, inputs: Sequence[TensorSpec],
-             outputs: Sequence[TensorSpec], device: str, pad_value: float = 0.0,
-             allocate: Allocate = np.empty) -> "PythonModelStep":
+             outputs: Sequence[TensorSpec], device: str, pad_value: float = 0.0) -> "PythonModelStep":
         module, namespace = load_step_module(path, name)
         try:
             model_class = getattr(module, "TritonPythonModel", None)
@@ -165,7 +162,7 @@ class PythonModelStep(Step):
         except BaseException:
             namespace.close()
             raise
-        step = cls(name, model, inputs, outputs, pad_value, allocate)
+        step = cls(name, model, inputs, outputs, pad_value)
         step.namespace = namespace
         return step
 
@@ -213,7 +210,7 @@ class PythonModelStep(Step):
                     raise RuntimeError(f"answered output {name!r} with shape {list(array.shape)} for a request of "
                                        f"{rows} row(s); each response holds its request's rows")
                 parts[name].append(array)
-        return {name: stack_members(parts[name], self.output_axes[name], self.pad_value, self.allocate)
+        return {name: stack_members(parts[name], self.output_axes[name], self.pad_value)
                 for name in self._output_names}
 
     def _raise(self, error) -> None:

@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from latte.backend.batching import Allocate, Batch
+from latte.backend.batching import Batch
 from latte.backend.engine import failure_text
 from latte.backend.config import TensorSpec, parameters_of, parse_model_config, parse_tensors
 from latte.backend.dtypes import NUMPY_TO_TRITON, to_numpy, wire_name
@@ -80,7 +80,7 @@ class GraphRuntime(Runtime):
     kind = "graph"
 
     def __init__(self, path, input_names: Sequence[str], output_names: Sequence[str], intra_op_threads: int,
-                 inter_op_threads: int, device: str = "cpu", allocate: Allocate = np.empty) -> None:
+                 inter_op_threads: int, device: str = "cpu") -> None:
         super().__init__(input_names, output_names)
         self.graph = graph = load_graph(Path(path))
         declared_in, declared_out = [t.name for t in graph.inputs], [t.name for t in graph.outputs]
@@ -88,7 +88,6 @@ class GraphRuntime(Runtime):
             raise ConfigError(f"{graph.path}: the graph takes {declared_in} and answers {declared_out}; the model "
                               f"config declares inputs {list(input_names)} and outputs {list(output_names)}")
         self.device = device
-        self.allocate = allocate
         self._threads = (intra_op_threads, inter_op_threads)
         # Set before any step loads: close() after a failed load must not fail in its turn.
         self._branches: Optional[ThreadPoolExecutor] = None
@@ -145,11 +144,10 @@ class GraphRuntime(Runtime):
                 except ConfigError:
                     namespace.close()
                     raise
-                step = FunctionStep(name, function, inputs, outputs, pad, self.allocate)
+                step = FunctionStep(name, function, inputs, outputs, pad)
                 step.namespace = namespace
                 return step
-            return PythonModelStep.load(name, path, definition.folder, config, inputs, outputs, self.device, pad,
-                                        self.allocate)
+            return PythonModelStep.load(name, path, definition.folder, config, inputs, outputs, self.device, pad)
         if definition.backend != "latte":
             raise ConfigError(f"{self.graph.where(definition)}: backend {definition.backend!r} cannot run inside a "
                               "graph (latte runs python and latte steps; `latte fuse` converts onnxruntime and "
@@ -171,7 +169,7 @@ class GraphRuntime(Runtime):
             raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
         except Exception as exc:  # the runtime's own refusal of the model file
             raise ConfigError(f"{self.graph.where(definition)}: loading its model failed: {failure_text(exc)}") from exc
-        return ModelStep(name, spec, runtime, self.allocate)
+        return ModelStep(name, spec, runtime)
 
     def _keep_tensors(self, graph: GraphDefinition) -> None:
         """Torch steps whose every output is read only by torch steps of their device hand their

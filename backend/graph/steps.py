@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from latte.backend.batching import Allocate, chunk_by_rows, plan_rows
+from latte.backend.batching import chunk_by_rows, plan_rows
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec, TensorSpec
 from latte.backend.engine import BatchEngine
@@ -56,16 +56,15 @@ class Step:
 class ModelStep(Step):
     kind = "model"
 
-    def __init__(self, name: str, spec: ModelSpec, runtime: Runtime, allocate: Allocate = np.empty) -> None:
+    def __init__(self, name: str, spec: ModelSpec, runtime: Runtime) -> None:
         signature, serving = spec.signature, spec.serving
         super().__init__(name, signature.inputs, signature.outputs, serving.pad_value)
         self.spec = spec
         self.runtime = runtime
-        self.allocate = allocate
         # The step's own planner, as a served model has one: buckets, and a cost model measured
         # at load (measure), over the step's runtime.
         self.engine = BatchEngine(spec, runtime, buckets=BucketPlan(serving.bucket_edges) if serving.bucket_edges
-                                  else None, allocate=allocate)
+                                  else None)
         self.max_rows = max(1, signature.max_batch_size)
         self.max_length = serving.max_sequence_length
         # A torch runtime takes tensors, and hands its outputs on as tensors on its device when
@@ -115,13 +114,13 @@ class ModelStep(Step):
         rows = values[self.inputs[0].name].rows
         lengths, longest = self._lengths(values)
         variable = self._variable
-        padded = {t.name: repadded(values[t.name], self.pad_value, self.allocate) if t.name in variable
+        padded = {t.name: repadded(values[t.name], self.pad_value) if t.name in variable
                   else values[t.name].array for t in self.inputs}
         parts: List[Tuple[Optional[np.ndarray], Optional[int], Dict[str, np.ndarray]]] = []
         for group in self.plan(lengths, rows):
             length = longest if group is None else (None if lengths is None else int(lengths[group].max()))
             feed = {t.name: gather(padded[t.name], values[t.name].axes if t.name in variable else (), group,
-                                   length if t.name in variable else None, self.allocate) for t in self.inputs}
+                                   length if t.name in variable else None) for t in self.inputs}
             outputs = (self.runtime.run_tensors(feed) if self.keeps_tensors
                        else as_declared(self.runtime.run(feed), self._dtypes))
             expected = rows if group is None else len(group)
@@ -141,8 +140,7 @@ class ModelStep(Step):
             # rows' own lengths; any other keeps its full width.
             follows = axes and lengths is not None and array.shape[axes[0]] == length
             return Value(array, axes, lengths if follows else None, self.pad_value)
-        array = scatter([(group, outputs[name]) for group, _, outputs in parts], rows, axes, self.pad_value,
-                        self.allocate)
+        array = scatter([(group, outputs[name]) for group, _, outputs in parts], rows, axes, self.pad_value)
         if not axes:
             return Value(array)
         out_lengths = np.empty(rows, dtype=np.int64)
@@ -166,14 +164,13 @@ class FunctionStep(Step):
     kind = "function"
 
     def __init__(self, name: str, function: Callable, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                 pad_value: float = 0.0, allocate: Allocate = np.empty) -> None:
+                 pad_value: float = 0.0) -> None:
         super().__init__(name, inputs, outputs, pad_value)
         self.function = function
-        self.allocate = allocate
 
     def run(self, values: Values, members: Sequence[int]) -> Values:
         rows = values[self.inputs[0].name].rows
-        args = [repadded(values[t.name], self.pad_value, self.allocate) for t in self.inputs]
+        args = [repadded(values[t.name], self.pad_value) for t in self.inputs]
         try:
             result = self.function(*args)
         except ValueError as exc:

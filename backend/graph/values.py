@@ -3,8 +3,8 @@ tensor how far each row really reaches along its variable dimensions.
 
 Rows stay padded between steps (one array a tensor, not one per request); a ragged tensor
 carries each row's length, so the next model step can plan and pad it as it plans requests,
-and the graph's outputs are trimmed once, at the end. Memory comes from `allocate` (the
-model's arena) wherever a step makes a new buffer. Between two torch steps of one device a
+and the graph's outputs are trimmed once, at the end. Memory comes from the current resource (the
+model's arena, memory_resource) wherever a step makes a new buffer. Between two torch steps of one device a
 value is a torch tensor on that device (on a GPU it never leaves it); the helpers below that
 model steps use (repadded, gather, scatter) take either.
 """
@@ -16,7 +16,8 @@ from typing import Optional, Sequence, Tuple
 import numpy as np
 
 from latte._native import row_lengths
-from latte.backend.batching import Allocate, pad_bytes
+from latte.backend import memory_resource
+from latte.backend.batching import pad_bytes
 from latte.backend.dtypes import is_string
 
 
@@ -90,7 +91,7 @@ def _window(axes: Tuple[int, ...], ndim: int, length: int) -> tuple:
     return tuple(index)
 
 
-def repadded(value: Value, pad: float, allocate: Allocate = np.empty) -> np.ndarray:
+def repadded(value: Value, pad: float) -> np.ndarray:
     """The value's array with `pad` past every row's length: the array itself when its pad is
     that already (or nothing is padded), else a copy."""
     if value.lengths is None or value.pad == pad or not value.axes or is_string(host_dtype(value.array)):
@@ -107,7 +108,7 @@ def repadded(value: Value, pad: float, allocate: Allocate = np.empty) -> np.ndar
             shape[0], shape[axis] = out.shape[0], out.shape[axis]
             out.masked_fill_(beyond.reshape(shape), pad)
         return out
-    out = allocate(value.array.shape, value.array.dtype)
+    out = memory_resource.empty(value.array.shape, value.array.dtype)
     out[...] = value.array
     positions = np.arange(value.width)
     beyond = positions[None, :] >= value.lengths[:, None]  # rows x width
@@ -119,9 +120,9 @@ def repadded(value: Value, pad: float, allocate: Allocate = np.empty) -> np.ndar
 
 
 def gather(array: np.ndarray, axes: Tuple[int, ...], rows: Optional[np.ndarray], length: Optional[int],
-           allocate: Allocate = np.empty) -> np.ndarray:
+           ) -> np.ndarray:
     """The batch of `rows` (all, in order, when None) cut to `length` along the variable axes:
-    a view where it can be one, else one copy into memory from `allocate`."""
+    a view where it can be one, else one copy into memory from the current resource."""
     source = array if length is None or not axes or length == array.shape[axes[0]] else array[_window(axes, array.ndim, length)]
     if rows is None:
         return source
@@ -131,7 +132,7 @@ def gather(array: np.ndarray, axes: Tuple[int, ...], rows: Optional[np.ndarray],
         return source.index_select(0, torch.as_tensor(rows, device=array.device))
     if is_string(array.dtype):
         return source[rows]
-    out = allocate((len(rows), *source.shape[1:]), array.dtype)
+    out = memory_resource.empty((len(rows), *source.shape[1:]), array.dtype)
     np.take(source, rows, axis=0, out=out)
     return out
 
@@ -158,7 +159,7 @@ def measure_lengths(array: np.ndarray, axes: Tuple[int, ...], pad: float) -> np.
 
 
 def stack_members(parts: Sequence[np.ndarray], axes: Tuple[int, ...], pad: float,
-                  allocate: Allocate = np.empty) -> Value:
+                  ) -> Value:
     """One value from each request's own array (a Python model step answers per request):
     rows one after another, variable axes padded to the longest, each row's length that of
     its request's array."""
@@ -173,7 +174,7 @@ def stack_members(parts: Sequence[np.ndarray], axes: Tuple[int, ...], pad: float
         shape[axis] = width
     if is_string(first.dtype):
         raise TypeError("strings are not padded; a ragged output must be numeric")
-    out = allocate(tuple(shape), first.dtype)
+    out = memory_resource.empty(tuple(shape), first.dtype)
     out.fill(pad)
     at = 0
     for part, count in zip(parts, rows):
@@ -185,7 +186,7 @@ def stack_members(parts: Sequence[np.ndarray], axes: Tuple[int, ...], pad: float
 
 
 def scatter(parts: Sequence[Tuple[np.ndarray, np.ndarray]], total: int, axes: Tuple[int, ...], pad: float,
-            allocate: Allocate = np.empty) -> np.ndarray:
+            ) -> np.ndarray:
     """One array of `total` rows from (rows, array) parts that together cover every row once
     (the sub-batches a step's plan ran), variable axes padded to the widest part."""
     first = parts[0][1]
@@ -209,7 +210,7 @@ def scatter(parts: Sequence[Tuple[np.ndarray, np.ndarray]], total: int, axes: Tu
     if is_string(first.dtype):
         out = np.empty(tuple(shape), dtype=first.dtype)
     else:
-        out = allocate(tuple(shape), first.dtype)
+        out = memory_resource.empty(tuple(shape), first.dtype)
         if axes:
             out.fill(pad)
     for rows, part in parts:

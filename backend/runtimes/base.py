@@ -61,16 +61,14 @@ def as_declared(outputs: Dict[str, np.ndarray], dtypes: Mapping[str, np.dtype]) 
 
 
 def load_runtime(kind: str, path, input_names: Sequence[str], output_names: Sequence[str],
-                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu", half: bool = False,
-                 allocate=np.empty) -> Runtime:
-    """The runtime of `kind` for the model at `path`; `allocate` gives a graph of steps the
-    model's arena for the buffers its steps make."""
+                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu", half: bool = False) -> Runtime:
+    """The runtime of `kind` for the model at `path`."""
     if kind == "graph":
         if half:
             raise RuntimeLoadError("a graph of steps runs each step at its own precision; set precision per step")
         from latte.backend.graph.runtime import GraphRuntime
 
-        return GraphRuntime(path, input_names, output_names, intra_op_threads, inter_op_threads, device, allocate)
+        return GraphRuntime(path, input_names, output_names, intra_op_threads, inter_op_threads, device)
     if kind in ("torchscript", "torch_export"):
         from latte.backend.runtimes.torch_runtime import TorchRuntime
 

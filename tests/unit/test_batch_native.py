@@ -75,8 +75,16 @@ def test_packing_refuses_arrays_of_python_objects():
 
 
 def test_strings_are_concatenated_not_packed():
+    from latte.backend import memory_resource
     from latte.backend.batching import packed
 
+    def refuses(shape, dtype):  # the arena must not hold references to Python objects
+        raise AssertionError("strings were packed into the arena")
+
     parts = [np.array([[b"one"]], object), np.array([[b"two"], [b"three"]], object)]
-    out = packed(parts, (3, 1), np.dtype(object), 0.0, allocate=lambda shape, dtype: 1 / 0)
+    memory_resource.use(refuses, "refuses every allocation")
+    try:
+        out = packed(parts, (3, 1), np.dtype(object), 0.0)
+    finally:
+        memory_resource.release(refuses)
     assert out.tolist() == [[b"one"], [b"two"], [b"three"]]

@@ -150,16 +150,21 @@ def test_a_request_past_its_timeout_fails_without_running(tmp_path):
 def test_a_full_arena_fails_the_batch_with_memory_error_and_the_next_request_succeeds(example_engine):
     from latte.memory import BuddyArena
 
+    from latte.backend import memory_resource
+
     arena = BuddyArena(256 << 10)  # room for small batches only
     spec, engine = example_engine("cnn_onnx")
-    engine.allocate = arena.empty
-    rng = np.random.default_rng(3)
-    big = [ParsedRequest(inputs=EXAMPLES["cnn"].sample(16, rng), rows=16) for _ in range(2)]
-    first, second = engine.infer(big)  # 32 x 3 x 32 x 32 floats = 384 KiB in one buffer
-    for outcome in (first, second):
-        assert isinstance(outcome, OutOfMemory) and "bytes" in str(outcome)
-    small = [ParsedRequest(inputs=EXAMPLES["cnn"].sample(2, rng), rows=2) for _ in range(2)]
-    results = engine.infer(small)
+    memory_resource.use(arena.empty, "a small arena")
+    try:
+        rng = np.random.default_rng(3)
+        big = [ParsedRequest(inputs=EXAMPLES["cnn"].sample(16, rng), rows=16) for _ in range(2)]
+        first, second = engine.infer(big)  # 32 x 3 x 32 x 32 floats = 384 KiB in one buffer
+        for outcome in (first, second):
+            assert isinstance(outcome, OutOfMemory) and "bytes" in str(outcome)
+        small = [ParsedRequest(inputs=EXAMPLES["cnn"].sample(2, rng), rows=2) for _ in range(2)]
+        results = engine.infer(small)
+    finally:
+        memory_resource.release(arena.empty)
     assert all(r["logits"].shape == (2, 10) for r in results)
     assert arena.stats()["live"] == 0  # every batch buffer went back
 
