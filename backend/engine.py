@@ -15,6 +15,7 @@ from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
+from latte.backend.planner import BatchPlanner
 from latte.backend.planning import CostModel
 from latte.backend.requests import Columns, ParsedRequest
 from latte.backend.runtimes import Runtime
@@ -84,19 +85,13 @@ _NEVER = float("inf")
 
 
 class BatchEngine:
-    def __init__(self, spec: ModelSpec, runtime: Runtime, buckets: Optional[BucketPlan] = None,
+    def __init__(self, spec: ModelSpec, runtime: Runtime, planner: Optional[BatchPlanner] = None,
                  sessions: Optional[SessionStore] = None, session_input: Optional[str] = None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_batch: Optional[Callable[[BatchRecord], None]] = None,
-                 cost_model: Optional[CostModel] = None) -> None:
+                 on_batch: Optional[Callable[[BatchRecord], None]] = None) -> None:
         self.spec = spec
         self.runtime = runtime
-        self.buckets = buckets
-        # Cost planning lets requests of smaller buckets ride in a larger bucket's batch; the
-        # default model is replaced by one measured at warmup (see warmup.measure_cost_model).
-        if cost_model is None and spec.serving.batch_planning == "cost" and buckets is not None:
-            cost_model = CostModel.default(buckets.edges)
-        self.cost_model = cost_model if spec.serving.batch_planning == "cost" else None
+        self.planner = planner or BatchPlanner(spec)
         self.sessions = sessions
         self.session_input = session_input
         self.clock = clock
@@ -110,6 +105,23 @@ class BatchEngine:
         # Every request has one shape key (ragged inputs of one rank): a plain call is planned
         # from its lengths alone (plan_columns).
         self._one_key = spec.signature.batched and spec.signature.ragged_inputs and uniform_shapes(spec)
+
+    # What a plan depends on is the planner's; these read and set it there.
+    @property
+    def buckets(self) -> Optional[BucketPlan]:
+        return self.planner.buckets
+
+    @buckets.setter
+    def buckets(self, buckets: Optional[BucketPlan]) -> None:
+        self.planner.buckets = buckets
+
+    @property
+    def cost_model(self) -> Optional[CostModel]:
+        return self.planner.cost_model
+
+    @cost_model.setter
+    def cost_model(self, cost_model: Optional[CostModel]) -> None:
+        self.planner.cost_model = cost_model
 
     @property
     def reads_columns(self) -> bool:
@@ -149,9 +161,7 @@ class BatchEngine:
     def plan_columns(self, rows: Sequence[int], lengths: Optional[Sequence[int]]) -> List[List[int]]:
         """The batches of a plain call read by input (RequestReader.read_columns), as indices
         of its requests: the plan the general path makes of the same requests."""
-        if lengths is None and sum(rows) <= self._max_rows:
-            return [range(len(rows))]  # the common call: one batch (what plan_rows says, sooner)
-        return plan_rows(self.spec, rows, lengths, self.buckets, self.cost_model)
+        return self.planner.plan(rows, lengths)
 
     def columns_batch(self, columns: Dict[str, List[np.ndarray]], rows: Sequence[int],
                       lengths: Optional[Sequence[int]], members: Optional[Sequence[int]] = None) -> Batch:

@@ -93,8 +93,7 @@ class LatteModel:
         self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
         self.reader = RequestReader(spec)
         self.engine = BatchEngine(
-            spec, self.runtime, buckets=BucketPlan(serving.bucket_edges) if serving.bucket_edges else None,
-            sessions=self.sessions, session_input=serving.session_input, on_batch=self._on_batch,
+            spec, self.runtime, sessions=self.sessions, session_input=serving.session_input, on_batch=self._on_batch,
         )
         self.dispatcher = None
         if serving.scheduler == "affinity":

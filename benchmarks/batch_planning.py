@@ -79,7 +79,7 @@ def build_engine(repo: Path, model_file: Path, name: str, parameters: dict):
                            [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)
     arena = BuddyArena(serving.arena_bytes, "cpu")
     memory_resource.use(arena.empty, "the benchmark's arena")
-    engine = BatchEngine(spec, runtime, buckets=BucketPlan(serving.bucket_edges) if serving.bucket_edges else None)
+    engine = BatchEngine(spec, runtime)
     engine.arena = arena  # keeps the arena alive as long as the engine
     # What LatteModel does at load.
     if serving.warmup:

@@ -109,8 +109,8 @@ class GraphRuntime(Runtime):
         self._keep_tensors(graph)
         # Steps that may be handed a tensor kept on a device but read numpy: their inputs are
         # copied to the host first (none, unless some torch step keeps its outputs).
-        kept = any(getattr(step, "keeps_tensors", False) for step in self.steps)
-        self._to_host = [kept and not getattr(step, "takes_tensors", False) for step in self.steps]
+        kept = any(step.keeps_tensors for step in self.steps)
+        self._to_host = [kept and not step.takes_tensors for step in self.steps]
         self._lock = threading.Lock()  # scheduler lanes run batches from their own threads
         self._figures = [[0.0, 0, 0] for _ in self.steps]  # seconds, rows, calls
         self._unfolded: List[Tuple[List[float], int]] = []  # (seconds per step, rows) of batches not yet counted
@@ -181,12 +181,12 @@ class GraphRuntime(Runtime):
                 readers.setdefault(tensor, []).append(index)
         answered = {t.name for t in graph.outputs}
         for index, step in enumerate(self.steps):
-            if not getattr(step, "takes_tensors", False):
+            if not step.takes_tensors:
                 continue
             made = list(graph.steps[index].outputs.values())
             step.keeps_tensors = bool(made) and all(
                 tensor not in answered and readers.get(tensor)
-                and all(getattr(self.steps[r], "takes_tensors", False) and self.steps[r].device == step.device
+                and all(self.steps[r].takes_tensors and self.steps[r].device == step.device
                         for r in readers[tensor])
                 for tensor in made)
 
@@ -437,7 +437,7 @@ class GraphRuntime(Runtime):
 
     def describe(self) -> str:
         text = "graph: " + " -> ".join(
-            f"{step.name} ({step.kind}" + (f", tensors kept on {step.device}" if getattr(step, "keeps_tensors", False)
+            f"{step.name} ({step.kind}" + (f", tensors kept on {step.device}" if step.keeps_tensors
                                            else "") + ")" for step in self.steps)
         return "; ".join([text, *self.notes])
 

@@ -1,8 +1,9 @@
 """The steps a graph runs, behind one small interface: `run(values, members) -> values`.
 
-- ModelStep: an ONNX, TorchScript or torch.export model, run through latte's planner: a ragged
-  tensor is planned by its rows' lengths into sub-batches (cost model measured at load, as a
-  served model's is), each padded to its longest row, and the outputs put back in row order.
+- ModelStep: an ONNX, TorchScript or torch.export model, planned and run as the same model
+  served alone is: its BatchEngine's planner cuts a ragged tensor by its rows' lengths into
+  sub-batches (cost model measured at load on that engine's runner), each padded to its
+  longest row and run by that engine's one batch runner, the outputs put back in row order.
 - FunctionStep: a plain Python function on batch arrays, called once per batch.
 - python_model.PythonModelStep: an unchanged TritonPythonModel, called in process.
 
@@ -16,13 +17,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from latte.backend.batching import chunk_by_rows, plan_rows
-from latte.backend.buckets import BucketPlan
+from latte.backend.batching import Batch
 from latte.backend.config import ModelSpec, TensorSpec
 from latte.backend.engine import BatchEngine
 from latte.backend.errors import RequestError
 from latte.backend.graph.values import Value, gather, measure_lengths, repadded, scatter, variable_axes
-from latte.backend.runtimes.base import Runtime, as_declared
+from latte.backend.runtimes.base import Runtime
 
 Values = Dict[str, Value]
 
@@ -40,6 +40,11 @@ class Step:
         self.pad_value = pad_value
         self.output_axes = {t.name: variable_axes(t.dims) for t in outputs}
         self.namespace = None  # a Python step's import namespace (step_imports), closed with it
+        # Whether the step takes torch tensors, and hands its outputs on as tensors on its
+        # device (the graph decides, where every reader of them takes tensors there).
+        self.takes_tensors = False
+        self.keeps_tensors = False
+        self.device = "cpu"
 
     def run(self, values: Values, members: Sequence[int]) -> Values:
         raise NotImplementedError
@@ -61,17 +66,15 @@ class ModelStep(Step):
         super().__init__(name, signature.inputs, signature.outputs, serving.pad_value)
         self.spec = spec
         self.runtime = runtime
-        # The step's own planner, as a served model has one: buckets, and a cost model measured
-        # at load (measure), over the step's runtime.
-        self.engine = BatchEngine(spec, runtime, buckets=BucketPlan(serving.bucket_edges) if serving.bucket_edges
-                                  else None)
+        # The engine the same model served alone has: its planner (buckets, a cost model measured
+        # at load by measure) and its batch runner run the step's sub-batches.
+        self.engine = BatchEngine(spec, runtime)
         self.max_rows = max(1, signature.max_batch_size)
         self.max_length = serving.max_sequence_length
         # A torch runtime takes tensors, and hands its outputs on as tensors on its device when
         # every reader of them is a torch step of that device (the graph decides: keeps_tensors).
         self.device = str(getattr(runtime, "device", "cpu"))
-        self.takes_tensors = hasattr(runtime, "run_tensors")
-        self.keeps_tensors = False
+        self.takes_tensors = runtime.takes_tensors
         # Every input with a variable dimension is padded and planned by its rows' lengths: inside
         # a graph rows of one batch differ in length whether or not the step's config says
         # allow_ragged_batch (Triton's batcher never mixed them; the graph's batch does).
@@ -86,13 +89,10 @@ class ModelStep(Step):
             self.engine.cost_model = measured
 
     def plan(self, lengths: Optional[np.ndarray], rows: int) -> List[Optional[np.ndarray]]:
-        """Row indices of each sub-batch; [None] when the whole batch is one call, in order."""
-        if lengths is None or rows == 1:
-            if rows <= self.max_rows:
-                return [None]
-            return [np.asarray(group) for group in chunk_by_rows(list(range(rows)), [1] * rows, self.max_rows)]
-        groups = plan_rows(self.spec, [1] * rows, lengths.tolist(), self.engine.buckets, self.engine.cost_model)
-        if len(groups) == 1 and len(groups[0]) == rows and groups[0] == sorted(groups[0]):
+        """Row indices of each sub-batch (the served model's plan of one-row requests); [None]
+        when the whole batch is one call, in order."""
+        groups = self.engine.planner.plan([1] * rows, None if lengths is None or rows == 1 else lengths.tolist())
+        if len(groups) == 1 and len(groups[0]) == rows and list(groups[0]) == sorted(groups[0]):
             return [None]
         return [np.asarray(group) for group in groups]
 
@@ -121,12 +121,15 @@ class ModelStep(Step):
             length = longest if group is None else (None if lengths is None else int(lengths[group].max()))
             feed = {t.name: gather(padded[t.name], values[t.name].axes if t.name in variable else (), group,
                                    length if t.name in variable else None) for t in self.inputs}
-            outputs = (self.runtime.run_tensors(feed) if self.keeps_tensors
-                       else as_declared(self.runtime.run(feed), self._dtypes))
             expected = rows if group is None else len(group)
-            for name, array in outputs.items():
-                if array.ndim == 0 or array.shape[0] != expected:
-                    raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {expected} rows")
+            if self.keeps_tensors:
+                outputs = self.runtime.run_tensors(feed)
+                for name, array in outputs.items():
+                    if array.ndim == 0 or array.shape[0] != expected:
+                        raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {expected} rows")
+            else:  # the served model's batch runner: declared types, rows checked
+                outputs = self.engine.run(Batch(inputs=feed, member_rows=[expected], lengths=[length],
+                                                padded_length=length, rows=expected))
             parts.append((group, length, outputs))
             del feed  # arena-backed sub-batches go back as soon as the call is over
         return {t.name: self._output(t.name, parts, rows, lengths) for t in self.outputs}

@@ -18,6 +18,7 @@ class Runtime:
 
     kind = "base"
     trims_outputs = False  # whether outputs carry each request's own length to be cut to (a graph's ragged ones)
+    takes_tensors = False  # whether run_tensors takes and gives torch tensors on the runtime's device
 
     def __init__(self, input_names: Sequence[str], output_names: Sequence[str]) -> None:
         self.input_names: List[str] = list(input_names)

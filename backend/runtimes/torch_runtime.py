@@ -92,6 +92,8 @@ class TorchRuntime(Runtime):
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         return self._on_lane(feed, to_host=True)
 
+    takes_tensors = True
+
     def run_tensors(self, feed) -> Dict[str, "object"]:
         """The outputs as torch tensors on this runtime's device; the feed may hold numpy arrays
         or tensors (a graph passes the tensors one torch step made to the next, so on a GPU

@@ -82,7 +82,9 @@ def example_engine(example_repo):
         signature, serving = spec.signature, spec.serving
         runtime = load_runtime(signature.runtime, signature.model_path, [t.name for t in signature.inputs],
                                [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)
-        buckets = BucketPlan(serving.bucket_edges) if bucketed and serving.bucket_edges else None
-        return spec, BatchEngine(spec, runtime, buckets=buckets)
+        engine = BatchEngine(spec, runtime)
+        if not bucketed:
+            engine.buckets = None
+        return spec, engine
 
     return build

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from latte.backend.buckets import BucketPlan
+from latte.backend.planner import BatchPlanner
 from latte.backend.config import parse_model_config
 from latte.backend.engine import BatchEngine
 from latte.backend.errors import (ConfigError, DeadlineExceeded, ModelError, OutOfMemory, RequestError,
@@ -81,7 +82,7 @@ class PerToken(torch.nn.Module):
         return torch.cat([t, t * 10.0], dim=-1)
 
 
-def per_token_engine(tmp_path, planning="cost", pad_to="edge", **kwargs):
+def per_token_engine(tmp_path, planning="cost", pad_to="edge", cost_model=None, **kwargs):
     model_dir = tmp_path / "per_token"
     (model_dir / "1").mkdir(parents=True)
     torch.jit.script(PerToken()).save(str(model_dir / "1" / "model.pt"))
@@ -93,7 +94,7 @@ def per_token_engine(tmp_path, planning="cost", pad_to="edge", **kwargs):
                              "pad_to": {"string_value": pad_to}}}
     spec = parse_model_config(config, model_dir, "1")
     runtime = load_runtime("torchscript", spec.signature.model_path, ["tokens"], ["vectors"], 1, 1)
-    return BatchEngine(spec, runtime, buckets=BucketPlan(spec.serving.bucket_edges), **kwargs)
+    return BatchEngine(spec, runtime, BatchPlanner(spec, cost_model), **kwargs)
 
 
 @pytest.mark.parametrize("pad_to, shared_batch", [("edge", (2, 16)), ("longest", (2, 5))])

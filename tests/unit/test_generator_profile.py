@@ -98,9 +98,33 @@ def test_predicted_next_latency_carries_the_last_doublings_growth_on():
     assert predicted_next_ms([at(1, 5.0), at(2, 4.0)]) == pytest.approx(4.0)
 
 
-def test_a_sweep_skips_the_batch_that_would_pass_the_ceiling(exported):
-    import time
+class ModelClock:
+    """The profiler's clock, advanced only by the model's calls. A cost model that sleeps
+    oversleeps by however long a busy machine keeps the thread waiting, which moves the batch
+    where a sweep stops; on this clock each call costs exactly what the model says."""
 
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def spend(self, ms: float) -> None:
+        self.now += ms / 1000.0
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    import types
+
+    from latte.generator import profile
+
+    clock = ModelClock()
+    monkeypatch.setattr(profile, "time", types.SimpleNamespace(perf_counter=clock.perf_counter))
+    return clock
+
+
+def test_a_sweep_skips_the_batch_that_would_pass_the_ceiling(exported, clock):
     import numpy as np
 
     from latte.generator.profile import _sweep_bucket
@@ -110,25 +134,23 @@ def test_a_sweep_skips_the_batch_that_would_pass_the_ceiling(exported):
     def run(feed):   # 3 ms a row: batch 4 takes 12 ms, so batch 8 (about 24 ms) cannot fit 20 ms
         batch = len(feed["features"])
         ran.append(batch)
-        time.sleep(0.003 * batch)
+        clock.spend(3.0 * batch)
 
     shapes = resolve_shapes(exported["mlp"]["onnx"])
     opts = ProfileOptions(max_batch_size=64, max_latency_ms=20.0, **FAST)
     points, reason = _sweep_bucket(run, shapes, None, opts, 1 << 34, np.random.default_rng(0), lambda n: None)
     assert [p.batch_size for p in points] == [1, 2, 4]
     assert 8 not in ran
-    assert reason.startswith("latency: batch 8 would take at least ") and reason.endswith(", over the 20 ms ceiling")
+    assert reason == "latency: batch 8 would take at least 24 ms, over the 20 ms ceiling"
 
 
-def test_with_an_slo_the_longest_bucket_is_swept_past_its_plateau_to_the_ceiling(exported):
-    import time
-
+def test_with_an_slo_the_longest_bucket_is_swept_past_its_plateau_to_the_ceiling(exported, clock):
     import numpy as np
 
     from latte.generator.profile import _sweep_bucket
 
     def run(feed):   # a row costs a little more in every bigger batch: throughput falls from the start
-        time.sleep(0.001 * len(feed["features"]) ** 1.15)
+        clock.spend(len(feed["features"]) ** 1.15)
 
     shapes = resolve_shapes(exported["mlp"]["onnx"])
     sweep = dict(shapes=shapes, length=None, memory_limit=1 << 34, advance=lambda n: None)
@@ -140,7 +162,7 @@ def test_with_an_slo_the_longest_bucket_is_swept_past_its_plateau_to_the_ceiling
     assert opts.ceiling_ms == 50.0
     points, reason = _sweep_bucket(run, opts=opts, rng=np.random.default_rng(0), to_ceiling=True, **sweep)
     assert [p.batch_size for p in points] == [1, 2, 4, 8, 16]
-    assert reason.startswith("latency: batch 32 would take at least ")
+    assert reason == "latency: batch 32 would take at least 54 ms, over the 50 ms ceiling"
 
 
 def test_the_profile_keeps_its_ceiling_and_knows_which_slos_it_covers(exported, tmp_path):

@@ -157,3 +157,23 @@ def test_warm_up_calls_are_shaped_as_clients_send_requests(user_repo):
     calls = warmup_calls(spec)
     assert [len(call) for call in calls] == [spec.signature.max_batch_size]
     assert all(request.rows == 1 and request.inputs["TEXT"].shape == (1, 1) for request in calls[0])
+
+
+def test_a_model_step_in_a_graph_and_the_same_model_served_alone_take_the_same_plan(user_repo):
+    repo, fused = user_repo
+    model = example_model(fused, "embed_text")
+    encoder = example_model(repo, "encoder")
+    try:
+        (step,) = [s for s in model.runtime.steps if s.kind == "model"]
+        # Each measured its cost at load; with the same measurements they plan alike.
+        encoder.engine.cost_model = step.engine.cost_model
+        rng = np.random.default_rng(5)
+        for count in (1, 3, 8, 8, 20):
+            lengths = rng.integers(1, 128, count)
+            served = [sorted(batch) for batch in encoder.engine.plan_columns([1] * count, lengths.tolist())]
+            in_graph = [list(range(count)) if group is None else sorted(group.tolist())
+                        for group in step.plan(lengths, count)]
+            assert sorted(in_graph) == sorted(served), lengths
+    finally:
+        model.finalize()
+        encoder.finalize()

@@ -1,0 +1,45 @@
+"""The one planner: which requests of a call share a model call.
+
+It owns what a plan depends on (the model's signature and serving options, its shape
+buckets, its cost model, measured at load on the path that serves) and decides once per call
+whether the call fits one batch. A served model's engine and a model step inside a graph each
+hold one, so the same model takes the same plan for the same requests wherever it runs.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, List, Optional, Sequence
+
+from latte.backend.batching import chunk_by_rows, plan_rows
+from latte.backend.buckets import BucketPlan
+from latte.backend.config import ModelSpec
+from latte.backend.planning import CostModel
+
+
+class BatchPlanner:
+    def __init__(self, spec: ModelSpec, cost_model: Optional[CostModel] = None) -> None:
+        serving = spec.serving
+        self.spec = spec
+        self.buckets = BucketPlan(serving.bucket_edges) if serving.bucket_edges else None
+        self.max_rows = max(1, spec.signature.max_batch_size)
+        # Cost planning lets requests of smaller buckets ride in a larger bucket's batch; the
+        # default model is replaced by one measured at warmup (warmup.measure_cost_model).
+        if cost_model is None and serving.batch_planning == "cost" and self.buckets is not None:
+            cost_model = CostModel.default(self.buckets.edges)
+        self.cost_model = cost_model if serving.batch_planning == "cost" else None
+
+    def plan(self, rows: Sequence[int], lengths: Optional[Sequence[int]]) -> List[Sequence[int]]:
+        """Indices of requests of one shape key (`rows` each, ragged `lengths` or None) in
+        batches within max_batch_size; a call that fits is one batch of all of them, in order."""
+        if lengths is None and sum(rows) <= self.max_rows:
+            return [range(len(rows))]
+        return plan_rows(self.spec, rows, lengths, self.buckets, self.cost_model)
+
+    def edge(self, longest: Optional[int]) -> Optional[int]:
+        """The bucket edge of a batch whose longest member has `longest` (its affinity key)."""
+        if self.buckets is None or longest is None:
+            return None
+        return self.buckets.edge_for(longest)
+
+    def describe(self) -> Hashable:
+        return self.cost_model.describe() if self.cost_model is not None else "none"
