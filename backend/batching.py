@@ -231,19 +231,19 @@ def pad_bytes(value: float, dtype: np.dtype) -> bytes:
     return cached
 
 
-def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray]) -> List[Dict[str, np.ndarray]]:
+def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray],
+          own: Optional[Dict[str, List[int]]] = None) -> List[Dict[str, np.ndarray]]:
     """Per-request outputs, in the order of the batch's requests.
 
-    An output dimension declared -1 whose size equals the padded length is cut back to
-    each request's own length, so per-token outputs come back un-padded.
+    A ragged output is cut to each request's own length: the length the runtime says (`own`,
+    a graph of steps), else, for an output dimension declared -1 whose size equals the padded
+    length, the request's own input length, so per-token outputs come back un-padded.
     """
     if not spec.signature.batched:
         return [outputs]
     total = batch.rows  # the batch runner (BatchEngine.run) checked that every output has these rows
     results = []
     at = 0
-    # A graph of steps says each request's own length of its ragged outputs (GraphOutputs).
-    own = getattr(outputs, "lengths", None)
     if not own and (not spec.signature.trimmed_outputs or batch.padded_length is None):
         # Nothing to trim: each request's share is a view of its rows.
         if len(batch.member_rows) == 1:

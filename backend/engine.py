@@ -3,14 +3,13 @@ model calls, splitting, and isolation of failures."""
 
 from __future__ import annotations
 
+import collections
 import time
-from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from latte.backend.batching import (Batch, affinity_key, assemble, assemble_columns, chunk_by_rows,
-                                    plan_batches, plan_rows, ragged_length, split, uniform_shapes)
+from latte.backend.batching import Batch, affinity_key, assemble, assemble_columns, ragged_length, split, uniform_shapes
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
@@ -19,7 +18,6 @@ from latte.backend.planner import BatchPlanner
 from latte.backend.planning import CostModel
 from latte.backend.requests import Columns, ParsedRequest
 from latte.backend.runtimes import Runtime
-from latte.backend.runtimes.base import as_declared
 from latte.backend.sessions import SessionStore
 
 Result = Union[Dict[str, np.ndarray], Exception]
@@ -51,9 +49,9 @@ def model_failure(model: str, exc: BaseException) -> ModelError:
     return ModelError(f"model {model!r} failed: {failure_text(exc)}", detail=f"{type(exc).__name__}: {str(exc).strip()}")
 
 
-@dataclass(slots=True)
-class BatchRecord:
-    """What one model call did, for metrics."""
+class BatchRecord(NamedTuple):
+    """What one model call did, for metrics; the runner appends it as a plain tuple (a call
+    on the request path costs more than the record) and take_records names its fields."""
     rows: int
     requests: int
     padded_length: Optional[int]
@@ -84,18 +82,25 @@ class Work:
 _NEVER = float("inf")
 
 
+# Records a caller has not taken are dropped past this many (the oldest first), so an engine
+# whose caller never takes them (a tool's, a benchmark's) cannot grow without bound.
+_MAX_RECORDS = 1 << 16
+
+
 class BatchEngine:
     def __init__(self, spec: ModelSpec, runtime: Runtime, planner: Optional[BatchPlanner] = None,
                  sessions: Optional[SessionStore] = None, session_input: Optional[str] = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_batch: Optional[Callable[[BatchRecord], None]] = None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
         self.runtime = runtime
         self.planner = planner or BatchPlanner(spec)
         self.sessions = sessions
         self.session_input = session_input
         self.clock = clock
-        self.on_batch = on_batch
+        # What each batch run did, for the caller to take (take_records): the engine records,
+        # it calls nothing back. Lanes append from their threads; a deque takes that.
+        self.records: Deque[tuple] = collections.deque(maxlen=_MAX_RECORDS)
+        self.recording = True  # off while the cost model is timed: timing calls are not traffic
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
         self._out_dtypes = {t.name: t.dtype for t in spec.signature.outputs}
         self._batched = spec.signature.batched
@@ -103,7 +108,7 @@ class BatchEngine:
         self._one_shape = (spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
                            and not runtime.trims_outputs)
         # Every request has one shape key (ragged inputs of one rank): a plain call is planned
-        # from its lengths alone (plan_columns).
+        # from its lengths alone (BatchPlanner.plan).
         self._one_key = spec.signature.batched and spec.signature.ragged_inputs and uniform_shapes(spec)
 
     # What a plan depends on is the planner's; these read and set it there.
@@ -125,7 +130,7 @@ class BatchEngine:
 
     @property
     def reads_columns(self) -> bool:
-        """Whether a plain call may be read by input and run by plan_columns and run_columns:
+        """Whether a plain call may be read by input and run by the planner and run_columns:
         every request of one shape key (one shape, or ragged inputs of one rank), batches run
         inline."""
         return (self._one_shape or self._one_key) and self.dispatcher is None
@@ -158,11 +163,6 @@ class BatchEngine:
             for group in self.order(self._groups(work)):
                 yield self._run_in_time(group)
 
-    def plan_columns(self, rows: Sequence[int], lengths: Optional[Sequence[int]]) -> List[List[int]]:
-        """The batches of a plain call read by input (RequestReader.read_columns), as indices
-        of its requests: the plan the general path makes of the same requests."""
-        return self.planner.plan(rows, lengths)
-
     def columns_batch(self, columns: Dict[str, List[np.ndarray]], rows: Sequence[int],
                       lengths: Optional[Sequence[int]], members: Optional[Sequence[int]] = None) -> Batch:
         """The batch of a plain call read by input (all its requests, or those at `members`):
@@ -172,11 +172,11 @@ class BatchEngine:
             rows = [rows[i] for i in members]
             lengths = [lengths[i] for i in members] if lengths is not None else None
         return assemble_columns(self.spec, columns, rows, lengths if lengths is not None else [None] * len(rows),
-                                self.buckets)
+                                self.planner.buckets)
 
     def run_columns(self, columns: Columns, plan: Sequence[Sequence[int]]) -> List[Result]:
         """Each request's outcome, in order, for a plain call read by input and planned by
-        plan_columns: each batch packed natively, run and cut back into views. A batch that
+        the planner: each batch packed natively, run and cut back into views. A batch that
         fails is isolated as on the general path (its requests alone); the others are not run
         again."""
         results: List[Result] = [None] * len(columns.rows)  # type: ignore[list-item]
@@ -191,8 +191,10 @@ class BatchEngine:
         started = self.clock()
         batch = None
         try:
-            batch = self.columns_batch(columns.arrays, columns.rows, columns.lengths)
-            return self.run(batch, started), None
+            rows, lengths = columns.rows, columns.lengths
+            batch = assemble_columns(self.spec, columns.arrays, rows, lengths if lengths is not None else
+                                     [None] * len(rows), self.planner.buckets)
+            return self.run(batch, started)[0], None
         except Exception as exc:
             return None, self._isolated(exc, batch, started, len(columns.rows),
                                         lambda: [column_request(columns, i) for i in range(len(columns.rows))])
@@ -204,7 +206,7 @@ class BatchEngine:
         batch = None
         try:
             batch = self.columns_batch(columns.arrays, columns.rows, columns.lengths, members)
-            return split(self.spec, batch, self.run(batch, started))
+            return split(self.spec, batch, *self.run(batch, started))
         except Exception as exc:
             return self._isolated(exc, batch, started, len(members),
                                   lambda: [column_request(columns, i) for i in members])
@@ -257,12 +259,8 @@ class BatchEngine:
         return [[by_position[pos] for pos, _ in group] for group in self._plan([(w.position, w.request) for w in work])]
 
     def _plan(self, pairs: Sequence[Tuple[int, ParsedRequest]]) -> List[List[Tuple[int, ParsedRequest]]]:
-        """(position, request) pairs in batches: when every request has one shape, every
-        request fits every batch and the call is cut by rows, in order; otherwise the
-        planner's batches (planning.py)."""
-        if self._one_shape:
-            return chunk_by_rows(pairs, [r.rows for _, r in pairs], self.spec.signature.max_batch_size)
-        return plan_batches(self.spec, pairs, self.buckets, self.cost_model)
+        """(position, request) pairs in batches, as the planner plans them."""
+        return self.planner.plan_requests(pairs)
 
     def planned_keys(self, work: Sequence[Work]) -> Dict[int, tuple]:
         """Each request's affinity key under this call's plan: the bucket edge of the batch it
@@ -331,7 +329,7 @@ class BatchEngine:
         batch = None
         try:
             batch = assemble(self.spec, requests, self.buckets)
-            return split(self.spec, batch, self.run(batch, started))
+            return split(self.spec, batch, *self.run(batch, started))
         except Exception as exc:
             return self._isolated(exc, batch, started, len(requests), lambda: requests)
         finally:
@@ -351,29 +349,38 @@ class BatchEngine:
             return [exc if isinstance(exc, RequestError) else model_failure(self.spec.signature.name, exc)]
         return [result for request in requests() for result in self._run_requests([request])]
 
-    def run(self, batch: Batch, started: Optional[float] = None) -> Dict[str, np.ndarray]:
+    def run(self, batch: Batch, started: Optional[float] = None
+            ) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
         """The one batch runner: the batch through the model (the one place a batch meets its
         runtime, or the graph of steps it runs), its outputs checked to hold its rows, and
-        recorded. Raises when the model fails; callers isolate what failed."""
+        recorded. Gives the outputs and each request's own length of ragged ones where the
+        runtime says them (Runtime.run_batch). Raises when the model fails; callers isolate
+        what failed."""
         called = self.clock()
-        outputs = as_declared(self.runtime.run_batch(batch), self._out_dtypes)
+        outputs, lengths = self.runtime.run_batch(batch)
         ran = self.clock()
-        if self._batched:
-            total = batch.rows
-            for name, array in outputs.items():
-                if array.ndim == 0 or array.shape[0] != total:
-                    raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {total} rows "
-                                       "for this batch")
-        if self.on_batch is not None:
-            self.on_batch(BatchRecord(rows=batch.rows, requests=len(batch.member_rows), padded_length=batch.padded_length,
-                                      seconds=ran - (called if started is None else started), failed=False,
-                                      model_seconds=ran - called))
-        return outputs
+        total = batch.rows if self._batched else None
+        for name, array in outputs.items():
+            dtype = self._out_dtypes.get(name)
+            if dtype is not None and (type(array) is not np.ndarray or array.dtype != dtype):
+                # A framework's tensor, or another type than declared: numpy of the declared one.
+                array = outputs[name] = np.asarray(array, dtype=dtype)
+            if total is not None and (array.ndim == 0 or array.shape[0] != total):
+                raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {total} rows "
+                                   "for this batch")
+        if self.recording:
+            self.records.append((batch.rows, len(batch.member_rows), batch.padded_length,
+                                 ran - (called if started is None else started), False, ran - called))
+        return outputs, lengths
 
     def _record_failed(self, batch: Batch, requests: int, started: float) -> None:
-        if self.on_batch is not None:
-            self.on_batch(BatchRecord(rows=batch.rows, requests=requests, padded_length=batch.padded_length,
-                                      seconds=self.clock() - started, failed=True))
+        if self.recording:
+            self.records.append((batch.rows, requests, batch.padded_length, self.clock() - started, True, 0.0))
+
+    def take_records(self) -> List[BatchRecord]:
+        """The records of the batches run since the last take, oldest first."""
+        records = self.records
+        return [BatchRecord(*records.popleft()) for _ in range(len(records))]
 
     # -- sessions -------------------------------------------------------------------------
     def _with_session(self, request: ParsedRequest, opts: RequestOptions) -> ParsedRequest:

@@ -63,19 +63,17 @@ class MetricsAggregate:
         # Records of one kind folded together (defer_alike): fold_all -> their deque.
         self._alike: Dict[Callable, "collections.deque"] = {}
 
-    def alike(self, fold_all: Callable) -> Callable:
-        """A function that keeps a record to be folded in at the next snapshot together with
-        every other record it kept: fold_all(records) gives their (increments, observations,
-        bulk observations [(key, bounds, values, counts)]). Cheaper than defer per record,
-        for the one kind of record made on nearly every execute call."""
+    def alike(self, fold_all: Callable) -> "collections.deque":
+        """A queue of records to be folded in at the next snapshot together: fold_all(records)
+        gives their (increments, observations, bulk observations [(key, bounds, values,
+        counts)]). Cheaper than defer per record, for the one kind of record made on nearly
+        every execute call; whoever appends calls overflow() past _MAX_DEFERRED."""
         with self._lock:
-            queue = self._alike.setdefault(fold_all, collections.deque())
+            return self._alike.setdefault(fold_all, collections.deque())
 
-        def keep(record) -> None:
-            queue.append(record)
-            if len(queue) > _MAX_DEFERRED:  # nobody has read the figures for a while
-                self._fold_alike(fold_all, queue)
-        return keep
+    def overflow(self, fold_all: Callable) -> None:
+        """Fold a queue of alike records now: nobody has read the figures for a while."""
+        self._fold_alike(fold_all, self._alike[fold_all])
 
     def _fold_alike(self, fold_all: Callable, queue: "collections.deque") -> None:
         records = []
@@ -162,7 +160,8 @@ class MetricsAggregate:
 _DESCRIPTIONS = {
     "latte_requests_total": "Requests answered, by outcome (success or the error kind)",
     "latte_request_duration_us": "Time from execute to response per request, by priority level",
-    "latte_batch_size": "Rows per model call",
+    "latte_batch_size": "Rows per model call that served its requests",
+    "latte_failed_batches_total": "Model calls that failed (their requests then ran alone, or failed)",
     "latte_model_duration_us_total": "Time spent inside the model runtime",
     "latte_execute_us_total": "Time spent in execute, by stage (read, engine, respond)",
     "latte_execute_calls_total": "execute calls",
@@ -285,7 +284,7 @@ class BackendMetrics:
         self.aggregate = aggregate or MetricsAggregate()
         self._outcome_keys: Dict[str, Tuple[str, Labels]] = {}
         self._priority_keys: Dict[int, Tuple[str, Labels]] = {}
-        self._keep_plain = self.aggregate.alike(_fold_plain_calls)
+        self._plain_calls = self.aggregate.alike(_fold_plain_calls)
         self._steps_seen: Dict[str, Tuple[float, float, float]] = {}
 
     def requests(self, counts: Mapping[Tuple[str, int], int], seconds: float) -> None:
@@ -316,7 +315,10 @@ class BackendMetrics:
                    model_s: float) -> None:
         """The common execute call: every request answered with outputs at default priority,
         from one model call of `rows` rows; the same figures as `call`, folded many at a time."""
-        self._keep_plain((requests, read_s, engine_s, respond_s, read_s + engine_s, rows, model_s))
+        queue = self._plain_calls
+        queue.append((requests, read_s, engine_s, respond_s, read_s + engine_s, rows, model_s))
+        if len(queue) > _MAX_DEFERRED:
+            self.aggregate.overflow(_fold_plain_calls)
 
     def _fold_call(self, record) -> Tuple[list, list]:
         requests, read_s, engine_s, respond_s, answered, batches = record

@@ -8,9 +8,10 @@ hold one, so the same model takes the same plan for the same requests wherever i
 
 from __future__ import annotations
 
-from typing import Hashable, List, Optional, Sequence
+from typing import Hashable, List, Optional, Sequence, Tuple
 
-from latte.backend.batching import chunk_by_rows, plan_rows
+from latte.backend.batching import plan_batches, plan_rows, uniform_shapes
+from latte.backend.requests import ParsedRequest
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.planning import CostModel
@@ -27,6 +28,8 @@ class BatchPlanner:
         if cost_model is None and serving.batch_planning == "cost" and self.buckets is not None:
             cost_model = CostModel.default(self.buckets.edges)
         self.cost_model = cost_model if serving.batch_planning == "cost" else None
+        # Every request of one shape and no ragged input: a call is cut by rows alone.
+        self._one_shape = spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
 
     def plan(self, rows: Sequence[int], lengths: Optional[Sequence[int]]) -> List[Sequence[int]]:
         """Indices of requests of one shape key (`rows` each, ragged `lengths` or None) in
@@ -34,6 +37,13 @@ class BatchPlanner:
         if lengths is None and sum(rows) <= self.max_rows:
             return [range(len(rows))]
         return plan_rows(self.spec, rows, lengths, self.buckets, self.cost_model)
+
+    def plan_requests(self, pairs: Sequence[Tuple[int, ParsedRequest]]) -> List[List[Tuple[int, ParsedRequest]]]:
+        """(position, request) pairs in batches: requests of one shape key each, planned by
+        `plan`."""
+        if self._one_shape:
+            return [[pairs[i] for i in batch] for batch in self.plan([r.rows for _, r in pairs], None)]
+        return plan_batches(self.spec, pairs, self.buckets, self.cost_model)
 
     def edge(self, longest: Optional[int]) -> Optional[int]:
         """The bucket edge of a batch whose longest member has `longest` (its affinity key)."""

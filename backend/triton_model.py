@@ -7,14 +7,14 @@ import itertools
 import queue
 import threading
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from latte.backend import autocomplete, memory_resource
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import parse_args, parse_model_config, thread_budget_warning, usable_core_ids
-from latte.backend.engine import BatchEngine, BatchRecord, ModelError, model_failure
+from latte.backend.engine import BatchEngine, ModelError, model_failure
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
 from latte.backend.options import read_options
@@ -92,9 +92,8 @@ class LatteModel:
         self.metrics = BackendMetrics()
         self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
         self.reader = RequestReader(spec)
-        self.engine = BatchEngine(
-            spec, self.runtime, sessions=self.sessions, session_input=serving.session_input, on_batch=self._on_batch,
-        )
+        self.engine = BatchEngine(spec, self.runtime, sessions=self.sessions, session_input=serving.session_input)
+        self.planner = self.engine.planner
         self.dispatcher = None
         if serving.scheduler == "affinity":
             window = serving.batch_window_us / 1e6 if serving.async_execute else 0.0
@@ -112,7 +111,6 @@ class LatteModel:
         # back to each request's own length (split does that).
         self._views = not signature.trimmed_outputs and not self.runtime.trims_outputs
         self.early = EarlyAnswers(serving.respond)
-        self._batches: List = []  # (rows, model seconds, failed) of the running execute call's batches
         # Answers of async_execute wait here for the sender thread, highest priority_level first
         # (then in the order they finished): (-priority, sequence number, [(sender, outcome)]).
         self._outbox: "queue.PriorityQueue" = queue.PriorityQueue()
@@ -125,6 +123,7 @@ class LatteModel:
         self.publisher = TritonPublisher(pb, self.metrics.aggregate, signature.name, refresh=self._refresh_gauges,
                                          instance=args.get("model_instance_name", ""))
         warmed = self._warmup() if serving.warmup else 0
+        self.engine.take_records()  # load's own batches are not served ones
         if serving.warmup and self.engine.cost_model is not None:
             measured = measure_cost_model(self.engine)
             if measured is not None:
@@ -166,6 +165,9 @@ class LatteModel:
         return auto_complete_model_config
 
     def execute(self, requests) -> List:
+        """read -> plan -> run -> answer: a plain call of a model read by input (the common
+        call) on the column route; any other call read request by request, its batches run
+        inline (or on the lanes with async_execute) and each answered with its own outcome."""
         started = time.perf_counter()
         if self._by_columns:
             responses = self._execute_columns(requests, started)
@@ -179,13 +181,29 @@ class LatteModel:
             self._submit(requests, items, options, started)
             self.metrics.execute(len(requests), read - started, time.perf_counter() - read, 0.0)
             return None
+        results, answered, responding = self._run_call(requests, items, options, started)
+        ran = time.perf_counter()
+        if options is None and not responding and all(type(r) is dict for r in results):
+            # Every request answered with outputs at default priority, none early: the plain
+            # call's responses and figures (the whole call was one batch, or its plan's batches).
+            responses = self.responses.successes(results)
+            self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
+            return responses
+        responses = self.responses.build_all(results, skip=_SENT)
+        # The early sends happened inside the engine's time; the final responses after it.
+        engine_s = ran - read - responding
+        responding += time.perf_counter() - ran
+        self.metrics.call(len(requests), read - started, engine_s, responding, answered, self._take_batches())
+        return responses
 
-        # Each request's outcome as the engine yields it; _SENT once answered through its
-        # sender (early), which leaves None in execute's return value.
+    def _run_call(self, requests, items, options, started: float):
+        """Each request's outcome as the engine yields it (_SENT once answered early through its
+        sender), the (outcome counts, seconds) of each group answered, and the seconds spent
+        sending early."""
         results = [_UNANSWERED] * len(requests)
         pending = len(requests)
-        responding = 0.0  # seconds spent building and sending responses
-        answered = []     # (outcome counts, seconds since execute began) per group, for metrics
+        responding = 0.0
+        answered = []
         try:
             for outcomes in self.engine.answers(items, options):
                 pending -= len(outcomes)
@@ -202,20 +220,7 @@ class LatteModel:
             answered.append((self._tally(failed, options), time.perf_counter() - started))
             for position, _ in failed:
                 results[position] = failure
-        ran = time.perf_counter()
-        if options is None and not responding and all(type(r) is dict for r in results):
-            # Every request answered with outputs at default priority, none early: the plain
-            # call's responses and figures (the whole call was one batch, or its plan's batches).
-            responses = self.responses.successes(results)
-            self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
-            return responses
-        responses = self.responses.build_all(results, skip=_SENT)
-        # The early sends happened inside the engine's time; the final responses after it.
-        engine_s = ran - read - responding
-        responding += time.perf_counter() - ran
-        batches, self._batches = self._batches, []
-        self.metrics.call(len(requests), read - started, engine_s, responding, answered, batches)
-        return responses
+        return results, answered, responding
 
     def _execute_columns(self, requests, started: float) -> Optional[List]:
         """A plain call of a model whose requests share one shape key: read by input, planned
@@ -226,7 +231,7 @@ class LatteModel:
         columns = self.reader.read_columns(requests)
         if columns is None:
             return None
-        plan = self.engine.plan_columns(columns.rows, columns.lengths)
+        plan = self.planner.plan(columns.rows, columns.lengths)
         if len(plan) > 1 and self.early.pays():
             return None
         read = time.perf_counter()
@@ -244,20 +249,34 @@ class LatteModel:
             # A batch failed and its requests ran alone: each answered with its own outcome.
             responses = self.responses.build_all(results)
             answered = [(self._tally(list(enumerate(results)), None), ran - started)]
-            batches, self._batches = self._batches, []
-            self.metrics.call(len(requests), read - started, ran - read, time.perf_counter() - ran, answered, batches)
+            self.metrics.call(len(requests), read - started, ran - read, time.perf_counter() - ran, answered,
+                              self._take_batches())
             return responses
         self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
         return responses
 
     def _record_plain(self, requests: int, read_s: float, engine_s: float, respond_s: float) -> None:
         """Metrics of a call whose every request was answered with outputs at default priority."""
-        batches, self._batches = self._batches, []
-        if len(batches) == 1:  # one model call: the common case, folded with its likes
-            ((rows, model_s, _),) = batches
+        records = self.engine.records
+        if len(records) == 1:  # one model call: the common case, folded with its likes
+            rows, count, _, seconds, _, model_s = records.popleft()
+            self.early.batch_done(count, seconds)
             self.metrics.plain_call(requests, read_s, engine_s, respond_s, rows, model_s)
         else:
-            self.metrics.call(requests, read_s, engine_s, respond_s, [({_SUCCESS: requests}, read_s + engine_s)], batches)
+            self.metrics.call(requests, read_s, engine_s, respond_s, [({_SUCCESS: requests}, read_s + engine_s)],
+                              self._take_batches())
+
+    def _take_batches(self) -> List[Tuple[int, float, bool]]:
+        """(rows, model seconds, failed) of the batches the engine ran since the last take (lanes
+        running a call's batches record them before the call's last answer is in); each one's
+        time also feeds the estimate of when early answers pay."""
+        records = self.engine.records
+        batches = []
+        for _ in range(len(records)):
+            rows, count, _, seconds, failed, model_s = records.popleft()
+            self.early.batch_done(count, seconds)
+            batches.append((rows, model_s, failed))
+        return batches
 
     def _send_early(self, requests, outcomes, results) -> float:
         """Answer a finished group through its response senders now (see EarlyAnswers)."""
@@ -359,16 +378,10 @@ class LatteModel:
         except Exception as exc:  # the client may be gone; the other requests still get theirs
             self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: could not send a response: {exc}")
 
-    def _on_batch(self, record: BatchRecord) -> None:
-        if self._async:
-            self.metrics.batch(record.rows, record.model_seconds, record.failed)
-        else:
-            # Counted with the rest of its execute call, under one lock; lanes running the
-            # call's batches append from their threads before the call's last answer is in.
-            self._batches.append((record.rows, record.model_seconds, record.failed))
-        self.early.batch_done(record.requests, record.seconds)
-
     def _refresh_gauges(self) -> None:
+        if self._async:  # the lanes' batches, counted off the request path
+            for rows, model_s, failed in self._take_batches():
+                self.metrics.batch(rows, model_s, failed)
         if self.dispatcher is not None:
             self.metrics.scheduler(self.dispatcher.metrics())
         self.metrics.arena(self.arena.stats())

@@ -129,10 +129,9 @@ def interleaved_round(engines: dict, trace, rotation: int) -> dict:
 
 def batch_shape(engine: BatchEngine, trace):
     """Model calls per execute and padded positions per row of the variant's plans."""
-    records = []
-    engine.on_batch = records.append
+    engine.take_records()
     replay(engine, trace)
-    engine.on_batch = None
+    records = engine.take_records()
     rows = sum(r.rows for r in records)
     return len(records) / len(trace), sum(r.rows * (r.padded_length or 0) for r in records) / rows
 

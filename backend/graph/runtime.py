@@ -41,17 +41,6 @@ BRANCH_TRIALS = 15
 BRANCH_GAIN = 0.9
 
 
-class GraphOutputs(dict):
-    """A graph's outputs, with each request's own length of every ragged output, by which the
-    engine trims the answers once, at the end."""
-
-    __slots__ = ("lengths",)
-
-    def __init__(self, outputs: Mapping[str, np.ndarray], lengths: Dict[str, List[int]]) -> None:
-        super().__init__(outputs)
-        self.lengths = lengths
-
-
 def _type_text(dtype: np.dtype) -> str:
     name = NUMPY_TO_TRITON.get(np.dtype(dtype))
     return wire_name(name) if name else str(dtype)
@@ -246,9 +235,11 @@ class GraphRuntime(Runtime):
     # -- run ----------------------------------------------------------------------------
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         rows = next(iter(feed.values())).shape[0]
-        return self.run_batch(Batch(inputs=feed, member_rows=[1] * rows, lengths=[None] * rows, rows=rows))
+        return self.run_batch(Batch(inputs=feed, member_rows=[1] * rows, lengths=[None] * rows, rows=rows))[0]
 
-    def run_batch(self, batch: Batch) -> Dict[str, np.ndarray]:
+    def run_batch(self, batch: Batch) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
+        """The outputs, and each request's own length of every ragged output, by which the
+        engine trims the answers once, at the end."""
         if self._checked:
             return self._walk(batch, check=False)
         outputs = self._walk(batch, check=True)
@@ -296,7 +287,7 @@ class GraphRuntime(Runtime):
         produced = self._step(index, values, members, check)
         return produced, time.perf_counter() - started
 
-    def _walk(self, batch: Batch, check: bool) -> Dict[str, np.ndarray]:
+    def _walk(self, batch: Batch, check: bool) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
         members = batch.member_rows
         values = self._values(batch)
         spent = [0.0] * len(self.steps)
@@ -340,7 +331,7 @@ class GraphRuntime(Runtime):
             found = values[name].row_lengths()
             if found is not None and values[name].lengths is not None:
                 lengths[name] = member_lengths(found, members)
-        return GraphOutputs({name: values[name].array for name in self.output_names}, lengths)
+        return {name: values[name].array for name in self.output_names}, lengths or None
 
     # -- checks at load -----------------------------------------------------------------
     def _producer(self, tensor: str) -> str:

@@ -69,6 +69,7 @@ class ModelStep(Step):
         # The engine the same model served alone has: its planner (buckets, a cost model measured
         # at load by measure) and its batch runner run the step's sub-batches.
         self.engine = BatchEngine(spec, runtime)
+        self.engine.recording = False  # the graph counts its steps' figures itself
         self.max_rows = max(1, signature.max_batch_size)
         self.max_length = serving.max_sequence_length
         # A torch runtime takes tensors, and hands its outputs on as tensors on its device when
@@ -128,8 +129,8 @@ class ModelStep(Step):
                     if array.ndim == 0 or array.shape[0] != expected:
                         raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {expected} rows")
             else:  # the served model's batch runner: declared types, rows checked
-                outputs = self.engine.run(Batch(inputs=feed, member_rows=[expected], lengths=[length],
-                                                padded_length=length, rows=expected))
+                outputs, _ = self.engine.run(Batch(inputs=feed, member_rows=[expected], lengths=[length],
+                                                   padded_length=length, rows=expected))
             parts.append((group, length, outputs))
             del feed  # arena-backed sub-batches go back as soon as the call is over
         return {t.name: self._output(t.name, parts, rows, lengths) for t in self.outputs}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -17,7 +17,7 @@ class Runtime:
     """
 
     kind = "base"
-    trims_outputs = False  # whether outputs carry each request's own length to be cut to (a graph's ragged ones)
+    trims_outputs = False  # whether run_batch says each request's own length of ragged outputs (a graph)
     takes_tensors = False  # whether run_tensors takes and gives torch tensors on the runtime's device
 
     def __init__(self, input_names: Sequence[str], output_names: Sequence[str]) -> None:
@@ -27,11 +27,12 @@ class Runtime:
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def run_batch(self, batch) -> Dict[str, np.ndarray]:
+    def run_batch(self, batch) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
         """Run one planned batch (batching.Batch): its inputs, and who its rows belong to,
         which a graph of steps needs (a Python model step answers each request of the batch
-        on its own) and a model does not."""
-        return self.run(batch.inputs)
+        on its own) and a model does not. Gives the outputs and, for a runtime that
+        trims_outputs, each request's own length of its ragged outputs (None: nothing to say)."""
+        return self.run(batch.inputs), None
 
     def step_figures(self) -> Dict[str, Dict[str, float]]:
         """Per step of a graph: the seconds, rows and calls it has run so far. A model is one

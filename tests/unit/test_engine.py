@@ -99,8 +99,7 @@ def per_token_engine(tmp_path, planning="cost", pad_to="edge", cost_model=None, 
 
 @pytest.mark.parametrize("pad_to, shared_batch", [("edge", (2, 16)), ("longest", (2, 5))])
 def test_ragged_inputs_pad_to_their_batch_and_per_token_outputs_come_back_unpadded(tmp_path, pad_to, shared_batch):
-    records = []
-    engine = per_token_engine(tmp_path, planning="bucket", pad_to=pad_to, on_batch=records.append)
+    engine = per_token_engine(tmp_path, planning="bucket", pad_to=pad_to)
     # Buckets 16, 16, 32: the first two share a batch, padded to their bucket's edge (16) or to
     # the longer of them (5); 20, alone in its bucket, runs at its own length either way.
     lengths = (3, 5, 20)
@@ -109,7 +108,7 @@ def test_ragged_inputs_pad_to_their_batch_and_per_token_outputs_come_back_unpadd
     for n, result in zip(lengths, results):
         assert result["vectors"].shape == (1, n, 2)
         np.testing.assert_array_equal(result["vectors"][0, :, 0], np.arange(1, n + 1))
-    assert sorted((r.rows, r.padded_length) for r in records) == [(1, 20), shared_batch]
+    assert sorted((r.rows, r.padded_length) for r in engine.take_records()) == [(1, 20), shared_batch]
 
 
 def test_a_ragged_batch_pads_to_its_longest_member_unless_the_runtime_wants_its_bucket_edge(tmp_path):
@@ -174,8 +173,7 @@ def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(ex
     """What lets the backend answer a request before later batches of the same call run."""
     # One batch per bucket, so the call runs two batches.
     spec, engine = example_engine("sequence_onnx", bucketed=True, batch_planning="bucket")
-    batches_run = []
-    engine.on_batch = lambda record: batches_run.append(record.rows)
+    batches_run = engine.records  # what each batch run did, as the engine records it
     rng = np.random.default_rng(4)
     short = [ParsedRequest(inputs=EXAMPLES["sequence"].sample(1, rng, length=n), rows=1) for n in (5, 6, 7)]
     long = ParsedRequest(inputs=EXAMPLES["sequence"].sample(1, rng, length=120), rows=1)
@@ -200,16 +198,14 @@ def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(ex
 def test_cost_planning_lets_short_requests_ride_in_a_longer_bucket_and_unpads_them(tmp_path):
     from latte.backend.planning import CostModel
 
-    records = []
-    engine = per_token_engine(tmp_path, on_batch=records.append,
-                              cost_model=CostModel(1e-3, {16: 1e-6, 32: 2e-6, 64: 4e-6}))
+    engine = per_token_engine(tmp_path, cost_model=CostModel(1e-3, {16: 1e-6, 32: 2e-6, 64: 4e-6}))
     lengths = (3, 5, 20, 40)  # buckets 16, 16, 32, 64: one call instead of three
     requests = [ParsedRequest(inputs={"tokens": np.arange(1, n + 1, dtype=np.int64)[None]}, rows=1) for n in lengths]
     results = engine.infer(requests)
     for n, result in zip(lengths, results):
         assert result["vectors"].shape == (1, n, 2)
         np.testing.assert_array_equal(result["vectors"][0, :, 1], np.arange(1, n + 1) * 10.0)
-    assert [(r.rows, r.padded_length) for r in records] == [(4, 64)]
+    assert [(r.rows, r.padded_length) for r in engine.take_records()] == [(4, 64)]
 
 
 @pytest.mark.parametrize("model", ["sequence_onnx", "sequence_torchscript"])
@@ -217,14 +213,12 @@ def test_cost_planned_batches_give_each_request_exactly_its_output_alone(example
     from latte.backend.planning import CostModel
 
     spec, engine = example_engine(model, bucketed=True)
-    records = []
-    engine.on_batch = records.append
     # A model call costs as much as 2000 padded positions: every call's requests share one batch.
     engine.cost_model = CostModel(2000.0, {e: float(e) for e in spec.serving.bucket_edges})
     rng = np.random.default_rng(5)
     feeds = [EXAMPLES["sequence"].sample(1, rng, length=n) for n in (3, 17, 40, 90, 128, 1, 64, 33)]
     results = engine.infer([ParsedRequest(inputs=f, rows=1) for f in feeds])
-    assert [(r.rows, r.padded_length) for r in records] == [(8, 128)]
+    assert [(r.rows, r.padded_length) for r in engine.take_records()] == [(8, 128)]
     alone = [engine.infer([ParsedRequest(inputs=f, rows=1)])[0] for f in feeds]
     reference = reference_runner(example_repo, model)
     for feed, together, single in zip(feeds, results, alone):
@@ -239,8 +233,6 @@ def test_the_warmup_timings_give_a_cost_model_for_every_bucket(example_engine):
     from latte.backend.warmup import measure_cost_model
 
     spec, engine = example_engine("sequence_onnx", bucketed=True)
-    records = []
-    engine.on_batch = records.append
     model = measure_cost_model(engine, repeats=3, rows=4)
     assert sorted(model.per_row_s) == list(spec.serving.bucket_edges)
     costs = [model.per_row_s[e] for e in spec.serving.bucket_edges]
@@ -248,7 +240,7 @@ def test_the_warmup_timings_give_a_cost_model_for_every_bucket(example_engine):
     # Lone requests shorter than the first edge run at their own length, and are timed so.
     first = spec.serving.bucket_edges[0]
     assert set(model.single_s) == set(spec.serving.bucket_edges) | {first // 2, first // 4, first // 8, first // 16} - {0}
-    assert records == [] and engine.on_batch == records.append  # timing calls are not counted as traffic
+    assert engine.take_records() == [] and engine.recording  # timing calls are not counted as traffic
 
 
 def test_batch_planning_is_a_checked_config_parameter(example_engine):
@@ -277,13 +269,12 @@ def test_cost_planned_batches_still_run_highest_priority_first(tmp_path):
     from latte.backend.options import RequestOptions
     from latte.backend.planning import CostModel
 
-    records = []
     # Rows dominate: short and long requests are cheaper apart.
-    engine = per_token_engine(tmp_path, on_batch=records.append, cost_model=CostModel(1e-9, {16: 1e-3, 32: 2e-3, 64: 4e-3}))
+    engine = per_token_engine(tmp_path, cost_model=CostModel(1e-9, {16: 1e-3, 32: 2e-3, 64: 4e-3}))
     short, long = (ParsedRequest(inputs={"tokens": np.ones((1, n), np.int64)}, rows=1) for n in (3, 40))
     engine.infer([short, short, long], [RequestOptions(), RequestOptions(), RequestOptions(priority=2)])
     # Each alone at its own length (cheaper than padding), the high-priority one first.
-    assert [(r.rows, r.padded_length) for r in records] == [(1, 40), (1, 3), (1, 3)]
+    assert [(r.rows, r.padded_length) for r in engine.take_records()] == [(1, 40), (1, 3), (1, 3)]
 
 
 def test_models_loading_side_by_side_time_themselves_one_at_a_time():

@@ -199,7 +199,7 @@ def test_a_plain_call_of_ragged_requests_runs_the_plan_from_the_columns(sequence
     rng = np.random.default_rng(13)
     feeds = [EXAMPLES["sequence"].sample(1, rng, length=n) for n in (5, 90, 7, 120, 6)]
     alone = [sequence.execute([InferenceRequest(f)])[0].output_tensors()[0].as_numpy() for f in feeds]
-    plan = sequence.engine.plan_columns([1] * 5, [5, 90, 7, 120, 6])
+    plan = sequence.engine.planner.plan([1] * 5, [5, 90, 7, 120, 6])
     calls = counter(sequence, "latte_batch_size_count")
 
     def general_path(*_):
@@ -222,7 +222,7 @@ def test_the_plan_of_a_plain_call_is_the_general_paths_plan(sequence):
     rows = [1] * len(lengths)
     parsed = [(i, ParsedRequest({"tokens": np.ones((1, n), np.int64)}, 1, length=n)) for i, n in enumerate(lengths)]
     general = [[position for position, _ in batch] for batch in sequence.engine._plan(parsed)]
-    assert sequence.engine.plan_columns(rows, lengths) == general
+    assert sequence.engine.planner.plan(rows, lengths) == general
 
 
 

@@ -183,7 +183,7 @@ parameters { key: "model_file" value: { string_value: "graph.json" } }
 
 
 def test_an_existing_triton_python_model_runs_unchanged_inside_the_fused_model(tmp_path):
-    from latte.examples.pipeline import run_in_process, write_hand_written_repository
+    from latte.examples.pipeline import write_hand_written_repository
     from latte.generator.fuse import fuse_repository
 
     repo = write_hand_written_repository(tmp_path / "repo", "onnxruntime")
@@ -195,8 +195,9 @@ def test_an_existing_triton_python_model_runs_unchanged_inside_the_fused_model(t
     shutil.copy(repo / "encoder" / "1" / "model.onnx", build / "sequence" / "model.onnx")
     texts = [b"the quick brown fox", b"jumps", b"over the lazy dog again and again"]
     responses = model.execute([InferenceRequest({"TEXT": np.array([[t]], dtype=object)}) for t in texts])
+    reference = InProcess(build, "text")
     for text, response in zip(texts, responses):
-        want = run_in_process(build, np.array([[text]], dtype=object))
+        want = reference({"TEXT": np.array([[text]], dtype=object)})
         np.testing.assert_allclose(outputs_of(response)["EMBEDDING"], want["EMBEDDING"], rtol=1e-5, atol=1e-6)
     model.finalize()
 

@@ -76,8 +76,6 @@ def test_cost_planned_batches_on_the_lanes_answer_like_the_model_in_process(exam
     spec, engine = example_engine("sequence_onnx", bucketed=True)
     # Calls dominate: the plan puts every request of the call into one batch, one affinity key.
     engine.cost_model = CostModel(2000.0, {e: float(e) for e in spec.serving.bucket_edges})
-    records = []
-    engine.on_batch = records.append
     engine.dispatcher = LaneDispatcher(engine, lanes=2)
     try:
         rng = np.random.default_rng(11)
@@ -87,7 +85,7 @@ def test_cost_planned_batches_on_the_lanes_answer_like_the_model_in_process(exam
         for feed, result in zip(feeds, results):
             np.testing.assert_allclose(result["embedding"], reference(feed)["embedding"], rtol=1e-5, atol=1e-6)
         assert engine.dispatcher.metrics()["completed"] == len(feeds)
-        assert sum(r.rows for r in records) == len(feeds)
+        assert sum(r.rows for r in engine.take_records()) == len(feeds)
     finally:
         engine.dispatcher.close()
 

@@ -170,7 +170,7 @@ def test_a_model_step_in_a_graph_and_the_same_model_served_alone_take_the_same_p
         rng = np.random.default_rng(5)
         for count in (1, 3, 8, 8, 20):
             lengths = rng.integers(1, 128, count)
-            served = [sorted(batch) for batch in encoder.engine.plan_columns([1] * count, lengths.tolist())]
+            served = [sorted(batch) for batch in encoder.engine.planner.plan([1] * count, lengths.tolist())]
             in_graph = [list(range(count)) if group is None else sorted(group.tolist())
                         for group in step.plan(lengths, count)]
             assert sorted(in_graph) == sorted(served), lengths
