@@ -241,24 +241,47 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray],
     """
     if not spec.signature.batched:
         return [outputs]
-    total = batch.rows  # the batch runner (BatchEngine.run) checked that every output has these rows
+    if own or (spec.signature.trimmed_outputs and batch.padded_length is not None):
+        return _trimmed(spec, batch, outputs, own)
+    # Nothing to trim: each request's share is a view of its rows.
+    if len(batch.member_rows) == 1:
+        return [outputs]
+    if batch.rows == len(batch.member_rows):  # the batch runner checked every output has these rows
+        # One row each: numpy hands out the row views itself.
+        names = list(outputs)
+        columns = [outputs[name][:, None] for name in names]
+        if len(names) == 1:
+            return [{names[0]: view} for view in columns[0]]
+        return [dict(zip(names, views)) for views in zip(*columns)]
     results = []
     at = 0
-    if not own and (not spec.signature.trimmed_outputs or batch.padded_length is None):
-        # Nothing to trim: each request's share is a view of its rows.
-        if len(batch.member_rows) == 1:
-            return [outputs]
-        if total == len(batch.member_rows):
-            # One row each: numpy hands out the row views itself.
-            names = list(outputs)
-            columns = [outputs[name][:, None] for name in names]
-            if len(names) == 1:
-                return [{names[0]: view} for view in columns[0]]
-            return [dict(zip(names, views)) for views in zip(*columns)]
-        for rows in batch.member_rows:
-            results.append({name: array[at:at + rows] for name, array in outputs.items()})
-            at += rows
-        return results
+    for rows in batch.member_rows:
+        results.append({name: array[at:at + rows] for name, array in outputs.items()})
+        at += rows
+    return results
+
+
+def _trimmed(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray],
+             own: Optional[Dict[str, List[int]]]) -> List[Dict[str, np.ndarray]]:
+    """Each request's rows of every output, its ragged dimensions cut to its own length."""
+    declared = {t.name: t.dims for t in spec.signature.outputs}
+    results = []
+    at = 0
+    for member, (rows, length) in enumerate(zip(batch.member_rows, batch.lengths)):
+        per_request = {}
+        for name, array in outputs.items():
+            index = [slice(at, at + rows)]
+            cut = own.get(name) if own else None
+            for size, dim in zip(array.shape[1:], declared.get(name, ())):
+                if cut is not None:
+                    index.append(slice(0, cut[member]) if dim == -1 else slice(None))
+                    continue
+                trim = dim == -1 and length is not None and size == batch.padded_length
+                index.append(slice(0, length) if trim else slice(None))
+            per_request[name] = array[tuple(index)]
+        results.append(per_request)
+        at += rows
+    return results
     declared = {t.name: t.dims for t in spec.signature.outputs}
     for member, (rows, length) in enumerate(zip(batch.member_rows, batch.lengths)):
         per_request = {}

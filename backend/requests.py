@@ -133,10 +133,14 @@ class RequestReader:
                 raw = request.parameters()
                 if (raw and raw != "{}") or request.timeout() > 0:
                     return None
+        return self._inspected(columns, len(requests))
+
+    def _inspected(self, columns: Dict[str, List[np.ndarray]], count: int) -> Optional[Columns]:
+        """The call's columns once every input of every request passed its native check."""
         rows = lengths = None
         for name in self._order:
             arrays = columns[name]
-            if len(arrays) != len(requests):  # one input sent twice, another not at all
+            if len(arrays) != count:  # one input sent twice, another not at all
                 return None
             found, longest, problems = inspect_arrays(self._rules[name], arrays)
             if problems or (rows is not None and found != rows):
@@ -230,29 +234,12 @@ class RequestReader:
                 i = positions[index]
                 items[i] = RequestError(self._message(spec, items[i].inputs[name], BATCH_PROBLEMS[problem], detail))
                 every = False  # the next input's arrays are the readable requests' only
-            ragged = spec.ragged
             if every and total is not None and spec is first:
                 # The common case, the first input of requests that all passed: each gets its rows.
-                if ragged:
-                    for item, r, n in zip(items, rows, lengths):
-                        item.rows, item.length = r, n
-                else:
-                    for item, r in zip(items, rows):
-                        item.rows = r
+                for item, r, n in zip(items, rows, lengths):
+                    item.rows, item.length = r, (n if spec.ragged else item.length)
                 continue
-            for i, r, n in zip(positions, rows, lengths):
-                item = items[i]
-                if type(item) is not ParsedRequest:
-                    continue  # refused just above
-                if item.rows == 0:  # the first of its inputs checked
-                    item.rows = r
-                    item.length = n if ragged else None
-                elif r != item.rows:
-                    items[i] = RequestError(f"inputs disagree on the batch size: {name!r} has {r} rows, "
-                                            f"others {item.rows}")
-                    every = False
-                elif ragged and (item.length is None or n > item.length):
-                    item.length = n
+            every = _merge_rows(items, positions, rows, lengths, spec) and every
         if complete:
             return total if every else None  # every request sent every input: each has its rows
         for item in items:
@@ -293,3 +280,23 @@ def _parameters(raw) -> Mapping[str, object]:
     except (ValueError, TypeError):
         raise RequestError(f"request parameters are not valid JSON: {raw!r}") from None
     return value if isinstance(value, dict) and value else NO_PARAMETERS
+
+
+def _merge_rows(items, positions, rows, lengths, spec: TensorSpec) -> bool:
+    """Each readable request's rows and length as one more of its inputs measured them;
+    False when an input disagrees with another on the rows (that request is refused)."""
+    agreed = True
+    for i, r, n in zip(positions, rows, lengths):
+        item = items[i]
+        if type(item) is not ParsedRequest:
+            continue  # refused just above
+        if item.rows == 0:  # the first of its inputs checked
+            item.rows = r
+            item.length = n if spec.ragged else None
+        elif r != item.rows:
+            items[i] = RequestError(f"inputs disagree on the batch size: {spec.name!r} has {r} rows, "
+                                    f"others {item.rows}")
+            agreed = False
+        elif spec.ragged and (item.length is None or n > item.length):
+            item.length = n
+    return agreed

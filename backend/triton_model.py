@@ -69,42 +69,43 @@ class LatteModel:
         self.pb = pb
         config, model_dir, version = parse_args(args)
         self.spec = spec = parse_model_config(config, model_dir, version, device=instance_device(args))
-        signature, serving = spec.signature, spec.serving
-        self._async = serving.async_execute  # asked on every call
-        self._check_cancellation = serving.check_cancellation
+        self._async = spec.serving.async_execute  # asked on every call
+        self._check_cancellation = spec.serving.check_cancellation
         oversubscribed = thread_budget_warning(spec)
         if oversubscribed is not None:
             pb.Logger.log_warn(f"latte: {oversubscribed}")
         # Batch buffers, a graph's intermediates and session state live here, so memory stays
         # flat however shapes vary.
-        self.arena = BuddyArena(serving.arena_bytes, "cpu")
-        memory_resource.use(self.arena.empty, f"latte arena of {signature.name!r} ({serving.arena_bytes >> 20} MiB)")
+        self.arena = BuddyArena(spec.serving.arena_bytes, "cpu")
+        memory_resource.use(self.arena.empty, f"latte arena of {spec.signature.name!r} "
+                                              f"({spec.serving.arena_bytes >> 20} MiB)")
+        self.runtime = self.dispatcher = self.publisher = self._sender = None
+        try:
+            self._load(args)
+        except BaseException:
+            self._close()  # what loaded goes; the load's own error is the one raised
+            raise
+
+    def _load(self, args) -> None:
+        spec, pb = self.spec, self.pb
+        signature, serving = spec.signature, spec.serving
         self.runtime, accuracy = load_at_precision(spec, warmup_shapes(spec))
         if accuracy is not None:
             pb.Logger.log_info(f"latte: {signature.name}: {accuracy.text()}")
-        self.sessions = (SessionStore(serving.session_ttl_s, serving.max_sessions, serving.max_sequence_length,
-) if serving.session_input else None)
-        if serving.session_input and serving.instance_count > 1:
-            pb.Logger.log_warn(
-                f"latte: {signature.name}: sessions live in the instance that opened them and Triton hands each "
-                f"request to any of the {serving.instance_count} instances, so a session's next request can be "
-                "refused as unknown; serve a model with session_input on one instance")
+        self.sessions = self._sessions()
         self.metrics = BackendMetrics()
         self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
         self.reader = RequestReader(spec)
         self.engine = BatchEngine(spec, self.runtime, sessions=self.sessions, session_input=serving.session_input)
         self.planner = self.engine.planner
-        self.dispatcher = None
         if serving.scheduler == "affinity":
             window = serving.batch_window_us / 1e6 if serving.async_execute else 0.0
             self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, serving.lanes, lane_cpus(spec),
                                                                       queue_capacity=serving.max_queue_size,
                                                                       max_window_s=window)
         self.responses = ResponseBuilder(pb, [t.name for t in signature.outputs])
-        # How a call is answered is decided here, once: a plain call of a model whose requests
-        # share one shape key is read by input and run as its plan (_execute_columns), any other
-        # call request by request (options, sessions, deadlines, early answers), and with
-        # async_execute by the scheduler's lanes, which answer through response senders.
+        # A plain call of a model whose requests share one shape key is read by input, any
+        # other request by request; with async_execute the lanes answer through the senders.
         self._by_columns = (self.engine.reads_columns and not serving.async_execute
                             and not serving.check_cancellation)
         # A one-batch plan is answered with views of the batch's outputs, unless outputs are cut
@@ -115,14 +116,30 @@ class LatteModel:
         # (then in the order they finished): (-priority, sequence number, [(sender, outcome)]).
         self._outbox: "queue.PriorityQueue" = queue.PriorityQueue()
         self._sequence = itertools.count()
-        self._sender = None
         if serving.async_execute:
-            self._sender = threading.Thread(target=self._send_responses, name=f"latte-responses-{signature.name}", daemon=True)
+            self._sender = threading.Thread(target=self._send_responses, name=f"latte-responses-{signature.name}",
+                                            daemon=True)
             self._sender.start()
         # Publishing is off the request path: each Triton metric update is a round trip to the server.
         self.publisher = TritonPublisher(pb, self.metrics.aggregate, signature.name, refresh=self._refresh_gauges,
                                          instance=args.get("model_instance_name", ""))
-        warmed = self._warmup() if serving.warmup else 0
+        self._ready(self._warmup() if serving.warmup else 0)
+
+    def _sessions(self) -> Optional[SessionStore]:
+        serving, name = self.spec.serving, self.spec.signature.name
+        if not serving.session_input:
+            return None
+        if serving.instance_count > 1:
+            self.pb.Logger.log_warn(
+                f"latte: {name}: sessions live in the instance that opened them and Triton hands each "
+                f"request to any of the {serving.instance_count} instances, so a session's next request can be "
+                "refused as unknown; serve a model with session_input on one instance")
+        return SessionStore(serving.session_ttl_s, serving.max_sessions, serving.max_sequence_length)
+
+    def _ready(self, warmed: int) -> None:
+        """The cost model measured, the collector told to leave what loaded alone, and the
+        ready line logged."""
+        signature, serving = self.spec.signature, self.spec.serving
         self.engine.take_records()  # load's own batches are not served ones
         if serving.warmup and self.engine.cost_model is not None:
             measured = measure_cost_model(self.engine)
@@ -137,11 +154,12 @@ class LatteModel:
         gc.freeze()
         described = self.runtime.describe()
         steps = f", {described}" if described else ""
-        pb.Logger.log_info(
-            f"latte: {signature.name} ready ({signature.runtime}, {signature.model_path.name}{steps}, max_batch_size={signature.max_batch_size}, "
-            f"intra_op_threads={serving.intra_op_threads}, scheduler={serving.scheduler}, lanes={serving.lanes}, buckets={list(serving.bucket_edges or [])}, "
-            f"warmup batches={warmed}, arena={serving.arena_bytes >> 20} MiB, batch planning={planning})"
-        )
+        self.pb.Logger.log_info(
+            f"latte: {signature.name} ready ({signature.runtime}, {signature.model_path.name}{steps}, "
+            f"max_batch_size={signature.max_batch_size}, intra_op_threads={serving.intra_op_threads}, "
+            f"scheduler={serving.scheduler}, lanes={serving.lanes}, buckets={list(serving.bucket_edges or [])}, "
+            f"warmup batches={warmed}, arena={serving.arena_bytes >> 20} MiB, "
+            f"batch planning={planning})")
 
     def _warmup(self) -> int:
         samples = self.runtime.samples()
@@ -393,11 +411,23 @@ class LatteModel:
 
     def finalize(self) -> None:
         gc.unfreeze()  # what the model held can be collected again once it is gone
-        self.publisher.close()
-        if self.dispatcher is not None:
-            self.dispatcher.close()
-        if self._sender is not None:
-            self._outbox.put((_LAST, next(self._sequence), None))  # after every answer still waiting
-            self._sender.join(timeout=5.0)
-        self.runtime.close()
+        self._close()
+
+    def _close(self) -> None:
+        """Stop what the model started, the last started first; a part that fails to stop is
+        logged and the others still stop (after a failed load, its error stays the one told)."""
+        for part, stop in (("metrics publisher", self.publisher and self.publisher.close),
+                           ("scheduler lanes", self.dispatcher and self.dispatcher.close),
+                           ("response sender", self._sender and self._stop_sender),
+                           ("runtime", self.runtime and self.runtime.close)):
+            if stop:
+                try:
+                    stop()
+                except Exception as exc:
+                    self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: stopping the {part} failed: "
+                                             f"{type(exc).__name__}: {exc}")
         memory_resource.release(self.arena.empty)
+
+    def _stop_sender(self) -> None:
+        self._outbox.put((_LAST, next(self._sequence), None))  # after every answer still waiting
+        self._sender.join(timeout=5.0)

@@ -84,9 +84,18 @@ class GraphRuntime(Runtime):
         try:
             for definition in graph.steps:
                 self.steps.append(self._load(definition))
+            self._wire(graph)
+            self.check()  # before any step is timed: a mismatch is reported as one, not as a model error
+            for step in self.steps:
+                step.measure()
+            self._choose_branches(graph.branches)
         except BaseException:
             self.close()
             raise
+        self._unfolded = []  # load's own batches are not served ones
+
+    def _wire(self, graph: GraphDefinition) -> None:
+        """What every batch's walk reads: each step's wiring, the levels, where tensors stay."""
         self._inputs = {t.name: _spec_of(t) for t in graph.inputs}
         self._outputs = {t.name: _spec_of(t) for t in graph.outputs}
         self._input_axes = {name: variable_axes(spec.dims) for name, spec in self._inputs.items()}
@@ -105,38 +114,34 @@ class GraphRuntime(Runtime):
         self._unfolded: List[Tuple[List[float], int]] = []  # (seconds per step, rows) of batches not yet counted
         self.notes: List[str] = []  # what the server log should say about the graph
         self._checked = False
-        try:
-            self.check()  # before any step is timed: a mismatch is reported as one, not as a model error
-            for step in self.steps:
-                step.measure()
-            self._choose_branches(graph.branches)
-        except Exception:
-            self.close()
-            raise
-        self._unfolded = []  # load's own batches are not served ones
 
     # -- load ---------------------------------------------------------------------------
     def _load(self, definition: StepDefinition) -> Step:
-        config, name = definition.config, definition.name
-        params = parameters_of(config)
         if definition.backend == "python":
-            try:
-                inputs, outputs = parse_tensors(config)
-                pad = float(params.get("pad_value") or 0.0)
-            except (ConfigError, ValueError) as exc:
-                raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
-            path = definition.version_dir / STEP_FILE
-            if definition.function:
-                module, namespace = load_step_module(path, name)
-                try:
-                    function = step_function(module, definition.function, name, path)
-                except ConfigError:
-                    namespace.close()
-                    raise
-                step = FunctionStep(name, function, inputs, outputs, pad)
-                step.namespace = namespace
-                return step
+            return self._load_python(definition)
+        return self._load_model(definition)
+
+    def _load_python(self, definition: StepDefinition) -> Step:
+        config, name = definition.config, definition.name
+        try:
+            inputs, outputs = parse_tensors(config)
+            pad = float(parameters_of(config).get("pad_value") or 0.0)
+        except (ConfigError, ValueError) as exc:
+            raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
+        path = definition.version_dir / STEP_FILE
+        if not definition.function:
             return PythonModelStep.load(name, path, definition.folder, config, inputs, outputs, self.device, pad)
+        module, namespace = load_step_module(path, name)
+        try:
+            function = step_function(module, definition.function, name, path)
+        except ConfigError:
+            namespace.close()
+            raise
+        step = FunctionStep(name, function, inputs, outputs, pad)
+        step.namespace = namespace
+        return step
+
+    def _load_model(self, definition: StepDefinition) -> Step:
         if definition.backend != "latte":
             raise ConfigError(f"{self.graph.where(definition)}: backend {definition.backend!r} cannot run inside a "
                               "graph (latte runs python and latte steps; `latte fuse` converts onnxruntime and "
@@ -144,6 +149,7 @@ class GraphRuntime(Runtime):
         from latte.backend.precision import load_at_precision
         from latte.backend.warmup import warmup_shapes
 
+        config = definition.config
         intra, inter = self._threads
         # The graph's thread budget is the fused model's: every step computes on it.
         threaded = dict(config)
@@ -158,7 +164,7 @@ class GraphRuntime(Runtime):
             raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
         except Exception as exc:  # the runtime's own refusal of the model file
             raise ConfigError(f"{self.graph.where(definition)}: loading its model failed: {failure_text(exc)}") from exc
-        return ModelStep(name, spec, runtime)
+        return ModelStep(definition.name, spec, runtime)
 
     def _keep_tensors(self, graph: GraphDefinition) -> None:
         """Torch steps whose every output is read only by torch steps of their device hand their
@@ -321,6 +327,12 @@ class GraphRuntime(Runtime):
                 values.pop(tensor, None)
         # Counted when the figures are read (step_figures): one append here, atomic under the GIL.
         self._unfolded.append((spent, batch.rows))
+        return self._graph_outputs(values, members, check)
+
+    def _graph_outputs(self, values: Dict[str, Value], members: Sequence[int], check: bool
+                       ) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
+        """The graph's outputs, checked against the config on the first batch, and each
+        request's own length of every ragged one."""
         if check:
             for name, spec in self._outputs.items():
                 if not _agrees(values[name], spec):

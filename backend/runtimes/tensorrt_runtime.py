@@ -230,11 +230,30 @@ class TensorRTRuntime(Runtime):
                 return self._run_on_stream(feed, shapes, profile)
 
     def _run_on_stream(self, feed, shapes, profile) -> Dict[str, np.ndarray]:
-        torch, context, stream = self._torch, self._context, self._stream
+        context, stream = self._context, self._stream
         if profile != self._active_profile:
             context.set_optimization_profile_async(profile, stream.cuda_stream)
             self._active_profile = profile
-        staged = []  # host and device inputs stay referenced until the stream is done with them
+        staged = self._stage_inputs(feed, shapes)  # referenced until the stream is done with them
+        device_outputs = self._bind_outputs()
+        if not context.execute_async_v3(stream.cuda_stream):
+            stream.synchronize()
+            raise RuntimeError(f"TensorRT failed to run {self.path}: {self._logger.reason()}")
+        self._reported_outputs(device_outputs)
+        copies = {}
+        for name in self.output_names:
+            source = device_outputs[name]
+            host = self._torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
+            host.copy_(source, non_blocking=True)
+            copies[name] = host
+        stream.synchronize()
+        del staged
+        return {name: host.numpy() for name, host in copies.items()}
+
+    def _stage_inputs(self, feed, shapes) -> list:
+        """Each input copied to its device buffer and bound: (host, device) tensors."""
+        torch, context = self._torch, self._context
+        staged = []
         for name, shape in shapes.items():
             host = feed[name]
             if not host.flags.writeable:
@@ -246,9 +265,14 @@ class TensorRTRuntime(Runtime):
                 raise ValueError(f"TensorRT rejected shape {shape} for input {name!r}: {self._logger.reason()}")
             context.set_tensor_address(name, device_address(target))
             staged.append((source, target))
+        return staged
+
+    def _bind_outputs(self) -> dict:
+        """A device buffer bound for each output whose shape the inputs' shapes fix; the others
+        are allocated while the engine runs."""
+        context = self._context
         device_outputs = {}
         for name, tensor in self.outputs.items():
-            # Output shapes follow from the input shapes set above.
             shape = tuple(int(d) for d in context.get_tensor_shape(name))
             if is_data_dependent(shape):
                 self._allocate_while_running(name)
@@ -256,9 +280,10 @@ class TensorRTRuntime(Runtime):
             target = self._device_tensor(name, shape, output_nbytes(name, shape, tensor.dtype))
             context.set_tensor_address(name, device_address(target))
             device_outputs[name] = target
-        if not context.execute_async_v3(stream.cuda_stream):
-            stream.synchronize()
-            raise RuntimeError(f"TensorRT failed to run {self.path}: {self._logger.reason()}")
+        return device_outputs
+
+    def _reported_outputs(self, device_outputs: dict) -> None:
+        """The outputs whose shapes depend on the data, as TensorRT reported them."""
         for name in self._allocated_outputs:
             # TensorRT reported these shapes before execute_async_v3 returned; the stream orders the reads after it.
             shape = self._allocator.shapes.get(name)
@@ -266,18 +291,9 @@ class TensorRTRuntime(Runtime):
                 raise RuntimeError(f"TensorRT ran {self.path} without reporting the shape of output {name!r}")
             nbytes = output_nbytes(name, shape, self.outputs[name].dtype)
             if nbytes == 0:  # TensorRT need not ask for memory for an empty result
-                device_outputs[name] = torch.empty(shape, dtype=self._torch_dtypes[name], device=self.device)
+                device_outputs[name] = self._torch.empty(shape, dtype=self._torch_dtypes[name], device=self.device)
                 continue
             device_outputs[name] = bytes_as(self._allocator.buffers[name], self._torch_dtypes[name], shape, nbytes)
-        copies = {}
-        for name in self.output_names:
-            source = device_outputs[name]
-            host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
-            host.copy_(source, non_blocking=True)
-            copies[name] = host
-        stream.synchronize()
-        del staged
-        return {name: host.numpy() for name, host in copies.items()}
 
     def _device_tensor(self, name: str, shape, nbytes: int):
         return typed_buffer(self._torch, self._torch_dtypes[name], shape, nbytes, self.device)
