@@ -199,7 +199,7 @@ def _refuse_stall(plan: ModelPlan, templates: Optional[Path]) -> None:
         raise InvalidConfig(f"{plan.name}/config.pbtxt not written: {stall}")
 
 
-def load_or_profile(spec: PipelineSpec, model: ModelEntry, profiles_dir: Path, log: Callable[[str], None],
+def load_or_profile(model: ModelEntry, profiles_dir: Path, log: Callable[[str], None],
                     serving_cost: Callable[[], Optional[ServingCost]] = lambda: None) -> Profile:
     if model.profile is not None:
         return Profile.load(model.profile)
@@ -343,7 +343,7 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
         if model.backend == "python":
             plans.append(plan_python_model(model))
         else:
-            profile = load_or_profile(spec, model, profiles_dir, log, serving_cost)
+            profile = load_or_profile(model, profiles_dir, log, serving_cost)
             plans.append(plan_latte_model(spec, model, profile))
         add_versions_and_cache(spec, plans[-1], model)
     interfaces = {p.name: _interface(p) for p in plans}

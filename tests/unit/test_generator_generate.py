@@ -248,11 +248,11 @@ def test_a_kept_profile_is_reused_only_when_its_sweep_reached_the_slo(sequence_p
     entry = ModelEntry(name="encoder", backend="latte", file=tmp_path / "model.onnx", path=(), slo_ms=20.0)
     entry.file.touch()
     (profiles / "encoder.json").touch()   # newer than the model file
-    load_or_profile(None, entry, profiles, lines.append)
+    load_or_profile(entry, profiles, lines.append)
     assert asked == [] and lines == [f"encoder: reusing profile {profiles / 'encoder.json'}"]
 
     entry.slo_ms = 40.0
-    load_or_profile(None, entry, profiles, lines.append)
+    load_or_profile(entry, profiles, lines.append)
     assert [options.ceiling_ms for options in asked] == [20.0]
     assert lines[1] == (f"encoder: profile {profiles / 'encoder.json'} stops at 10 ms a call, short of this "
                         "SLO's 20 ms")
