@@ -192,7 +192,7 @@ def _edges(wiring: EnsembleWiring) -> List[Tuple[int, int]]:
             if tensor in producer]
 
 
-def _reaches(edges: List[Tuple[int, int]], start: int, goal: int, count: int) -> bool:
+def _reaches(edges: List[Tuple[int, int]], start: int, goal: int) -> bool:
     nexts: Dict[int, List[int]] = {}
     for a, b in edges:
         nexts.setdefault(a, []).append(b)
@@ -235,7 +235,7 @@ def fusion_groups(wiring: EnsembleWiring, sources: Mapping[str, StepSource]
         members = [i for i in group_of if root(i) in (ra, rb)]
         outside = [i for i in range(count) if i not in members]
         contracted = [(x if x not in members else -1, y if y not in members else -1) for x, y in edges]
-        if any(_reaches(contracted, -1, o, count) and _reaches(contracted, o, -1, count) for o in outside):
+        if any(_reaches(contracted, -1, o) and _reaches(contracted, o, -1) for o in outside):
             continue
         group_of[rb] = ra
         device[ra] = device[ra] or device[rb]

@@ -45,10 +45,10 @@ def test_the_fused_text_pipeline_answers_as_its_ensemble_and_its_steps_do(pipeli
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from latte.examples.pipeline import run_in_process
+    from latte.examples.pipeline import InProcess
 
     server, _, work, names = pipelines
-    files = work / "text" / "files"
+    reference = InProcess(work / "text" / "files", "text")
     http = httpclient.InferenceServerClient(server.http_url)
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     # One request at a time: the same computation in both, bit for bit.
@@ -61,7 +61,7 @@ def test_the_fused_text_pipeline_answers_as_its_ensemble_and_its_steps_do(pipeli
     # One request carrying a batch of texts of different lengths, over HTTP.
     batch = np.array([[t] for t in TEXTS], dtype=object)
     result = infer(httpclient, http, names["text"]["fused"], "TEXT", batch)
-    expected = run_in_process(files, batch)
+    expected = reference({"TEXT": batch})
     np.testing.assert_allclose(result.as_numpy("EMBEDDING"), expected["EMBEDDING"], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(result.as_numpy("NORM"), expected["NORM"], rtol=1e-4, atol=1e-5)
     # Single-text requests in flight together: the fused model batches them.
@@ -74,7 +74,7 @@ def test_the_fused_text_pipeline_answers_as_its_ensemble_and_its_steps_do(pipeli
         pending.append((one, pool.async_infer(names["text"]["fused"], [request])))
     for one, future in pending:
         got = future.get_result().as_numpy("EMBEDDING")
-        np.testing.assert_allclose(got, run_in_process(files, one)["EMBEDDING"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got, reference({"TEXT": one})["EMBEDDING"], rtol=1e-4, atol=1e-5)
         assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 

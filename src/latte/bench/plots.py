@@ -147,17 +147,3 @@ def memory_over_time(samples: List[dict], points: List[dict], model: str = None)
     if names:
         ax.legend(fontsize=8, loc="lower right", framealpha=0.95)
     return _png(fig)
-
-
-def series_over_time(rows: List[dict], keys: List[tuple], xlabel: str, ylabel: str) -> bytes:
-    """Generic line plot: rows of dicts, keys = [(field, label)]."""
-    fig, ax = plt.subplots(figsize=(10, 3.4))
-    x = [r["t"] for r in rows]
-    for key, label in keys:
-        ax.plot(x, [r.get(key) for r in rows], marker="o", markersize=3, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _png(fig)

@@ -29,11 +29,6 @@ def _kubernetes_validate():
     return kubernetes_validate
 
 
-def supported_kubernetes_versions() -> List[str]:
-    kv = _kubernetes_validate()
-    return [v for v in kv.utils.all_versions() if int(v.split(".")[1]) >= _OLDEST_SCHEMAS]
-
-
 def _check_version(version: str) -> None:
     kubernetes_validate = _kubernetes_validate()
     match = re.match(r"^1\.([0-9]+)\.[0-9]+$", version)

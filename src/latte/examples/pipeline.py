@@ -238,11 +238,6 @@ class InProcess:
         return outputs
 
 
-def run_in_process(directory: Path, texts: np.ndarray) -> Dict[str, np.ndarray]:
-    """The text pipeline on [batch, 1] texts without Triton: same steps, same ONNX model."""
-    return InProcess(directory, "text")({"TEXT": texts})
-
-
 def side_by_side(directory: Path, name: str = "text", slo_ms: float = 50.0, cores: int = 2,
                  log: Callable[[str], None] = lambda line: None) -> Tuple[Path, Dict[str, str]]:
     """One repository serving an example pipeline twice: fused, under the ensemble's name (as
