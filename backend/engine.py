@@ -35,6 +35,16 @@ def failure_text(exc: BaseException) -> str:
     return type(exc).__name__ + (f": {first}" if first else "")
 
 
+def _drained(records: Deque[tuple]) -> List[tuple]:
+    """Every record in the deque now, taken out; safe while other threads append or take."""
+    taken = []
+    try:
+        while True:
+            taken.append(records.popleft())
+    except IndexError:
+        return taken
+
+
 def column_request(columns: Columns, i: int) -> ParsedRequest:
     """Request i of a call read by input, as the general path reads it."""
     length = columns.lengths[i] if columns.lengths is not None else None
@@ -203,12 +213,13 @@ class BatchEngine:
 
     def _run_members(self, columns: Columns, members: Sequence[int]) -> List[Result]:
         started = self.clock()
-        batch = None
+        batch = ran = None
         try:
             batch = self.columns_batch(columns.arrays, columns.rows, columns.lengths, members)
-            return split(self.spec, batch, *self.run(batch, started))
-        except Exception as exc:
-            return self._isolated(exc, batch, started, len(members),
+            ran = self.run(batch, started)
+            return split(self.spec, batch, *ran)
+        except Exception as exc:  # a batch recorded as run is not recorded again as failed
+            return self._isolated(exc, batch if ran is None else None, started, len(members),
                                   lambda: [column_request(columns, i) for i in members])
         finally:
             del batch
@@ -326,12 +337,13 @@ class BatchEngine:
         """One model call for the requests, a result for each in order; a model failure is
         retried request by request so one bad request does not fail its neighbours."""
         started = self.clock()
-        batch = None
+        batch = ran = None
         try:
-            batch = assemble(self.spec, requests, self.buckets)
-            return split(self.spec, batch, *self.run(batch, started))
-        except Exception as exc:
-            return self._isolated(exc, batch, started, len(requests), lambda: requests)
+            batch = assemble(self.spec, requests, self.planner.buckets)
+            ran = self.run(batch, started)
+            return split(self.spec, batch, *ran)
+        except Exception as exc:  # a batch recorded as run is not recorded again as failed
+            return self._isolated(exc, batch if ran is None else None, started, len(requests), lambda: requests)
         finally:
             del batch  # arena-backed input buffers go back as soon as the call is over
 
@@ -379,8 +391,7 @@ class BatchEngine:
 
     def take_records(self) -> List[BatchRecord]:
         """The records of the batches run since the last take, oldest first."""
-        records = self.records
-        return [BatchRecord(*records.popleft()) for _ in range(len(records))]
+        return [BatchRecord(*record) for record in _drained(self.records)]
 
     # -- sessions -------------------------------------------------------------------------
     def _with_session(self, request: ParsedRequest, opts: RequestOptions) -> ParsedRequest:

@@ -80,6 +80,7 @@ class LatteModel:
         memory_resource.use(self.arena.empty, f"latte arena of {spec.signature.name!r} "
                                               f"({spec.serving.arena_bytes >> 20} MiB)")
         self.runtime = self.dispatcher = self.publisher = self._sender = None
+        self._serving = False  # set once loaded: warm-up's batches are not served ones
         try:
             self._load(args)
         except BaseException:
@@ -141,6 +142,7 @@ class LatteModel:
         ready line logged."""
         signature, serving = self.spec.signature, self.spec.serving
         self.engine.take_records()  # load's own batches are not served ones
+        self._serving = True
         if serving.warmup and self.engine.cost_model is not None:
             measured = measure_cost_model(self.engine)
             if measured is not None:
@@ -288,10 +290,8 @@ class LatteModel:
         """(rows, model seconds, failed) of the batches the engine ran since the last take (lanes
         running a call's batches record them before the call's last answer is in); each one's
         time also feeds the estimate of when early answers pay."""
-        records = self.engine.records
         batches = []
-        for _ in range(len(records)):
-            rows, count, _, seconds, failed, model_s = records.popleft()
+        for rows, count, _, seconds, failed, model_s in self.engine.take_records():
             self.early.batch_done(count, seconds)
             batches.append((rows, model_s, failed))
         return batches
@@ -397,7 +397,7 @@ class LatteModel:
             self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: could not send a response: {exc}")
 
     def _refresh_gauges(self) -> None:
-        if self._async:  # the lanes' batches, counted off the request path
+        if self._async and self._serving:  # the lanes' batches, counted off the request path
             for rows, model_s, failed in self._take_batches():
                 self.metrics.batch(rows, model_s, failed)
         if self.dispatcher is not None:

@@ -65,6 +65,18 @@ def step_function(module, name: str, step: str, path: Path):
     return function
 
 
+def _instance(module, name: str, path: Path):
+    """The step file's TritonPythonModel, made as Triton makes it."""
+    model_class = getattr(module, "TritonPythonModel", None)
+    if model_class is None:
+        raise ConfigError(f"step {name!r}: {path} defines no TritonPythonModel (name a plain function "
+                          "with `function:` instead)")
+    try:
+        return model_class()
+    except Exception as exc:
+        raise ConfigError(f"step {name!r}: TritonPythonModel() failed: {type(exc).__name__}: {exc}") from exc
+
+
 class StepSender:
     """A response sender that keeps what a decoupled model sends."""
 
@@ -148,22 +160,21 @@ class PythonModelStep(Step):
              outputs: Sequence[TensorSpec], device: str, pad_value: float = 0.0) -> "PythonModelStep":
         module, namespace = load_step_module(path, name)
         try:
-            model_class = getattr(module, "TritonPythonModel", None)
-            if model_class is None:
-                raise ConfigError(f"step {name!r}: {path} defines no TritonPythonModel (name a plain function "
-                                  "with `function:` instead)")
-            model = model_class()
-            if hasattr(model, "initialize"):
-                with namespace.loading():
-                    try:
-                        model.initialize(initialize_args(name, folder, config, device))
-                    except Exception as exc:
-                        raise ConfigError(f"step {name!r}: initialize failed: {type(exc).__name__}: {exc}") from exc
+            step = cls(name, _instance(module, name, path), inputs, outputs, pad_value)
+            step.namespace = namespace
         except BaseException:
             namespace.close()
             raise
-        step = cls(name, model, inputs, outputs, pad_value)
-        step.namespace = namespace
+        try:
+            if hasattr(step.model, "initialize"):
+                with namespace.loading():
+                    try:
+                        step.model.initialize(initialize_args(name, folder, config, device))
+                    except Exception as exc:
+                        raise ConfigError(f"step {name!r}: initialize failed: {type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            step.close()
+            raise
         return step
 
     def _requests(self, values: Values, members: Sequence[int]) -> List[StepRequest]:

@@ -133,11 +133,10 @@ class GraphRuntime(Runtime):
             return PythonModelStep.load(name, path, definition.folder, config, inputs, outputs, self.device, pad)
         module, namespace = load_step_module(path, name)
         try:
-            function = step_function(module, definition.function, name, path)
-        except ConfigError:
+            step = FunctionStep(name, step_function(module, definition.function, name, path), inputs, outputs, pad)
+        except BaseException:
             namespace.close()
             raise
-        step = FunctionStep(name, function, inputs, outputs, pad)
         step.namespace = namespace
         return step
 

@@ -177,3 +177,86 @@ def test_a_model_step_in_a_graph_and_the_same_model_served_alone_take_the_same_p
     finally:
         model.finalize()
         encoder.finalize()
+
+
+def step_folder(root, step, files):
+    folder = root / step / "1"
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder / "model.py"
+
+
+def test_folders_without_an_init_file_are_each_steps_own(tmp_path):
+    from latte.backend.graph.python_model import load_step_module
+
+    loaded = []
+    try:
+        for step in ("first", "second"):
+            model = step_folder(tmp_path, step, {"model.py": "from pre.tool import WHO\n",
+                                                 "pre/tool.py": f"WHO = {step!r}\n"})
+            loaded.append(load_step_module(model, step))
+        assert [module.WHO for module, _ in loaded] == ["first", "second"]
+    finally:
+        for _, namespace in loaded:
+            namespace.close()
+
+
+PICKLING_STEP = '''\
+import importlib
+import pickle
+
+import things
+
+
+def made_by_name():
+    return importlib.import_module("things")
+
+
+def round_trip():
+    return pickle.loads(pickle.dumps(things.Thing()))
+'''
+
+
+def test_a_helper_imported_by_name_is_the_same_module_the_import_statement_gave(tmp_path):
+    from latte.backend.graph.python_model import load_step_module
+
+    model = step_folder(tmp_path, "step", {"model.py": PICKLING_STEP, "things.py": "class Thing:\n    pass\n"})
+    module, namespace = load_step_module(model, "step")
+    try:
+        with namespace.loading():
+            assert module.made_by_name() is module.things
+        assert isinstance(module.round_trip(), module.things.Thing)
+    finally:
+        namespace.close()
+    assert "things" not in sys.modules
+
+
+def test_a_refused_step_leaves_every_name_to_the_step_that_held_it(tmp_path):
+    from latte.backend.graph.python_model import load_step_module
+
+    by_name = "import importlib\nfor name in ('helper', 'utils'):\n    importlib.import_module(name)\n"
+    first = step_folder(tmp_path, "first", {"model.py": by_name, "helper.py": "", "utils.py": ""})
+    second = step_folder(tmp_path, "second", {"model.py": by_name, "helper.py": "", "utils.py": ""})
+    _, namespace = load_step_module(first, "first")
+    try:
+        held = {name: sys.modules[name] for name in ("helper", "utils")}
+        with pytest.raises(ConfigError, match="rename one of them"):
+            load_step_module(second, "second")
+        assert {name: sys.modules[name] for name in ("helper", "utils")} == held
+    finally:
+        namespace.close()
+    assert "helper" not in sys.modules and "utils" not in sys.modules
+
+
+def test_a_stand_in_of_the_stubs_module_shipped_beside_a_step_is_not_used(tmp_path):
+    from latte.backend.graph.python_model import load_step_module, pb_utils
+
+    model = step_folder(tmp_path, "step", {
+        "model.py": "import triton_python_backend_utils as pb_utils\n",
+        "triton_python_backend_utils.py": "MOCK = True\n"})
+    module, namespace = load_step_module(model, "step")
+    try:
+        assert module.pb_utils is pb_utils() and not hasattr(module.pb_utils, "MOCK")
+    finally:
+        namespace.close()
