@@ -282,19 +282,3 @@ def _trimmed(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray],
         results.append(per_request)
         at += rows
     return results
-    declared = {t.name: t.dims for t in spec.signature.outputs}
-    for member, (rows, length) in enumerate(zip(batch.member_rows, batch.lengths)):
-        per_request = {}
-        for name, array in outputs.items():
-            index = [slice(at, at + rows)]
-            cut = own.get(name) if own else None
-            for size, dim in zip(array.shape[1:], declared.get(name, ())):
-                if cut is not None:
-                    index.append(slice(0, cut[member]) if dim == -1 else slice(None))
-                    continue
-                trim = dim == -1 and length is not None and size == batch.padded_length
-                index.append(slice(0, length) if trim else slice(None))
-            per_request[name] = array[tuple(index)]
-        results.append(per_request)
-        at += rows
-    return results

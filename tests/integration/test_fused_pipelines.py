@@ -156,21 +156,12 @@ def test_verify_drives_the_fused_model_at_the_ensembles_planned_rate(pipelines):
 def hand_written(tmp_path_factory):
     """A hand-written repository (python steps, a latte encoder, an ensemble) and its fused copy,
     both served by one tritonserver: the ensemble as embed_text, the fused model as embed_text_fused."""
-    import re
-    import shutil
-
+    from fused_copies import fused_beside_ensemble
     from latte.examples.pipeline import write_hand_written_repository
-    from latte.generator.fuse import fuse_repository
     from latte.triton import TritonServer
 
     work = tmp_path_factory.mktemp("hand-written")
-    repo = write_hand_written_repository(work / "repo", "latte")
-    fuse_repository(repo, "embed_text", work / "fused")
-    served = work / "served"
-    shutil.copytree(repo, served)
-    shutil.copytree(work / "fused" / "embed_text", served / "embed_text_fused")
-    config = served / "embed_text_fused" / "config.pbtxt"
-    config.write_text(re.sub(r'^name: ".*"$', 'name: "embed_text_fused"', config.read_text(), count=1, flags=re.M))
+    served = fused_beside_ensemble(work, write_hand_written_repository(work / "repo", "latte"), "embed_text")
     with TritonServer(served, log_path=work / "tritonserver.log") as server:
         yield server
 

@@ -3,9 +3,6 @@
 its `latte fuse` copy served side by side by one real tritonserver: the fused model loads and
 answers every text as the ensemble does, bit for bit, over HTTP and gRPC."""
 
-import re
-import shutil
-
 import numpy as np
 import pytest
 
@@ -17,18 +14,12 @@ TEXTS = [b"the quick brown fox", b"latte serves", b"words outside the vocabulary
 
 @pytest.fixture(scope="module")
 def user_written(tmp_path_factory):
+    from fused_copies import fused_beside_ensemble
     from latte.examples.user_repository import write_user_repository
-    from latte.generator.fuse import fuse_repository
     from latte.triton import TritonServer
 
     work = tmp_path_factory.mktemp("user-written")
-    repo = write_user_repository(work / "repo")
-    fuse_repository(repo, "embed_text", work / "fused")
-    served = work / "served"
-    shutil.copytree(repo, served)
-    shutil.copytree(work / "fused" / "embed_text", served / "embed_text_fused")
-    config = served / "embed_text_fused" / "config.pbtxt"
-    config.write_text(re.sub(r'^name: ".*"$', 'name: "embed_text_fused"', config.read_text(), count=1, flags=re.M))
+    served = fused_beside_ensemble(work, write_user_repository(work / "repo"), "embed_text")
     with TritonServer(served, log_path=work / "tritonserver.log") as server:
         yield server
 
