@@ -10,12 +10,10 @@ from typing import Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, 
 import numpy as np
 
 from latte.backend.batching import Batch, affinity_key, assemble, assemble_columns, ragged_length, split, uniform_shapes
-from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
 from latte.backend.planner import BatchPlanner
-from latte.backend.planning import CostModel
 from latte.backend.requests import Columns, ParsedRequest
 from latte.backend.runtimes import Runtime
 from latte.backend.sessions import SessionStore
@@ -114,29 +112,11 @@ class BatchEngine:
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
         self._out_dtypes = {t.name: t.dtype for t in spec.signature.outputs}
         self._batched = spec.signature.batched
-        self._max_rows = spec.signature.max_batch_size
         self._one_shape = (spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
                            and not runtime.trims_outputs)
         # Every request has one shape key (ragged inputs of one rank): a plain call is planned
         # from its lengths alone (BatchPlanner.plan).
         self._one_key = spec.signature.batched and spec.signature.ragged_inputs and uniform_shapes(spec)
-
-    # What a plan depends on is the planner's; these read and set it there.
-    @property
-    def buckets(self) -> Optional[BucketPlan]:
-        return self.planner.buckets
-
-    @buckets.setter
-    def buckets(self, buckets: Optional[BucketPlan]) -> None:
-        self.planner.buckets = buckets
-
-    @property
-    def cost_model(self) -> Optional[CostModel]:
-        return self.planner.cost_model
-
-    @cost_model.setter
-    def cost_model(self, cost_model: Optional[CostModel]) -> None:
-        self.planner.cost_model = cost_model
 
     @property
     def reads_columns(self) -> bool:
@@ -278,12 +258,10 @@ class BatchEngine:
         was planned into, so the scheduler groups (and places) whole planned batches."""
         keys = {}
         for group in self._groups(work):
-            edge = None
-            if self.buckets is not None:
-                lengths = [n for n in (ragged_length(self.spec, w.request) for w in group) if n is not None]
-                edge = self.buckets.edge_for(max(lengths)) if lengths else None
+            lengths = [n for n in (ragged_length(self.spec, w.request) for w in group) if n is not None]
+            edge = self.planner.edge(max(lengths, default=None))
             for w in group:
-                keys[w.position] = affinity_key(self.spec, w.request, self.buckets, edge)
+                keys[w.position] = affinity_key(self.spec, w.request, self.planner.buckets, edge)
         return keys
 
     @staticmethod

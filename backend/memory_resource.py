@@ -6,50 +6,40 @@ state) asks for the current resource where it makes a buffer, instead of carryin
 `allocate` callable through each signature, where leaving it out fell back to `np.empty`
 without a word. Triton runs each model instance in a process of its own, so the process's
 current resource is that instance's arena. Until a model sets one, the resource is numpy's
-own allocator, named as such (`describe`).
+own allocator.
 """
 
 from __future__ import annotations
 
 import atexit
 import threading
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict
 
 import numpy as np
 
 Allocate = Callable[[tuple, np.dtype], np.ndarray]
 
 _lock = threading.Lock()
-# device -> (allocate, what it is); read on every allocation, written when a model loads.
-_current: Dict[str, Tuple[Allocate, str]] = {}
-_DEFAULT = (np.empty, "numpy (no arena set)")
+# device -> its allocate function; read on every allocation, written when a model loads.
+_current: Dict[str, Allocate] = {}
 # An arena still current at exit (a model never finalized) is let go before the interpreter
 # tears its types down.
 atexit.register(_current.clear)
 
 
-def use(allocate: Allocate, description: str, device: str = "cpu") -> None:
+def use(allocate: Allocate, device: str = "cpu") -> None:
     """Make `allocate` the current resource of `device` (a model's arena, at load)."""
     with _lock:
-        _current[device] = (allocate, description)
+        _current[device] = allocate
 
 
 def empty(shape: tuple, dtype) -> np.ndarray:
     """An uninitialised host array from the current resource."""
-    return _current.get("cpu", _DEFAULT)[0](shape, dtype)
-
-
-def current(device: str = "cpu") -> Allocate:
-    """The current resource's allocate function for `device`."""
-    return _current.get(device, _DEFAULT)[0]
-
-
-def describe(device: str = "cpu") -> str:
-    return _current.get(device, _DEFAULT)[1]
+    return _current.get("cpu", np.empty)(shape, dtype)
 
 
 def release(allocate: Allocate, device: str = "cpu") -> None:
     """Back to numpy's allocator when `allocate` is current (the model that set it unloads)."""
     with _lock:
-        if _current.get(device, _DEFAULT)[0] == allocate:
+        if _current.get(device) == allocate:
             del _current[device]

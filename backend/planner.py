@@ -8,7 +8,7 @@ hold one, so the same model takes the same plan for the same requests wherever i
 
 from __future__ import annotations
 
-from typing import Hashable, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from latte.backend.batching import plan_batches, plan_rows, uniform_shapes
 from latte.backend.requests import ParsedRequest
@@ -50,6 +50,3 @@ class BatchPlanner:
         if self.buckets is None or longest is None:
             return None
         return self.buckets.edge_for(longest)
-
-    def describe(self) -> Hashable:
-        return self.cost_model.describe() if self.cost_model is not None else "none"

@@ -77,8 +77,7 @@ class LatteModel:
         # Batch buffers, a graph's intermediates and session state live here, so memory stays
         # flat however shapes vary.
         self.arena = BuddyArena(spec.serving.arena_bytes, "cpu")
-        memory_resource.use(self.arena.empty, f"latte arena of {spec.signature.name!r} "
-                                              f"({spec.serving.arena_bytes >> 20} MiB)")
+        memory_resource.use(self.arena.empty)
         self.runtime = self.dispatcher = self.publisher = self._sender = None
         self._serving = False  # set once loaded: warm-up's batches are not served ones
         try:
@@ -143,13 +142,13 @@ class LatteModel:
         signature, serving = self.spec.signature, self.spec.serving
         self.engine.take_records()  # load's own batches are not served ones
         self._serving = True
-        if serving.warmup and self.engine.cost_model is not None:
+        if serving.warmup and self.engine.planner.cost_model is not None:
             measured = measure_cost_model(self.engine)
             if measured is not None:
-                self.engine.cost_model = measured
+                self.engine.planner.cost_model = measured
         planning = serving.batch_planning
-        if self.engine.cost_model is not None:
-            planning += f" ({'measured' if serving.warmup else 'default'}: {self.engine.cost_model.describe()})"
+        if self.engine.planner.cost_model is not None:
+            planning += f" ({'measured' if serving.warmup else 'default'}: {self.engine.planner.cost_model.describe()})"
         # Everything loaded so far (runtime, modules, warmup) lives as long as the model: out of
         # the collector's sight, a full collection no longer walks it (~15 ms pauses in the
         # request path, measured in process with onnxruntime loaded).

@@ -92,7 +92,7 @@ def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Optional
     None when there is nothing to plan (no buckets, or not batched)."""
     spec = engine.spec
     clock = clock or timing_clock(spec)
-    if engine.buckets is None or not spec.signature.batched:
+    if engine.planner.buckets is None or not spec.signature.batched:
         return None
     if spec.signature.max_batch_size < 2:
         return None  # one row per call: there is no choice to make
@@ -101,9 +101,9 @@ def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Optional
     recording, engine.recording = engine.recording, False
     try:
         with exclusive_timing():
-            shapes = [(edge, size) for edge in engine.buckets.edges
-                      for size in sorted({1, max(1, rows // 4), max(1, rows // 2), rows})]
-            shorter = shorter_lengths(engine.buckets.edges[0]) if any(t.ragged for t in spec.signature.inputs) else []
+            edges = engine.planner.buckets.edges
+            shapes = [(edge, size) for edge in edges for size in sorted({1, max(1, rows // 4), max(1, rows // 2), rows})]
+            shorter = shorter_lengths(edges[0]) if any(t.ragged for t in spec.signature.inputs) else []
             seconds = _time_shapes(engine, spec, repeats, shapes + [(length, 1) for length in shorter], clock)
     finally:
         engine.recording = recording

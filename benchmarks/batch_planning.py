@@ -78,15 +78,15 @@ def build_engine(repo: Path, model_file: Path, name: str, parameters: dict):
     runtime = load_runtime(signature.runtime, signature.model_path, [t.name for t in signature.inputs],
                            [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)
     arena = BuddyArena(serving.arena_bytes, "cpu")
-    memory_resource.use(arena.empty, "the benchmark's arena")
+    memory_resource.use(arena.empty)
     engine = BatchEngine(spec, runtime)
     engine.arena = arena  # keeps the arena alive as long as the engine
     # What LatteModel does at load.
     if serving.warmup:
         for call in warmup_calls(spec):
             engine.infer(call)
-        if engine.cost_model is not None:
-            engine.cost_model = measure_cost_model(engine)
+        if engine.planner.cost_model is not None:
+            engine.planner.cost_model = measure_cost_model(engine)
     return engine
 
 
@@ -143,7 +143,7 @@ def planning_cost_us(engine: BatchEngine, trace, repeats: int = 5) -> float:
     for _ in range(repeats):
         started = time.perf_counter()
         for call in items:
-            plan_batches(engine.spec, call, engine.buckets, engine.cost_model)
+            plan_batches(engine.spec, call, engine.planner.buckets, engine.planner.cost_model)
         best = min(best, time.perf_counter() - started)
     return best / len(trace) * 1e6
 
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
         repo = Path(tmp) / "repo"
         engines = {name: build_engine(repo, files["onnx"], name, params) for name, params in VARIANTS.items()}
         for name in ("cost", "cost-default"):
-            print(f"{name} cost model: {engines[name].cost_model.describe()}")
+            print(f"{name} cost model: {engines[name].planner.cost_model.describe()}")
         trace = make_trace(args.calls, args.seed)
         rows = sum(len(call) for call in trace)
         for engine in engines.values():
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
             "rows_per_s": per_round, "calls_per_execute": {n: s[0] for n, s in shapes.items()},
             "padded_length_per_row": {n: s[1] for n, s in shapes.items()},
             "planning_us_per_execute": planning, "ratios": ratios,
-            "cost_model": {n: engines[n].cost_model.describe() for n in ("cost", "cost-default")},
+            "cost_model": {n: engines[n].planner.cost_model.describe() for n in ("cost", "cost-default")},
         }, indent=2) + "\n")
     summary = summarize(per_round, shapes, planning, ratios, args.calls, rows, args.rounds)
     print(f"wrote {write_summary(record, summary, args.results_dir, {'rows_per_s': per_round, 'ratios': ratios})}")

@@ -64,13 +64,11 @@ class ModelStep(Step):
     def __init__(self, name: str, spec: ModelSpec, runtime: Runtime) -> None:
         signature, serving = spec.signature, spec.serving
         super().__init__(name, signature.inputs, signature.outputs, serving.pad_value)
-        self.spec = spec
         self.runtime = runtime
         # The engine the same model served alone has: its planner (buckets, a cost model measured
         # at load by measure) and its batch runner run the step's sub-batches.
         self.engine = BatchEngine(spec, runtime)
         self.engine.recording = False  # the graph counts its steps' figures itself
-        self.max_rows = max(1, signature.max_batch_size)
         self.max_length = serving.max_sequence_length
         # A torch runtime takes tensors, and hands its outputs on as tensors on its device when
         # every reader of them is a torch step of that device (the graph decides: keeps_tensors).
@@ -80,14 +78,13 @@ class ModelStep(Step):
         # a graph rows of one batch differ in length whether or not the step's config says
         # allow_ragged_batch (Triton's batcher never mixed them; the graph's batch does).
         self._variable = {t.name for t in signature.inputs if -1 in t.dims}
-        self._dtypes = {t.name: t.dtype for t in signature.outputs}
 
     def measure(self) -> None:
         from latte.backend.warmup import measure_cost_model
 
         measured = measure_cost_model(self.engine)
         if measured is not None:
-            self.engine.cost_model = measured
+            self.engine.planner.cost_model = measured
 
     def plan(self, lengths: Optional[np.ndarray], rows: int) -> List[Optional[np.ndarray]]:
         """Row indices of each sub-batch (the served model's plan of one-row requests); [None]

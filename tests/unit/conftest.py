@@ -84,7 +84,7 @@ def example_engine(example_repo):
                                [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)
         engine = BatchEngine(spec, runtime)
         if not bucketed:
-            engine.buckets = None
+            engine.planner.buckets = None
         return spec, engine
 
     return build

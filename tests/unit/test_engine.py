@@ -154,7 +154,7 @@ def test_a_full_arena_fails_the_batch_with_memory_error_and_the_next_request_suc
 
     arena = BuddyArena(256 << 10)  # room for small batches only
     spec, engine = example_engine("cnn_onnx")
-    memory_resource.use(arena.empty, "a small arena")
+    memory_resource.use(arena.empty)
     try:
         rng = np.random.default_rng(3)
         big = [ParsedRequest(inputs=EXAMPLES["cnn"].sample(16, rng), rows=16) for _ in range(2)]
@@ -214,7 +214,7 @@ def test_cost_planned_batches_give_each_request_exactly_its_output_alone(example
 
     spec, engine = example_engine(model, bucketed=True)
     # A model call costs as much as 2000 padded positions: every call's requests share one batch.
-    engine.cost_model = CostModel(2000.0, {e: float(e) for e in spec.serving.bucket_edges})
+    engine.planner.cost_model = CostModel(2000.0, {e: float(e) for e in spec.serving.bucket_edges})
     rng = np.random.default_rng(5)
     feeds = [EXAMPLES["sequence"].sample(1, rng, length=n) for n in (3, 17, 40, 90, 128, 1, 64, 33)]
     results = engine.infer([ParsedRequest(inputs=f, rows=1) for f in feeds])
@@ -245,9 +245,9 @@ def test_the_warmup_timings_give_a_cost_model_for_every_bucket(example_engine):
 
 def test_batch_planning_is_a_checked_config_parameter(example_engine):
     spec, engine = example_engine("sequence_onnx", bucketed=True)
-    assert spec.serving.batch_planning == "cost" and engine.cost_model is not None
+    assert spec.serving.batch_planning == "cost" and engine.planner.cost_model is not None
     spec, engine = example_engine("sequence_onnx", bucketed=True, batch_planning="bucket")
-    assert engine.cost_model is None
+    assert engine.planner.cost_model is None
     with pytest.raises(ConfigError, match="batch_planning must be one of cost, bucket, got 'greedy'"):
         example_engine("sequence_onnx", batch_planning="greedy")
 
@@ -260,7 +260,7 @@ def test_requests_planned_into_one_batch_share_the_affinity_key_of_its_edge(tmp_
     work = [Work(i, ParsedRequest(inputs={"tokens": np.ones((1, n), np.int64)}, rows=1)) for i, n in enumerate((3, 20))]
     keys = engine.planned_keys(work)
     assert keys[0] == keys[1] and keys[0][-1] == ("bucket", 32)
-    engine.cost_model = None  # bucket planning: each request keeps its own bucket
+    engine.planner.cost_model = None  # bucket planning: each request keeps its own bucket
     keys = engine.planned_keys(work)
     assert keys[0][-1] == ("bucket", 16) and keys[1][-1] == ("bucket", 32)
 

@@ -75,7 +75,7 @@ def test_cost_planned_batches_on_the_lanes_answer_like_the_model_in_process(exam
 
     spec, engine = example_engine("sequence_onnx", bucketed=True)
     # Calls dominate: the plan puts every request of the call into one batch, one affinity key.
-    engine.cost_model = CostModel(2000.0, {e: float(e) for e in spec.serving.bucket_edges})
+    engine.planner.cost_model = CostModel(2000.0, {e: float(e) for e in spec.serving.bucket_edges})
     engine.dispatcher = LaneDispatcher(engine, lanes=2)
     try:
         rng = np.random.default_rng(11)
@@ -94,7 +94,7 @@ def test_an_idle_lane_starts_with_the_most_urgent_request_and_reports_each_as_it
     from latte.backend.buckets import BucketPlan
 
     spec, engine = example_engine("sequence_onnx")
-    engine.buckets = BucketPlan(spec.serving.bucket_edges)
+    engine.planner.buckets = BucketPlan(spec.serving.bucket_edges)
     engine.dispatcher = LaneDispatcher(engine, lanes=1)
     try:
         # Three shape buckets, so three batches; the lane is idle when the call arrives.

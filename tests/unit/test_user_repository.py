@@ -166,7 +166,7 @@ def test_a_model_step_in_a_graph_and_the_same_model_served_alone_take_the_same_p
     try:
         (step,) = [s for s in model.runtime.steps if s.kind == "model"]
         # Each measured its cost at load; with the same measurements they plan alike.
-        encoder.engine.cost_model = step.engine.cost_model
+        encoder.engine.planner.cost_model = step.engine.planner.cost_model
         rng = np.random.default_rng(5)
         for count in (1, 3, 8, 8, 20):
             lengths = rng.integers(1, 128, count)
