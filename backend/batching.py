@@ -170,11 +170,14 @@ def assemble(spec: ModelSpec, group: Sequence[ParsedRequest], buckets: Optional[
 
 
 def assemble_columns(spec: ModelSpec, columns: Dict[str, List[np.ndarray]], member_rows: List[int],
-                     lengths: List[Optional[int]], buckets: Optional[BucketPlan] = None,
+                     lengths: Optional[List[Optional[int]]], buckets: Optional[BucketPlan] = None,
                      ) -> Batch:
     """One batch of a batched model from its members' arrays by input (an optional input
     lists only the members that sent it): one native copy per input, ragged inputs padded
-    to the longest member (or, with pad_to: edge, its bucket's edge)."""
+    to the longest member (or, with pad_to: edge, its bucket's edge). `lengths`: each
+    member's ragged length, or None when no member has one."""
+    if lengths is None:
+        lengths = [None] * len(member_rows)
     total = sum(member_rows)
     padded = None
     known = [n for n in lengths if n is not None] if spec.signature.ragged_inputs else None

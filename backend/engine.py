@@ -161,8 +161,7 @@ class BatchEngine:
             columns = {name: [arrays[i] for i in members] for name, arrays in columns.items()}
             rows = [rows[i] for i in members]
             lengths = [lengths[i] for i in members] if lengths is not None else None
-        return assemble_columns(self.spec, columns, rows, lengths if lengths is not None else [None] * len(rows),
-                                self.planner.buckets)
+        return assemble_columns(self.spec, columns, rows, lengths, self.planner.buckets)
 
     def run_columns(self, columns: Columns, plan: Sequence[Sequence[int]]) -> List[Result]:
         """Each request's outcome, in order, for a plain call read by input and planned by
@@ -181,9 +180,7 @@ class BatchEngine:
         started = self.clock()
         batch = None
         try:
-            rows, lengths = columns.rows, columns.lengths
-            batch = assemble_columns(self.spec, columns.arrays, rows, lengths if lengths is not None else
-                                     [None] * len(rows), self.planner.buckets)
+            batch = assemble_columns(self.spec, columns.arrays, columns.rows, columns.lengths, self.planner.buckets)
             return self.run(batch, started)[0], None
         except Exception as exc:
             return None, self._isolated(exc, batch, started, len(columns.rows),
