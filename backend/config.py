@@ -128,6 +128,8 @@ class ServingOptions:
     max_queue_size: int = 4096                       # requests the scheduler queues; past it the lowest priority is shed
     respond: str = "auto"                            # when early batches are answered (responses.EarlyAnswers)
     check_cancellation: bool = False                 # ask Triton per request whether the client gave up
+    device_allocator: str = "caching"                # a GPU instance's torch memory: caching, expandable or arena
+    device_arena_bytes: int = 1 << 30                # the arena's capacity when device_allocator is arena
 
 
 # What each parameter defaults to: the parsers read their defaults here.
@@ -373,6 +375,24 @@ def _precision(name: str, params: Mapping[str, str], runtime: str, device: str) 
     return {"precision": value, "accuracy_tolerance": tolerance}
 
 
+DEVICE_ALLOCATORS = ("caching", "expandable", "arena")
+
+
+def _device_memory(name: str, params: Mapping[str, str], runtime: str, device: str) -> Dict:
+    """parameters device_allocator and device_arena_bytes; see backend/device_memory.py."""
+    allocator = _choice_param(name, params, "device_allocator", DEVICE_ALLOCATORS)
+    if allocator != DEFAULTS.device_allocator and not device.startswith("cuda"):
+        raise ConfigError(f"model {name!r}: parameters[\"device_allocator\"] is {allocator!r}, which chooses how torch "
+                          f"holds GPU memory; this instance runs on the CPU (set instance_group kind: KIND_GPU)")
+    if allocator != DEFAULTS.device_allocator and runtime not in ("torchscript", "torch_export", "graph"):
+        raise ConfigError(f"model {name!r}: parameters[\"device_allocator\"] applies to torch models (this one is {runtime})")
+    if "device_arena_bytes" in params and allocator != "arena":
+        raise ConfigError(f"model {name!r}: parameters[\"device_arena_bytes\"] sizes the arena of device_allocator: "
+                          f"arena, and this model's device_allocator is {allocator!r}")
+    return {"device_allocator": allocator,
+            "device_arena_bytes": _int_param(params, "device_arena_bytes", DEFAULTS.device_arena_bytes, minimum=1 << 20)}
+
+
 def _batching(name: str, params: Mapping[str, str], signature: ModelSignature) -> Dict:
     max_len = _int_param(params, "max_sequence_length", DEFAULTS.max_sequence_length)
     edges_text = params.get("bucket_edges", "").strip()
@@ -448,7 +468,8 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
     threads = _threads(name, params, instance_count(config))
     serving = ServingOptions(device=device, **threads, **_precision(name, params, signature.runtime, device),
                              **_batching(name, params, signature), **_sessions(name, params, signature),
-                             **_scheduling(name, params, threads["lanes"]))
+                             **_scheduling(name, params, threads["lanes"]),
+                             **_device_memory(name, params, signature.runtime, device))
     return ModelSpec(signature, serving)
 
 

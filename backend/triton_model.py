@@ -11,7 +11,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from latte.backend import autocomplete, memory_resource
+from latte.backend import autocomplete, device_memory, memory_resource
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import parse_args, parse_model_config, thread_budget_warning, usable_core_ids
 from latte.backend.engine import BatchEngine, ModelError, model_failure
@@ -78,6 +78,7 @@ class LatteModel:
         # flat however shapes vary.
         self.arena = BuddyArena(spec.serving.arena_bytes, "cpu")
         memory_resource.use(self.arena.empty)
+        device_memory.use(spec.serving)  # before the model's first CUDA tensor
         self.runtime = self.dispatcher = self.publisher = self._sender = None
         self._serving = False  # set once loaded: warm-up's batches are not served ones
         try:
@@ -402,6 +403,9 @@ class LatteModel:
         if self.dispatcher is not None:
             self.metrics.scheduler(self.dispatcher.metrics())
         self.metrics.arena(self.arena.stats())
+        device = device_memory.figures(self.spec.serving)
+        if device is not None:
+            self.metrics.device_memory(device)
         self.metrics.steps(self.runtime.step_figures())
         if self.sessions is not None:
             self.sessions.reap()

@@ -146,3 +146,25 @@ def test_the_old_name_of_async_execute_is_refused_with_its_new_name(tmp_path):
     config = _config(parameters={"pipeline": {"string_value": "true"}})
     with pytest.raises(ConfigError, match=r"parameters\[.pipeline.\] is now called async_execute"):
         parse_model_config(config, _model_dir(tmp_path), "1")
+
+
+def test_a_gpu_instance_chooses_how_torch_holds_its_memory(tmp_path):
+    config = _config(parameters={"device_allocator": {"string_value": "Arena"},
+                                 "device_arena_bytes": {"string_value": str(256 << 20)}})
+    serving = parse_model_config(config, _model_dir(tmp_path, "model.pt"), "1", device="cuda:0").serving
+    assert (serving.device_allocator, serving.device_arena_bytes) == ("arena", 256 << 20)
+    default = parse_model_config(_config(), _model_dir(tmp_path / "default", "model.pt"), "1", device="cuda:0").serving
+    assert (default.device_allocator, default.device_arena_bytes) == ("caching", 1 << 30)
+
+
+@pytest.mark.parametrize("filename, device, params, message", [
+    ("model.pt", "cpu", {"device_allocator": "arena"}, r"this instance runs on the CPU \(set instance_group kind: KIND_GPU\)"),
+    ("model.onnx", "cuda:0", {"device_allocator": "expandable"}, r"applies to torch models \(this one is onnx\)"),
+    ("model.pt", "cuda:0", {"device_arena_bytes": "1048576"}, r"device_allocator is 'caching'"),
+    ("model.pt", "cuda:0", {"device_allocator": "slab"}, r"must be caching, expandable or arena, got 'slab'"),
+    ("model.pt", "cuda:0", {"device_allocator": "arena", "device_arena_bytes": "4096"}, r"must be >= 1048576"),
+])
+def test_a_device_allocator_that_cannot_apply_is_refused(tmp_path, filename, device, params, message):
+    config = _config(parameters={k: {"string_value": v} for k, v in params.items()})
+    with pytest.raises(ConfigError, match=message):
+        parse_model_config(config, _model_dir(tmp_path, filename), "1", device=device)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,3 +171,38 @@ def test_pytorch_allocates_from_the_arena_process_wide(tmp_path):
     assert 0 < during["peak_live"] <= during["peak_allocated"] < arena_bytes
     assert after["live"] < during["peak_live"]               # the weights went back to the arena
     assert figures["worst"] < 1e-3                           # answers match the CPU's
+
+
+_SERVED_ALLOCATOR = r"""
+import json, sys
+import numpy as np
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from example_models import example_model
+from latte.backend import device_memory
+from latte.backend.standin_stub import InferenceRequest
+from latte.examples import EXAMPLES
+
+model = example_model(Path(sys.argv[1]), "sequence_torchscript", kind="GPU", device_allocator=sys.argv[2],
+                      **({"device_arena_bytes": str(256 << 20)} if sys.argv[2] == "arena" else {}))
+rng = np.random.default_rng(3)
+for rows in (1, 4, 2, 8):
+    model.execute([InferenceRequest(EXAMPLES["sequence"].sample(rows, rng))])
+print(json.dumps(device_memory.figures(model.spec.serving)))
+model.finalize()
+"""
+
+
+@pytest.mark.parametrize("allocator", ["arena", "expandable", "caching"])
+def test_a_served_gpu_instance_holds_its_memory_with_the_chosen_allocator(example_repo, allocator):
+    if allocator == "arena" and not _native.cuda_device_memory_compiled():
+        pytest.skip("built without the CUDA toolkit")
+    here = str(Path(__file__).parent)
+    done = subprocess.run([sys.executable, "-c", _SERVED_ALLOCATOR, str(example_repo), allocator, here],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert 0 < figures["peak_live"] <= figures["peak_held"]
+    assert figures["live"] <= figures["held"]
+    if allocator == "arena":
+        assert figures["capacity"] == 256 << 20                  # device_arena_bytes, not 80 % of the device
