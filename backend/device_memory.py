@@ -39,8 +39,8 @@ def use(serving) -> None:
 
 
 def figures(serving) -> Optional[Dict[str, float]]:
-    """Bytes by state (held, live, peak_held, peak_live, and the arena's capacity); None on the CPU
-    or before the allocator has served a tensor."""
+    """Bytes by state (held, live, peak_held, peak_live; the arena adds its capacity and the
+    allocations it refused); None on the CPU or before the allocator has served a tensor."""
     if not serving.device.startswith("cuda"):
         return None
     import torch
@@ -53,6 +53,6 @@ def figures(serving) -> Optional[Dict[str, float]]:
         if stats is None:
             return None
         found = {state: float(stats[arena]) for state, (_, arena) in _STATES.items()}
-        found["capacity"] = float(stats["capacity"])
+        found.update(capacity=float(stats["capacity"]), failures=float(stats["failures"]))
         return found
     return {state: float(getattr(torch.cuda, caching)(index)) for state, (caching, _) in _STATES.items()}

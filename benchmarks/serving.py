@@ -266,8 +266,14 @@ def run_model(name: str, args, work: Path) -> dict:
     decomposed: List[dict] = []
     top = max(levels)
     extra = [f"--backend-config={value}" for value in args.backend_config]
+    rounds_done = 0
     with TritonServer(repo, log_path=work / f"{name}-tritonserver.log", extra_args=extra) as server:
+        measuring_since = time.monotonic()
         for round_ in range(args.rounds):
+            if round_ and args.budget_s and (time.monotonic() - measuring_since) * (round_ + 1) / round_ > args.budget_s:
+                print(f"  stopping after {round_} round(s): another would pass --budget-s {args.budget_s:g}", flush=True)
+                break
+            rounds_done += 1
             order = ["latte", "stock"] if round_ % 2 == 0 else ["stock", "latte"]
             ablations = [role for role in names if role.startswith("latte_")]
             for role in order + ablations + ["echo"]:
@@ -293,7 +299,7 @@ def run_model(name: str, args, work: Path) -> dict:
         return median([getattr(p, field) for p in points[role][level]])
 
     result = {"model": name, "runtime": args.runtime, "kind": args.kind, "started": started, "load_average_at_start": load_at_start, "slo_ms": setting.slo_ms, "levels": levels,
-              "rounds": args.rounds,
+              "rounds": rounds_done,
               "in_process_limit": limit, "in_process_batch": limit_batch,
               "points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
                          for role, by_level in points.items()},
@@ -479,6 +485,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
     parser.add_argument("--concurrency", help="perf_analyzer concurrency levels, comma-separated (default: per model)")
     parser.add_argument("--measurement-ms", type=int, default=2000, help="default: %(default)s")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="seconds of measuring per model: rounds after the first stop where another would pass "
+                             "it (default: no budget)")
     parser.add_argument("--decompose", action="store_true", help="also print where latte's time goes per request")
     parser.add_argument("--ablation", nargs="?", const=",".join(ABLATIONS), default="", type=ablation_names,
                         help=f"also measure latte with one setting changed at a time: all of them ({', '.join(ABLATIONS)}), "

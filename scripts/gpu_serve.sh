@@ -1,51 +1,114 @@
 #!/usr/bin/env bash
-# Latte served by a real tritonserver on a lent GPU: `backend: "latte"` with KIND_GPU instances
-# against Triton's stock Python backend running the same TorchScript file on the same GPU, one
-# request at a time (benchmarks/serving.py --runtime torchscript --kind KIND_GPU).
+# Latte served by a real tritonserver on a GPU, in one call of a lent machine (docs/gpu.md,
+# "Served on the GPU"):
 #
-# For a GPU machine without a package registry (docs/gpu.md, "Served on the GPU"): the machine's
-# python3 brings torch with CUDA and latte's build tools; what else is needed travels as wheels:
-#   .whl/         tritonclient 2.51 (its wheel carries perf_analyzer) and python-rapidjson, as
-#                 scripts/gpu_check.sh uses them
-#   .whl-stub/    numpy 1.26 for the machine's Python: Triton 2.51's stub answers with empty
-#                 outputs on numpy 2 (kept out of .whl, which gpu_check.sh installs for its tests)
-#   .whl-triton/  nvidia-pytriton 0.7.0: tritonserver 2.51, its Python backend, stubs for 3.8-3.13
-# (55 MB, 18 MB and 16 MB: two calls of the device tool carry them, see docs/gpu.md).
-# It makes a venv over the machine's python3 that reads the machine's packages after its own
-# (a .pth file, so it works where python3 is itself a venv), installs the wheels and latte
-# there, lays out latte's backend directory, and runs the benchmark. Results go to $OUT/results.
+#   OUT=build/gpu scripts/gpu_serve.sh              # on the GPU machine, KIND_GPU
+#   scripts/gpu_serve.sh --rehearse                 # here: the same steps, KIND_CPU, 60 s of measuring
 #
-#   KIND=KIND_GPU MODELS=ranker,sequence ROUNDS=3 OUT=build/gpu scripts/gpu_serve.sh
-#
-# KIND=KIND_CPU rehearses the same steps on a machine without a GPU.
-set -euo pipefail
+# What tritonserver needs travels as one archive built from pinned wheels by
+# `python3 scripts/gpu_pack.py --python X.Y` (build/gpu-pack/triton-pyX.Y.tar.xz, X.Y the
+# machine's python3; ignored by git). The script unpacks it, makes a venv over the machine's python3
+# that reads the machine's packages after its own (numpy 1.26 of the archive first: Triton 2.51's
+# stub answers with empty outputs under numpy 2), builds latte there (with CUDA where nvcc is),
+# lays out its backend, and measures, each part stopped at its own time limit so the whole
+# ends on time, a failed part leaving the next ones to run:
+#   1. the ranker, latte KIND_GPU against the stock Python model running the same TorchScript
+#      on the same GPU one request at a time (benchmarks/serving.py, interleaved rounds);
+#   2. the sequence encoder, the same way;
+#   3. the arena against the caching allocator under the server, and fp16 through the accuracy
+#      gate (benchmarks/gpu_served.py).
+# Back under $OUT: log.txt (everything printed), env.txt, results.tar.gz (benchmarks/results
+# files and the servers' logs). Unpack results.tar.gz into benchmarks/results and render the page
+# with `.venv/bin/python -m latte.bench.page`.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+rehearse=0
+case "${1:-}" in
+  --rehearse) rehearse=1 ;;
+  "") ;;
+  *) echo "gpu_serve: unknown argument ${1} (usage: scripts/gpu_serve.sh [--rehearse])" >&2; exit 2 ;;
+esac
 python="${PYTHON:-python3}"
-kind="${KIND:-KIND_GPU}"
-models="${MODELS:-ranker,sequence}"
-rounds="${ROUNDS:-3}"
 out="${OUT:-build/gpu}"
-venv=build/gpu-serve-venv
 mkdir -p "$out"
+exec > >(tee "$out/log.txt") 2>&1
+began=$SECONDS
+say() { echo "[gpu_serve $((SECONDS - began))s] $*"; }
 
-if [ ! -x "$venv/bin/python" ]; then
-  "$python" -m venv "$venv"
-  machine_site="$("$python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")"
-  echo "$machine_site" > "$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/machine-site.pth"
+pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" \
+  || { echo "gpu_serve: $python does not run"; exit 2; }
+archive="${ARCHIVE:-build/gpu-pack/triton-py$pyver.tar.xz}"
+if [ ! -f "$archive" ]; then
+  echo "gpu_serve: $archive is missing; build it with: python3 scripts/gpu_pack.py --python $pyver"
+  exit 2
 fi
-"$venv/bin/python" -m pip install -q --no-index --no-deps --no-cache-dir --ignore-installed \
-  .whl/*.whl .whl-stub/*.whl .whl-triton/*.whl
-# Built over the machine's torch and build tools (read through the .pth file); with CUDA where
-# the machine has it.
-"$venv/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir \
-  --config-settings=build-dir=build/gpu-serve-build . 2>&1 | tail -5
-"$venv/bin/latte" install-backend | tail -3
-"$venv/bin/python" - <<'PY' | tee "$out/serve-env.txt"
-import numpy, torch
+if [ "$rehearse" = 1 ]; then
+  kind=KIND_CPU; ranker_s=20; sequence_s=20; memory_s=20
+else
+  kind=KIND_GPU; ranker_s=95; sequence_s=70; memory_s=55
+fi
+
+root=build/gpu-serve
+rm -rf "$root" && mkdir -p "$root/results"
+tar -xf "$archive" -C "$root" || { echo "gpu_serve: $archive does not unpack"; exit 2; }
+"$python" scripts/gpu_pack.py --check "$root/triton" || { echo "gpu_serve: $archive lacks what the server needs"; exit 2; }
+say "unpacked $archive ($(du -sh "$root/triton" | cut -f1))"
+
+# A venv without pip of its own: the machine's pip, scikit-build-core, nanobind and torch are read
+# through the .pth file (this also works where python3 is itself a venv).
+venv="$root/venv"
+"$python" -m venv --without-pip "$venv" || { echo "gpu_serve: cannot make a venv with $python"; exit 2; }
+machine_site="$("$python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")"
+venv_site="$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")"
+echo "$machine_site" > "$venv_site/machine-site.pth"
+cp -a "$root/triton/site/." "$venv_site/"
+cp -a "$root/triton/bin/perf_analyzer" "$venv/bin/perf_analyzer"
+libdir="$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_config_var('LIBDIR') or '')")"
+if [ ! -e "$libdir/libpython$pyver.so.1.0" ] && ! ldconfig -p 2>/dev/null | grep -q "libpython$pyver.so.1.0"; then
+  # The stub links libpython; this python3 has none: the archive's copy (Ubuntu's) stands in.
+  export LD_LIBRARY_PATH="$PWD/$root/triton/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  say "no libpython$pyver.so.1.0 beside $python: using the archive's"
+fi
+
+say "building latte"
+CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" timeout 240 "$venv/bin/python" -m pip install -q --no-deps --no-index \
+  --no-build-isolation --no-cache-dir --config-settings=build-dir=build/gpu-serve-build . 2>&1 | tail -5
+"$venv/bin/latte" install-backend 2>&1 | tail -2 || { echo "gpu_serve: latte did not install"; exit 2; }
+"$venv/bin/python" - <<'PY' | tee "$out/env.txt"
+import os, numpy, torch
+from latte import _native
 from latte.triton import find_triton
-print("numpy", numpy.__version__, "| torch", torch.__version__, "| cuda", torch.version.cuda,
-      "| device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+from latte.triton.perf import find_perf_analyzer
+print("python", os.sys.version.split()[0], "| numpy", numpy.__version__, "| torch", torch.__version__,
+      "| cuda", torch.version.cuda, "| device", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+print("native core:", _native.build_info())
 print("tritonserver:", find_triton().server)
+print("perf_analyzer:", find_perf_analyzer())
+print("cores:", os.cpu_count(), "| load average:", os.getloadavg())
 PY
-"$venv/bin/python" benchmarks/serving.py --model "$models" --runtime torchscript --kind "$kind" \
-  --rounds "$rounds" --decompose --results-dir "$out/results" 2>&1 | tee "$out/serving.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "gpu_serve: the venv cannot import what the measurements need"; exit 2; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>/dev/null >> "$out/env.txt"
+say "ready"
+
+# Every part says where it is (the load it found included) and runs on: the machine's minutes count.
+export LATTE_QUIET_WAIT_S=0 PYTHONUNBUFFERED=1
+export LATTE_RESULTS_COMMAND="scripts/gpu_serve.sh"
+measure() {
+  local name="$1" limit="$2"; shift 2
+  say "$name: at most ${limit}s"
+  timeout -k 10 "$limit" "$@"
+  say "$name: exit $?"
+}
+measure ranker $((ranker_s + 60)) "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
+  --kind "$kind" --rounds 3 --concurrency 1,32,128 --measurement-ms 1000 --budget-s "$ranker_s" \
+  --results-dir "$root/results"
+measure sequence $((sequence_s + 45)) "$venv/bin/python" benchmarks/serving.py --model sequence --runtime torchscript \
+  --kind "$kind" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 --budget-s "$sequence_s" \
+  --results-dir "$root/results"
+measure served-memory $((memory_s + 70)) "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
+  --budget-s "$memory_s" --results-dir "$root/results"
+
+mkdir -p "$root/results/logs"
+find /tmp -maxdepth 2 -name '*tritonserver.log' -newer "$root/venv" -exec cp {} "$root/results/logs/" \; 2>/dev/null
+tar -czf "$out/results.tar.gz" -C "$root/results" .
+say "done: $(ls "$root/results" | grep -c json) results files in $out/results.tar.gz"

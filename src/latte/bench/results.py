@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import platform
 import re
 import shlex
@@ -105,7 +106,20 @@ class Results:
 def machine_description() -> str:
     cores = usable_cores()
     cpu = cpu_model()
-    return f"{platform.system()} {platform.machine()}, {cores} cores{', ' + cpu if cpu else ''}"
+    gpu = gpu_model()
+    return (f"{platform.system()} {platform.machine()}, {cores} cores{', ' + cpu if cpu else ''}"
+            f"{'; ' + gpu if gpu else ''}")
+
+
+def gpu_model() -> str:
+    """The GPUs nvidia-smi names, with the driver ('' without one): a GPU run names its device."""
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    gpus = [line.split(",") for line in done.stdout.splitlines() if "," in line]
+    return ", ".join(f"{name.strip()} (driver {driver.strip()})" for name, driver in gpus)
 
 
 def git_revision(where: Path) -> str:
@@ -211,7 +225,10 @@ def by_area(results: Sequence[Results]) -> Dict[str, List[Results]]:
 def command_line(script: str, argv: Optional[Sequence[str]], python: str = ".venv/bin/python") -> str:
     """How to run it again, as a reader would type it from the repository root (with `python`):
     the run's arguments less where it wrote its figures (`--out`, `--json`, `--results-dir`:
-    paths that need not exist elsewhere)."""
+    paths that need not exist elsewhere). A run made by a script (scripts/gpu_serve.sh) names the
+    script instead, through LATTE_RESULTS_COMMAND."""
+    if os.environ.get("LATTE_RESULTS_COMMAND"):
+        return os.environ["LATTE_RESULTS_COMMAND"]
     args, kept = list(sys.argv[1:] if argv is None else argv), []
     while args:
         arg = args.pop(0)
