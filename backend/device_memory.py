@@ -28,7 +28,11 @@ def use(serving) -> None:
 
     try:
         if serving.device_allocator == "expandable":
-            torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+            # Read when CUDA's allocator starts, which is still to come in this process; torch
+            # may have read the variable at import, so its setting is made as well.
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+            if hasattr(torch.cuda.memory, "_set_allocator_settings"):
+                torch.cuda.memory._set_allocator_settings("expandable_segments:True")
             return
         from latte.memory import torch_pluggable_allocator
 

@@ -174,7 +174,15 @@ def run(args, work: Path) -> dict:
     data = write_input_data(work / "inputs.json", [{"tokens": rng.integers(1, 1000, int(n), dtype=np.int64)}
                                                    for n in lengths])
     windows: Dict[str, List[dict]] = {role: [] for role in roles}
-    with TritonServer(work / "repo", log_path=work / "tritonserver.log") as server:
+    load_errors = {}
+    # A contender that fails to load is reported with its reason; the others are still measured.
+    with TritonServer(work / "repo", log_path=work / "tritonserver.log", keep_going=True) as server:
+        for model, reason in server.failed_models():
+            role = next(r for r, n in names.items() if n == model)
+            load_errors[role] = reason
+            print(f"  {role} did not load: {reason}", flush=True)
+            del names[role], windows[role]
+            roles.remove(role)
         errors = answer_errors(server.http_url, names, source)
         print("  answers against fp32 on the CPU (worst relative L2): "
               + ", ".join(f"{role} {e:.1e}" for role, e in errors.items()), flush=True)
@@ -198,7 +206,7 @@ def run(args, work: Path) -> dict:
         failed = {role: fetch_stats(server.http_url, name).fail_count for role, name in names.items()}
     return {"started": started, "load_average_at_start": load_at_start, "kind": args.kind, "device": device_name(),
             "concurrency": CONCURRENCY, "lengths": LENGTHS, "window_ms": args.window_ms,
-            "answer_errors": errors, "failed_requests": failed, "windows": windows}
+            "answer_errors": errors, "failed_requests": failed, "windows": windows, "load_errors": load_errors}
 
 
 def device_name() -> str:
@@ -228,7 +236,7 @@ def contender_figures(r: dict, role: str) -> dict:
 def summarize(r: dict) -> dict:
     roles = list(r["windows"])
     figures = {role: contender_figures(r, role) for role in roles}
-    base = figures["caching"]
+    base = figures.get("caching") or {"peak_held": None, "p99_ms": None}
 
     def mib(value):
         return f"{value / MIB:,.1f}" if value else "-"
@@ -239,11 +247,14 @@ def summarize(r: dict) -> dict:
              f"{f['smi_mib']:,.0f}" if f["smi_mib"] else "-", f"{f['p50_ms']:.2f}", f"{f['p99_first']:.2f}",
              f"{f['p99_last']:.2f}", ratio(f["p99_ms"], base["p99_ms"]), f"{f['throughput']:,.0f}",
              str(f["failed_requests"]), f"{f['answer_error']:.1e}"] for role, f in figures.items()]
-    windows = len(r["windows"]["caching"])
+    windows = max((len(ws) for ws in r["windows"].values()), default=0)
     targets = [Target(f"{role}: answers within {TOLERANCE.get(role, FP32_TOLERANCE):g} relative L2 of fp32 on the CPU",
                       f"{figures[role]['answer_error']:.1e}",
                       "yes" if figures[role]["answer_error"] <= TOLERANCE.get(role, FP32_TOLERANCE) else "no")
                for role in roles]
+    if "arena" in r.get("load_errors", {}):
+        targets.append(Target("arena: loads and serves under the server", "did not load", "no",
+                              why=r["load_errors"]["arena"][:200]))
     if "arena" in figures:
         arena = figures["arena"]
         held = arena["peak_held"] / base["peak_held"] if arena["peak_held"] and base["peak_held"] else None
@@ -267,7 +278,8 @@ def summarize(r: dict) -> dict:
         targets=targets,
         tables=[Table("Per contender (MiB; ms; P99 first and last: the first window's and the last's):",
                       ["contender", "peak live", "peak held", "held vs caching", "nvidia-smi", "P50", "P99 first",
-                       "P99 last", "P99 vs caching", "infer/s", "failed", "answers vs CPU fp32"], rows)])
+                       "P99 last", "P99 vs caching", "infer/s", "failed", "answers vs CPU fp32"], rows)],
+        notes=[f"{role} did not load: {reason}" for role, reason in r.get("load_errors", {}).items()])
 
 
 def main(argv=None) -> int:
