@@ -42,11 +42,14 @@ if [ ! -f "$archive" ]; then
   echo "gpu_serve: $archive is missing; build it with: python3 scripts/gpu_pack.py --python $pyver"
   exit 2
 fi
+# Seconds of measuring per part (RANKER_S, SEQUENCE_S, MEMORY_S; 0 leaves a part out) and the
+# served-memory run's windows at most (MEMORY_WINDOWS).
 if [ "$rehearse" = 1 ]; then
-  kind=KIND_CPU; ranker_s=20; sequence_s=20; memory_s=20
+  kind=KIND_CPU; ranker_s=${RANKER_S:-20}; sequence_s=${SEQUENCE_S:-20}; memory_s=${MEMORY_S:-20}
 else
-  kind=KIND_GPU; ranker_s=95; sequence_s=70; memory_s=55
+  kind=KIND_GPU; ranker_s=${RANKER_S:-95}; sequence_s=${SEQUENCE_S:-110}; memory_s=${MEMORY_S:-55}
 fi
+memory_windows=${MEMORY_WINDOWS:-4}
 
 root=build/gpu-serve
 rm -rf "$root" && mkdir -p "$root/results"
@@ -93,20 +96,22 @@ say "ready"
 # Every part says where it is (the load it found included) and runs on: the machine's minutes count.
 export LATTE_QUIET_WAIT_S=0 PYTHONUNBUFFERED=1
 export LATTE_RESULTS_COMMAND="scripts/gpu_serve.sh"
-measure() {
-  local name="$1" limit="$2"; shift 2
+measure() {  # name, seconds of measuring, command: stopped past them plus a minute for loads and builds
+  local name="$1" budget="$2"; shift 2
+  [ "$budget" -gt 0 ] || { say "$name: left out"; return; }
+  local limit=$((budget + 70))
   say "$name: at most ${limit}s"
   timeout -k 10 "$limit" "$@"
   say "$name: exit $?"
 }
-measure ranker $((ranker_s + 60)) "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
+measure ranker "$ranker_s" "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,32,128 --measurement-ms 1000 --budget-s "$ranker_s" \
   --results-dir "$root/results"
-measure sequence $((sequence_s + 45)) "$venv/bin/python" benchmarks/serving.py --model sequence --runtime torchscript \
+measure sequence "$sequence_s" "$venv/bin/python" benchmarks/serving.py --model sequence --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 --budget-s "$sequence_s" \
   --results-dir "$root/results"
-measure served-memory $((memory_s + 70)) "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
-  --budget-s "$memory_s" --results-dir "$root/results"
+measure served-memory "$memory_s" "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
+  --budget-s "$memory_s" --windows "$memory_windows" --results-dir "$root/results"
 
 mkdir -p "$root/results/logs"
 find /tmp -maxdepth 2 -name '*tritonserver.log' -newer "$root/venv" -exec cp {} "$root/results/logs/" \; 2>/dev/null
