@@ -95,7 +95,12 @@ say "ready"
 
 # Every part says where it is (the load it found included) and runs on: the machine's minutes count.
 export LATTE_QUIET_WAIT_S=0 PYTHONUNBUFFERED=1
-export LATTE_RESULTS_COMMAND="scripts/gpu_serve.sh"
+# The page names the command as it was typed, its settings included.
+settings=""
+for name in RANKER_S SEQUENCE_S MEMORY_S MEMORY_WINDOWS; do
+  [ -n "${!name:-}" ] && settings+="$name=${!name} "
+done
+export LATTE_RESULTS_COMMAND="${settings}scripts/gpu_serve.sh"
 measure() {  # name, seconds of measuring, command: stopped past them plus a minute for loads and builds
   local name="$1" budget="$2"; shift 2
   [ "$budget" -gt 0 ] || { say "$name: left out"; return; }

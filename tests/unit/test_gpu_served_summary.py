@@ -1,0 +1,69 @@
+"""What the page makes of a served-memory run (benchmarks/gpu_served.py): the arena's held memory
+and P99 against the caching allocator's, answers against fp32, and a contender that did not load."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_served.py"
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def gpu_served():
+    spec = importlib.util.spec_from_file_location("gpu_served", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def window(p99, peak_held, peak_live=300 * MIB, failures=0.0):
+    return {"p50_ms": p99 / 2, "p99_ms": p99, "throughput": 2000.0,
+            "memory": {"peak_held": peak_held, "peak_live": peak_live, "failures": failures, "smi_mib": 1100.0}}
+
+
+def run(arena_held, arena_p99=5.0, load_errors=None):
+    windows = {"caching": [window(6.0, 380 * MIB), window(6.0, 380 * MIB)],
+               "arena": [window(arena_p99, arena_held), window(arena_p99, arena_held)]}
+    roles = list(windows)
+    if load_errors:
+        for role in load_errors:
+            windows.pop(role, None)
+        roles = list(windows)
+    return {"device": "a GPU", "kind": "KIND_GPU", "concurrency": 8, "lengths": "lognormal", "window_ms": 1000,
+            "windows": windows, "answer_errors": {role: 1e-7 for role in roles},
+            "failed_requests": {role: 0 for role in roles}, "load_errors": load_errors or {}}
+
+
+def verdicts(summary):
+    return {t.target.split(" (")[0]: t.met for t in summary["targets"]}
+
+
+def test_the_arena_meets_its_held_target_only_at_half_the_caching_allocators_peak(gpu_served):
+    assert verdicts(gpu_served.summarize(run(190 * MIB)))["arena: peak held ≤ 0.5x the caching allocator's"] == "yes"
+    missed = gpu_served.summarize(run(297.6 * MIB))
+    held = next(t for t in missed["targets"] if t.target.startswith("arena: peak held"))
+    assert (held.measured, held.met) == ("0.78x", "no")
+    assert "held only 1.27x its peak live bytes" in held.why
+
+
+def test_p99_and_failures_are_judged_against_the_caching_allocator(gpu_served):
+    found = verdicts(gpu_served.summarize(run(200 * MIB, arena_p99=6.6)))
+    assert found["arena: P99 ≤ 1.0x the caching allocator's"] == "no"
+    assert found["arena: no request fails and no allocation is refused"] == "yes"
+    assert found["arena: answers within 0.0001 relative L2 of fp32 on the CPU"] == "yes"
+
+
+def test_a_contender_that_did_not_load_is_a_missed_target_with_its_reason(gpu_served):
+    summary = gpu_served.summarize(run(0, load_errors={"arena": "device_allocator arena: no CUDA"}))
+    missed = next(t for t in summary["targets"] if t.target == "arena: loads and serves under the server")
+    assert (missed.met, missed.why) == ("no", "device_allocator arena: no CUDA")
+    assert "arena did not load: device_allocator arena: no CUDA" in summary["notes"]
+
+
+def test_steady_peaks_are_said_to_have_been_reached_at_load(gpu_served):
+    assert any("moved after the first window" in note for note in gpu_served.summarize(run(297.6 * MIB))["notes"])
+    growing = run(297.6 * MIB)
+    growing["windows"]["caching"][-1]["memory"]["peak_held"] = 500 * MIB
+    assert not any("moved after the first window" in note for note in gpu_served.summarize(growing)["notes"])
