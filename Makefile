@@ -16,7 +16,7 @@ SOURCES := $(shell find csrc src backend generator model_repository_templates -t
 
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test numpy2 test-unit test-integration test-gpu test-cpp sanitize browser clean help
+.PHONY: setup demo test numpy2 promtool test-unit test-integration test-gpu test-cpp sanitize browser clean help
 
 help:
 	@echo "make demo   - set up .venv and run Latte end to end on the bundled examples"
@@ -41,7 +41,7 @@ $(LATTE_STAMP): $(DEPS_STAMP) $(SOURCES)
 demo: setup
 	$(LATTE) demo
 
-test: setup sanitize browser numpy2
+test: setup sanitize browser promtool numpy2
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The unit suite again with numpy 2 and a current tritonclient, so that the package's ranges
@@ -74,6 +74,15 @@ browser:
 	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } || true; fi
 	@command -v chromium >/dev/null 2>&1 && echo "browser tests: $$(chromium --version 2>/dev/null)" || \
   echo "browser tests: no chromium (they will skip)"
+
+# The alert rules' tests run Prometheus's promtool, from Debian's prometheus package; where it
+# cannot be installed (no root, no apt, no network) they skip and say why.
+promtool:
+	@if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y -q prometheus >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q prometheus >/dev/null 2>&1; } || true; fi
+	@command -v promtool >/dev/null 2>&1 && echo "alert rule tests: $$(promtool --version 2>&1 | head -1)" || \
+  echo "alert rule tests: no promtool (they will skip)"
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

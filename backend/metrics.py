@@ -170,6 +170,7 @@ _DESCRIPTIONS = {
     "latte_arena_fragmentation": "Arena fragmentation (internal, external)",
     "latte_arena_fit_bytes": "Largest request the arena can still serve (largest_free_block) vs the P99 request seen (p99_request)",
     "latte_device_memory_bytes": "A GPU instance's torch memory, bytes: held from the device, live in tensors, their peaks (and the arena's capacity)",
+    "latte_resident_memory_bytes": "Resident memory of the process serving this instance (its stub)",
     "latte_arena_fragmented": "1 while the P99 request fits in the free bytes but in no free block: the fragmentation alarm",
     "latte_arena_failures": "Arena allocation failures (all; fragmentation: with live + request <= 80% of capacity)",
     "latte_sessions": "Sessions by state (live, started, ended, expired)",
@@ -359,6 +360,9 @@ class BackendMetrics:
         for kind, key in (("all", "failures"), ("fragmentation", "fragmentation_failures")):
             if key in stats:
                 self.aggregate.set("latte_arena_failures", {"kind": kind}, stats[key])
+
+    def resident_memory(self, value: float) -> None:
+        self.aggregate.set("latte_resident_memory_bytes", {}, value)
 
     def device_memory(self, figures: Mapping[str, float]) -> None:
         """A GPU instance's torch memory by state (backend/device_memory.py)."""

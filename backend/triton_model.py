@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
 import queue
 import threading
 import time
@@ -56,6 +57,18 @@ def lane_cpus(spec) -> Optional[List[List[int]]]:
     cores = sorted(usable_core_ids())
     per = spec.serving.intra_op_threads
     return [cores[i * per:(i + 1) * per] for i in range(spec.serving.lanes)]
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes() -> float:
+    """This process's resident memory (the alert on its growth per hour reads it)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return float(int(statm.read().split()[1]) * _PAGE)
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def instance_device(args) -> str:
@@ -403,6 +416,7 @@ class LatteModel:
         if self.dispatcher is not None:
             self.metrics.scheduler(self.dispatcher.metrics())
         self.metrics.arena(self.arena.stats())
+        self.metrics.resident_memory(resident_bytes())
         device = device_memory.figures(self.spec.serving)
         if device is not None:
             self.metrics.device_memory(device)

@@ -97,6 +97,8 @@ def plan_latte_model(spec: PipelineSpec, model: ModelEntry, profile: Profile) ->
         parameters.setdefault("pad_value", "0")
     model_file = f"model{model.file.suffix}"
     parameters = {"model_file": model_file, "runtime": model.runtime, **parameters}
+    # The bound the deployment's alerts hold the model to (latte deploy k8s, monitoring.py).
+    parameters.setdefault("slo_ms", f"{model.slo_ms:g}")
 
     rng = np.random.default_rng(0)
     warmup_inputs, warmup_files = [], {}
@@ -313,6 +315,7 @@ def derive_fused(spec: PipelineSpec, repo: Path, fusions: Mapping[str, Fusion], 
             context["instance_groups"] = [{"count": d.instance_count, "kind": kind}]
             if "arena_bytes" in d.parameters:
                 context["parameters"] = {**context["parameters"], "arena_bytes": d.parameters["arena_bytes"]}
+            context["parameters"] = {**context["parameters"], "slo_ms": f"{slo:g}"}
             write_fused_model(repo, model, templates)
             derived.append(FusedPlan(model.name, d, Path(path)))
     return derived

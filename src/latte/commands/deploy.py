@@ -153,6 +153,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--monitoring-namespace", default="monitoring", metavar="NAME",
                    help="the namespace the NetworkPolicy lets scrape the metrics port (default: %(default)s)")
 
+    g = p.add_argument_group("monitoring (OUT/monitoring/, OUT/grafana/; docs/scale-out.md, \"Watching it\")")
+    g.add_argument("--pod-monitor", action="store_true",
+                   help="render a PodMonitor instead of a ServiceMonitor (the Prometheus Operator's objects)")
+    g.add_argument("--no-scrape-monitor", action="store_true", help="render neither a ServiceMonitor nor a PodMonitor")
+    g.add_argument("--no-alerts", action="store_true", help="render no PrometheusRule")
+    g.add_argument("--no-dashboard", action="store_true", help="render no Grafana dashboard")
+    g.add_argument("--slo-ms", type=_positive_number, default=100.0, metavar="MS",
+                   help="P95 bound of a latte model whose config sets no slo_ms parameter (default: %(default)s)")
+    g.add_argument("--forecast-horizon-h", type=_positive_number, default=6.0, metavar="H",
+                   help="how far ahead the P95 trend alert projects (default: %(default)s)")
+    g.add_argument("--alert-error-ratio", type=_positive_number, default=0.01, metavar="FRACTION",
+                   help="share of failed requests over 5 minutes that alerts (default: %(default)s)")
+    g.add_argument("--alert-rss-growth-mib-per-h", type=_positive_number, default=256.0, metavar="MIB",
+                   help="resident memory growth per hour of an instance that alerts (default: %(default)s)")
+
     g = p.add_argument_group("rollout and cache")
     g.add_argument("--canary-percent", type=_whole_number, metavar="P",
                    help="render this repository/image as a canary getting P %% of the traffic of the running "
@@ -211,6 +226,9 @@ def _k8s(args) -> int:
         run_as_user=args.run_as_user, writable_root=args.writable_root_filesystem, admin_secret=args.admin_secret,
         open_admin_apis=args.open_admin_apis, network_policy=not args.no_network_policy,
         client_label=args.client_label, monitoring_namespace=args.monitoring_namespace,
+        scrape_monitor=not args.no_scrape_monitor, pod_monitor=args.pod_monitor, alerts=not args.no_alerts,
+        dashboard=not args.no_dashboard, slo_ms=args.slo_ms, forecast_horizon_h=args.forecast_horizon_h,
+        error_ratio=args.alert_error_ratio, rss_growth_mib_per_h=args.alert_rss_growth_mib_per_h,
     )
     result = render_k8s(Path(args.repo), Path(args.out), options)
     opts = result.options

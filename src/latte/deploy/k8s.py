@@ -4,6 +4,9 @@
     OUT/networkpolicy.yaml                               who may reach the pods (unless --no-network-policy)
     OUT/inferenceservice.yaml                            instead of those four, with --kserve
     OUT/prometheus-adapter/values.yaml                   the custom-metrics rule the HPA reads
+    OUT/monitoring/*.yaml                                the ServiceMonitor (or PodMonitor), the alerts and the
+                                                         dashboard's ConfigMap (monitoring.py)
+    OUT/grafana/dashboard.json                           the dashboard, to import by hand
     OUT/image/Dockerfile                                 the Latte-on-Triton image the pods run
     OUT/README.md                                        the commands, in order
 
@@ -205,6 +208,48 @@ def _write(path: Path, text: str, written: List[Path]) -> Path:
     return path
 
 
+def _write_monitoring(out_dir: Path, options: K8sOptions, facts: RepositoryFacts, ctx: Dict,
+                      written: List[Path]) -> List[str]:
+    """OUT/monitoring/ and OUT/grafana/ as the options ask; a file the options leave out goes."""
+    import json
+
+    import yaml
+
+    from latte.deploy import monitoring
+
+    name, namespace, labels = options.name, options.namespace or "", ctx["labels"]
+    # KServe's pods are labelled by their InferenceService, and its Services are its own.
+    pod_monitor = options.pod_monitor or options.kserve
+    selector = ({"serving.kserve.io/inferenceservice": name} if options.kserve
+                else ctx["selector_labels"] if pod_monitor else ctx["labels"])
+    board = monitoring.dashboard(name)
+    settings = monitoring.AlertSettings(slo_ms=monitoring.slo_by_model(facts.models, options.slo_ms),
+                                        forecast_horizon_h=options.forecast_horizon_h, error_ratio=options.error_ratio,
+                                        rss_growth_mib_per_h=options.rss_growth_mib_per_h)
+    wanted = {
+        "monitoring/servicemonitor.yaml": options.scrape_monitor and not pod_monitor,
+        "monitoring/podmonitor.yaml": options.scrape_monitor and pod_monitor,
+        "monitoring/prometheusrule.yaml": options.alerts,
+        "monitoring/dashboard-configmap.yaml": options.dashboard,
+        "grafana/dashboard.json": options.dashboard,
+    }
+    objects = {
+        "monitoring/servicemonitor.yaml": lambda: monitoring.scrape_monitor(name, namespace, labels, selector, False),
+        "monitoring/podmonitor.yaml": lambda: monitoring.scrape_monitor(name, namespace, labels, selector, True),
+        "monitoring/prometheusrule.yaml": lambda: monitoring.prometheus_rule(name, namespace, labels, settings),
+        "monitoring/dashboard-configmap.yaml": lambda: monitoring.dashboard_configmap(name, namespace, labels, board),
+    }
+    for relative, keep in wanted.items():
+        path = out_dir / relative
+        if not keep:
+            path.unlink(missing_ok=True)
+        elif relative.endswith(".json"):
+            _write(path, json.dumps(board, indent=1) + "\n", written)
+        else:
+            _write(path, yaml.safe_dump(objects[relative](), sort_keys=False, width=120), written)
+    return [relative for relative, keep in wanted.items() if keep]
+
+
 def render_k8s(repo: Path, out_dir: Path, options: K8sOptions, validate: bool = True) -> RenderedDeployment:
     """Render (and by default validate) the manifests serving REPO into OUT_DIR."""
     from latte.generator.templates import render
@@ -235,12 +280,15 @@ def render_k8s(repo: Path, out_dir: Path, options: K8sOptions, validate: bool = 
         adapter.unlink(missing_ok=True)
     else:
         _write(adapter, render("k8s/prometheus-adapter-values.yaml.j2", ctx), written)
+    monitoring_files = []
+    if not split_by_replicas:  # a canary's pods are watched by the stable deployment's objects
+        monitoring_files = _write_monitoring(out_dir, options, facts, ctx, written)
     dockerfile = render_dockerfile(options.triton_image, ctx["runtime_packages"],
                                    str(out_dir / "image" / "Dockerfile"), "/path/to/latte-checkout")
     _write(out_dir / "image" / "Dockerfile", dockerfile, written)
     _write(out_dir / "image" / "Dockerfile.dockerignore", render("k8s/Dockerfile.dockerignore.j2", ctx), written)
-    _write(out_dir / "README.md", render("k8s/README.md.j2", {**ctx, "out_dir": str(out_dir),
-                                                               "repo": str(facts.path)}), written)
+    _write(out_dir / "README.md", render("k8s/README.md.j2", {**ctx, "out_dir": str(out_dir), "repo": str(facts.path),
+                                                               "monitoring_files": monitoring_files}), written)
     if validate:
         from latte.deploy.validation import validate_files
 

@@ -60,6 +60,15 @@ class K8sOptions:
     network_policy: bool = True                  # --no-network-policy
     client_label: str = "latte.dev/client=true"  # the pods (any namespace) that may call HTTP and gRPC
     monitoring_namespace: str = "monitoring"     # the namespace whose pods may scrape the metrics port
+    # What an operator watches (monitoring.py); each object can be left out.
+    scrape_monitor: bool = True                  # --no-scrape-monitor
+    pod_monitor: bool = False                    # --pod-monitor: a PodMonitor instead of a ServiceMonitor
+    alerts: bool = True                          # --no-alerts
+    dashboard: bool = True                       # --no-dashboard
+    slo_ms: float = 100.0                        # a model's P95 bound where its config sets no slo_ms
+    forecast_horizon_h: float = 6.0              # how far ahead the P95 trend alert looks
+    error_ratio: float = 0.01                    # failed requests / all that alert, over 5 minutes
+    rss_growth_mib_per_h: float = 256.0          # resident memory growth per hour that alerts
 
     def checked(self) -> "K8sOptions":
         if not self.image:
@@ -137,6 +146,13 @@ class K8sOptions:
                               "carry, e.g. latte.dev/client=true")
         if not re.match(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", self.monitoring_namespace or ""):
             raise DeployError(f"--monitoring-namespace {self.monitoring_namespace!r} must be a namespace name")
+        for what, value in (("--slo-ms", self.slo_ms), ("--forecast-horizon-h", self.forecast_horizon_h),
+                            ("--alert-error-ratio", self.error_ratio),
+                            ("--alert-rss-growth-mib-per-h", self.rss_growth_mib_per_h)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise DeployError(f"{what} must be a number > 0, got {value!r}")
+        if self.error_ratio >= 1:
+            raise DeployError(f"--alert-error-ratio is a share of requests, below 1; got {self.error_ratio!r}")
         if not re.match(r"^1\.[0-9]+\.[0-9]+$", self.kubernetes_version):
             raise DeployError(f"--kubernetes-version {self.kubernetes_version!r}: expected 1.MINOR.PATCH, e.g. 1.33.0")
         return replace(self, model_uri=uri, max_replicas=max_replicas, admin_secret=admin_secret)

@@ -35,6 +35,7 @@ class ModelFacts:
     max_queue_delay_us: int       # the dynamic batcher's longest wait, 0 without one
     runtime: str = ""             # latte runtime ("torchscript", "onnx", ..., "unknown"), "" for other backends
     response_cache: bool = False  # the config enables Triton's response cache
+    slo_ms: float = 0.0           # its P95 bound (parameters slo_ms, written by latte generate); 0: none set
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,19 @@ def _model_facts(config) -> ModelFacts:
         threads = instances * max(intra, 1)
     return ModelFacts(name=config.name, backend=backend, gpu_instances=gpu_instances, gpus_needed=gpus_needed,
                       cpu_threads=threads, max_queue_delay_us=int(delay), runtime=runtime,
-                      response_cache=config.response_cache.enable)
+                      response_cache=config.response_cache.enable, slo_ms=_slo_ms(config))
+
+
+def _slo_ms(config) -> float:
+    text = _parameter(config, "slo_ms")
+    try:
+        value = float(text) if text else 0.0
+    except ValueError:
+        value = -1.0
+    if value < 0 or value != value:
+        raise DeployError(f"model {config.name!r}: parameters[\"slo_ms\"] must be a number of milliseconds > 0, "
+                          f"got {text!r}")
+    return value
 
 
 def read_repository(repo: Path) -> RepositoryFacts:
