@@ -95,7 +95,10 @@ def alert_rules(s: AlertSettings) -> List[Dict]:
                "Add replicas; a burst longer than max_queue_size can hold is being shed, lowest priority first.",
                s.runbook_url),
         _alert("LatteResidentMemoryGrowing",
-               f"deriv(latte_resident_memory_bytes[1h]) * 3600 > {s.rss_growth_mib_per_h * 2 ** 20:g}", "30m",
+               # Against the value an hour ago, which a pod younger than an hour lacks: its warm-up
+               # is not growth.
+               f"latte_resident_memory_bytes - latte_resident_memory_bytes offset 1h "
+               f"> {s.rss_growth_mib_per_h * 2 ** 20:g}", "30m",
                "warn", f"{{{{ $labels.model }}}} on {{{{ $labels.pod }}}}: resident memory grows faster than "
                f"{s.rss_growth_mib_per_h:g} MiB/h",
                "A leak or a growing cache: compare arena and session figures; recycle the pod before its "
