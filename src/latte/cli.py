@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "latte.commands.deploy",
     "latte.commands.generator",
     "latte.commands.bench",
+    "latte.commands.watch",
 ]
 
 

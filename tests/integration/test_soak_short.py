@@ -23,3 +23,8 @@ def test_twenty_thousand_variable_length_requests_leave_memory_and_latency_flat(
     assert result["failed"] == 0, result["errors"]
     assert all(w["requests"] == 1000 and w["server_rss_mb"] > 0 and w["stubs_rss_mb"] > 0 for w in result["windows"])
     assert check_ratios(result["ratios"], SHORT_TARGETS) == []
+    # The forecast of P95 against uptime: one of the two fits, over every window, with its words.
+    forecast = result["forecast"]
+    assert forecast["kind"] in ("linear", "quadratic") and forecast["now_s"] == result["windows"][-1]["t"]
+    assert forecast["text"].startswith(("no upward trend", "upward trend", "P95 projected to cross"))
+    assert all(w["p50_ms"] <= w["p95_ms"] <= w["p99_ms"] for w in result["windows"])

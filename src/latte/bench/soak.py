@@ -43,6 +43,7 @@ class SoakSettings:
     lengths: LengthDistribution = field(default_factory=lambda: LengthDistribution.parse("lognormal"))
     distinct_requests: int = 256
     seed: int = 0
+    slo_ms: float = 100.0                 # the P95 bound the forecast projects to
     # The requests to cycle through, when the model's config cannot say how to make them up
     # (a fused pipeline taking text or image bytes); None: made up from its config.
     feeds: Optional[List[Dict[str, np.ndarray]]] = None
@@ -154,7 +155,8 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
                 "requests": outcomes.succeeded - answered_before + outcomes.failed - failed_before,
                 "errors": outcomes.failed - failed_before,
                 "throughput": round(len(latencies) / elapsed, 1) if elapsed > 0 else 0.0,
-                "p50_ms": round(percentile(latencies, 50), 3), "p99_ms": round(percentile(latencies, 99), 3),
+                "p50_ms": round(percentile(latencies, 50), 3), "p95_ms": round(percentile(latencies, 95), 3),
+                "p99_ms": round(percentile(latencies, 99), 3),
                 "server_rss_mb": round(sample.server_rss / 2**20, 2),
                 "stubs_rss_mb": round(sum(model_stubs(sample.rss, settings.model).values()) / 2**20, 2),
                 "stub_rss_mb": {k: round(v / 2**20, 2) for k, v in sample.rss.items() if k.startswith("stub:")},
@@ -187,7 +189,18 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
     return {"model": settings.model, "requests": outcomes.sent, "warmup_requests": settings.warmup_requests,
             "answered": outcomes.answered, "succeeded": outcomes.succeeded, "failed": outcomes.failed,
             "errors": dict(outcomes.errors), "in_flight": settings.in_flight,
-            "lengths": settings.lengths.describe(), "windows": windows, "ratios": ratios}
+            "lengths": settings.lengths.describe(), "windows": windows, "ratios": ratios,
+            "forecast": soak_forecast(windows, settings.slo_ms)}
+
+
+def soak_forecast(windows: List[dict], slo_ms: float) -> Optional[dict]:
+    """P95 against uptime fitted and projected to the SLO (forecast.py); None with too few windows."""
+    from latte.bench.forecast import MIN_SAMPLES, fit_latency
+
+    usable = [w for w in windows if w.get("p95_ms") is not None]
+    if len(usable) < MIN_SAMPLES:
+        return None
+    return fit_latency([w["t"] for w in usable], [w["p95_ms"] for w in usable], slo_ms).as_dict()
 
 
 def check_ratios(ratios: dict, bounds: dict) -> List[str]:

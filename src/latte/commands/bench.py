@@ -81,6 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run a soak instead: a request count (20000, 1M) or a duration (90s, 10min, 2h)")
     p.add_argument("--in-flight", type=int, default=4, help="soak: requests in flight at once")
     p.add_argument("--windows", type=int, default=10, help="soak: sampling windows")
+    p.add_argument("--slo-ms", type=float, default=100.0,
+                   help="soak: the P95 bound the forecast projects latency to (default: %(default)s)")
     p.set_defaults(handler=_bench)
 
 
@@ -180,7 +182,7 @@ def _soak(args, target, models, console, out: Path) -> int:
     if len(models) != 1:
         raise ValueError(f"a soak loads one model; choose one with --model (repository has {', '.join(models)})")
     settings = SoakSettings(models[0], windows=args.windows, in_flight=args.in_flight, lengths=args.lengths,
-                            **parse_soak_amount(args.soak))
+                            slo_ms=args.slo_ms, **parse_soak_amount(args.soak))
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task(f"soak {models[0]}", total=1.0)
         result = run_soak(target, settings, lambda done, message: progress.update(task, completed=done,
@@ -189,6 +191,15 @@ def _soak(args, target, models, console, out: Path) -> int:
     path.write_text(json.dumps(result, indent=1) + "\n")
     for line in format_ratios(result["ratios"]):
         console.print(line)
+    if result["forecast"] is not None:
+        from latte.bench.forecast import Forecast, forecast_figure
+
+        forecast = result["forecast"]
+        fields = {k: v for k, v in forecast.items() if k in Forecast.__dataclass_fields__}
+        figure = out / f"soak-{models[0]}-forecast.png"
+        figure.write_bytes(forecast_figure([w["t"] for w in result["windows"]], [w["p95_ms"] for w in result["windows"]],
+                                           Forecast(**fields), f"{models[0]}: P95 against uptime"))
+        console.print(f"forecast: {forecast['text']} ({figure})")
     failures = check_ratios(result["ratios"], LONG_TARGETS)
     console.print(f"{result['requests']} requests, {result['failed']} errors; targets (after 1M requests): "
                   f"{describe_targets(LONG_TARGETS)}: "
