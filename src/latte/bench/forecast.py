@@ -7,6 +7,7 @@ clearly better). The soak report (`latte bench --soak`) and `latte watch` print 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import List, Optional, Sequence
 
@@ -101,15 +102,17 @@ def forecast_figure(uptime_s: Sequence[float], latency_ms: Sequence[float], fore
     sample), and the SLO line, as PNG bytes."""
     from latte.bench.plots import _png, plt
 
-    x = np.asarray(uptime_s, dtype=float) / 3600
-    end = (forecast.crossing_s if forecast.crossing_s is not None and forecast.upward
-           else forecast.now_s * 1.25) / 3600
-    span = np.linspace(0, max(end, x[-1]), 200)
+    end_s = forecast.crossing_s if forecast.crossing_s is not None and forecast.upward else forecast.now_s * 1.25
+    # Seconds, minutes or hours, whichever reads best for how far the figure reaches.
+    unit, scale = next((u, f) for u, f, upto in (("s", 1, 120), ("min", 60, 7200), ("h", 3600, math.inf))
+                       if max(end_s, forecast.now_s) <= upto)
+    x = np.asarray(uptime_s, dtype=float) / scale
+    span = np.linspace(0, max(end_s, forecast.now_s) / scale, 200)
     fig, ax = plt.subplots(figsize=(7.5, 4.0))
     ax.plot(x, latency_ms, "o", color="#1f77b4", markersize=4, label="P95 per window")
-    ax.plot(span, forecast.predict(span * 3600), "-", color="#d62728", label=f"{forecast.kind} fit, projected")
+    ax.plot(span, forecast.predict(span * scale), "-", color="#d62728", label=f"{forecast.kind} fit, projected")
     ax.axhline(forecast.slo_ms, color="#555555", linestyle="--", linewidth=1, label=f"SLO {forecast.slo_ms:g} ms")
-    ax.set_xlabel("uptime (h)")
+    ax.set_xlabel(f"uptime ({unit})")
     ax.set_ylabel("P95 latency (ms)")
     ax.set_title(title, fontsize=10)
     ax.set_ylim(bottom=0)
