@@ -42,9 +42,22 @@ def use(serving) -> None:
         raise RuntimeLoadError(f"device_allocator {serving.device_allocator}: {exc}") from exc
 
 
+def arena_failures(serving) -> Optional[float]:
+    """Allocations the device arena refused so far; None without one."""
+    if not serving.device.startswith("cuda") or serving.device_allocator != "arena":
+        return None
+    import torch
+
+    from latte.memory import torch_arena_statistics
+
+    stats = torch_arena_statistics(torch.device(serving.device).index or 0)
+    return None if stats is None else float(stats["failures"])
+
+
 def figures(serving) -> Optional[Dict[str, float]]:
-    """Bytes by state (held, live, peak_held, peak_live; the arena adds its capacity and the
-    allocations it refused); None on the CPU or before the allocator has served a tensor."""
+    """Bytes by state (held, live, peak_held, peak_live; the arena adds its capacity); None on the
+    CPU or before the allocator has served a tensor. The arena's held is its blocks handed out,
+    inside its capacity, which it takes from the device whole."""
     if not serving.device.startswith("cuda"):
         return None
     import torch
@@ -57,6 +70,6 @@ def figures(serving) -> Optional[Dict[str, float]]:
         if stats is None:
             return None
         found = {state: float(stats[arena]) for state, (_, arena) in _STATES.items()}
-        found.update(capacity=float(stats["capacity"]), failures=float(stats["failures"]))
+        found["capacity"] = float(stats["capacity"])
         return found
     return {state: float(getattr(torch.cuda, caching)(index)) for state, (caching, _) in _STATES.items()}

@@ -170,6 +170,7 @@ _DESCRIPTIONS = {
     "latte_arena_fragmentation": "Arena fragmentation (internal, external)",
     "latte_arena_fit_bytes": "Largest request the arena can still serve (largest_free_block) vs the P99 request seen (p99_request)",
     "latte_device_memory_bytes": "A GPU instance's torch memory, bytes: held from the device, live in tensors, their peaks (and the arena's capacity)",
+    "latte_device_arena_failures": "Allocations a GPU instance's device arena (device_allocator: arena) refused",
     "latte_resident_memory_bytes": "Resident memory of the process serving this instance (its stub)",
     "latte_arena_fragmented": "1 while the P99 request fits in the free bytes but in no free block: the fragmentation alarm",
     "latte_arena_failures": "Arena allocation failures (all; fragmentation: with live + request <= 80% of capacity)",
@@ -364,10 +365,13 @@ class BackendMetrics:
     def resident_memory(self, value: float) -> None:
         self.aggregate.set("latte_resident_memory_bytes", {}, value)
 
-    def device_memory(self, figures: Mapping[str, float]) -> None:
-        """A GPU instance's torch memory by state (backend/device_memory.py)."""
+    def device_memory(self, figures: Mapping[str, float], arena_failures: Optional[float] = None) -> None:
+        """A GPU instance's torch memory by state, and what its device arena refused
+        (backend/device_memory.py)."""
         for state, value in figures.items():
             self.aggregate.set("latte_device_memory_bytes", {"state": state}, value)
+        if arena_failures is not None:
+            self.aggregate.set("latte_device_arena_failures", {}, arena_failures)
 
     def sessions(self, live: int, started: int, ended: int, expired: int) -> None:
         for state, value in (("live", live), ("started", started), ("ended", ended), ("expired", expired)):

@@ -419,7 +419,7 @@ class LatteModel:
         self.metrics.resident_memory(resident_bytes())
         device = device_memory.figures(self.spec.serving)
         if device is not None:
-            self.metrics.device_memory(device)
+            self.metrics.device_memory(device, device_memory.arena_failures(self.spec.serving))
         self.metrics.steps(self.runtime.step_figures())
         if self.sessions is not None:
             self.sessions.reap()

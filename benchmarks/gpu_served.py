@@ -128,7 +128,12 @@ def answer_errors(http_url: str, names: Dict[str, str], source: Path) -> Dict[st
             tokens = rng.integers(1, 1000, n, dtype=np.int64)
             with torch.inference_mode():
                 want = reference(torch.from_numpy(tokens[None])).numpy()
-            got = infer_http(http_url, name, tokens)
+            try:
+                got = infer_http(http_url, name, tokens)
+            except OSError as exc:  # an HTTP error too: the contender is reported, the others measured
+                print(f"  {role}: a request of {n} tokens failed: {exc}", flush=True)
+                errors.append(float("inf"))
+                continue
             errors.append(float(np.linalg.norm(got - want) / max(1e-12, np.linalg.norm(want))))
         worst[role] = max(errors)
     return worst
@@ -156,7 +161,8 @@ def memory_now(server, names: Dict[str, str]) -> Dict[str, dict]:
     found = {}
     for role, name in names.items():
         states = {state: total(values, "latte_device_memory_bytes", model=name, state=state)
-                  for state in ("held", "live", "peak_held", "peak_live", "capacity", "failures")}
+                  for state in ("held", "live", "peak_held", "peak_live", "capacity")}
+        states["failures"] = total(values, "latte_device_arena_failures", model=name)
         pids = cpu.model_stub_pids(server.process.pid, name)
         states["smi_mib"] = sum(smi[p] for p in pids if p in smi) if smi and pids else None
         found[role] = states
@@ -183,6 +189,12 @@ def run(args, work: Path) -> dict:
             print(f"  {role} did not load: {reason}", flush=True)
             del names[role], windows[role]
             roles.remove(role)
+        if not names:
+            print("  no contender loaded: nothing to measure", flush=True)
+            return {"started": started, "load_average_at_start": load_at_start, "kind": args.kind,
+                    "device": device_name(), "concurrency": CONCURRENCY, "lengths": LENGTHS,
+                    "window_ms": args.window_ms, "answer_errors": {}, "failed_requests": {}, "windows": {},
+                    "load_errors": load_errors}
         errors = answer_errors(server.http_url, names, source)
         print("  answers against fp32 on the CPU (worst relative L2): "
               + ", ".join(f"{role} {e:.1e}" for role, e in errors.items()), flush=True)

@@ -50,6 +50,9 @@ else
   kind=KIND_GPU; ranker_s=${RANKER_S:-95}; sequence_s=${SEQUENCE_S:-110}; memory_s=${MEMORY_S:-55}
 fi
 memory_windows=${MEMORY_WINDOWS:-4}
+for name in ranker_s sequence_s memory_s memory_windows; do
+  [[ "${!name}" =~ ^[0-9]+$ ]] || { echo "gpu_serve: ${name^^} must be a whole number of seconds (or windows), got ${!name}"; exit 2; }
+done
 
 root=build/gpu-serve
 rm -rf "$root" && mkdir -p "$root/results"
@@ -75,7 +78,8 @@ fi
 
 say "building latte"
 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" timeout 240 "$venv/bin/python" -m pip install -q --no-deps --no-index \
-  --no-build-isolation --no-cache-dir --config-settings=build-dir=build/gpu-serve-build . 2>&1 | tail -5
+  --no-build-isolation --no-cache-dir --config-settings=build-dir=build/gpu-serve-build . > "$root/build.log" 2>&1 \
+  || { tail -30 "$root/build.log"; echo "gpu_serve: latte did not build (the log above, $root/build.log)"; exit 2; }
 "$venv/bin/latte" install-backend 2>&1 | tail -2 || { echo "gpu_serve: latte did not install"; exit 2; }
 "$venv/bin/python" - <<'PY' | tee "$out/env.txt"
 import os, numpy, torch
@@ -106,7 +110,9 @@ measure() {  # name, seconds of measuring, command: stopped past them plus a min
   [ "$budget" -gt 0 ] || { say "$name: left out"; return; }
   local limit=$((budget + 70))
   say "$name: at most ${limit}s"
-  timeout -k 10 "$limit" "$@"
+  # SIGINT, not SIGTERM: Python unwinds its `with TritonServer` and stops the server it started,
+  # which would otherwise keep the GPU and the ports while the next part measures.
+  timeout -s INT -k 30 "$limit" "$@"
   say "$name: exit $?"
 }
 measure ranker "$ranker_s" "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
@@ -122,3 +128,5 @@ mkdir -p "$root/results/logs"
 find /tmp -maxdepth 2 -name '*tritonserver.log' -newer "$root/venv" -exec cp {} "$root/results/logs/" \; 2>/dev/null
 tar -czf "$out/results.tar.gz" -C "$root/results" .
 say "done: $(ls "$root/results" | grep -c json) results files in $out/results.tar.gz"
+exec >&- 2>&-
+wait  # for tee, so that log.txt is whole when $OUT is collected

@@ -38,13 +38,15 @@ def values(per_minute: List[float]) -> str:
     return " ".join(out)
 
 
-def latency_series(fast_share_by_minute: List[float]) -> List[Dict]:
+def latency_series(fast_share_by_minute: List[float], namespace: str = "") -> List[Dict]:
     """latte_request_duration_us of model m: each minute PER_MINUTE requests, the given share of them
     under 50 ms and the rest between 50 and 200 ms, so P95 = 50 + 150 (0.95 - share) / (1 - share) ms."""
     fast = [PER_MINUTE * share for share in fast_share_by_minute]
     every = [PER_MINUTE] * len(fast_share_by_minute)
-    return [{"series": f'latte_request_duration_us_bucket{{model="m", le="{le}"}}', "values": values(counts)}
-            for le, counts in (("50000", fast), ("200000", every), ("+Inf", every))]
+    where = f'namespace="{namespace}", ' if namespace else ""
+    return [{"series": f'latte_request_duration_us_bucket{{{where}model="m", le="{le}"}}', "values": values(counts)}
+            for le, counts in (("50000", fast), ("200000", every), ("+Inf", every))] + [
+        {"series": f'latte_request_duration_us_count{{{where}model="m"}}', "values": values(every)}]
 
 
 def healthy_series() -> List[Dict]:
@@ -58,9 +60,9 @@ def healthy_series() -> List[Dict]:
     ]
 
 
-def expected(alert: str) -> Dict:
+def expected(alert: str, **more: str) -> Dict:
     rule = next(r for r in monitoring.alert_rules(SETTINGS) if r["alert"] == alert)
-    labels = {"severity": rule["labels"]["severity"], "model": "m"}
+    labels = {"severity": rule["labels"]["severity"], "model": "m", **more}
     if alert == "LatteResidentMemoryGrowing":
         labels["pod"] = "p"
     annotations = {k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], v)
@@ -75,6 +77,19 @@ def scenario(series: List[Dict], checks: Dict[str, bool], at: str = f"{MINUTES -
                                 for alert, fires in checks.items()]}
 
 
+def test_the_same_model_in_two_namespaces_is_judged_in_each(rules):
+    """One deployment's model over its SLO pages for that namespace only."""
+    series = latency_series([0.90] * MINUTES, namespace="slow") + latency_series([0.949] * MINUTES, namespace="fast")
+    test = {"interval": "1m", "input_series": series,
+            "alert_rule_test": [{"eval_time": f"{MINUTES - 5}m", "alertname": "LatteP95AboveSLO",
+                                 "exp_alerts": [expected("LatteP95AboveSLO", namespace="slow")]}]}
+    tests = rules.parent / "tests.yaml"
+    tests.write_text(yaml.safe_dump({"rule_files": [rules.name], "evaluation_interval": "1m", "tests": [test]},
+                                    sort_keys=False, width=100000))
+    run = promtool("test", "rules", tests.name, cwd=rules.parent)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 def replaced(series: List[Dict], name: str, new_values: str) -> List[Dict]:
     return [{**s, "values": new_values} if s["series"] == name else s for s in series]
 
@@ -86,13 +101,13 @@ def scenarios() -> Dict[str, Dict]:
     healthy = healthy_series()
     # P95 rising by about 5 ms every 20 minutes, from 53 to 88 ms: below the 100 ms SLO throughout.
     degrading = latency_series([share for share in (0.949, 0.947, 0.945, 0.943, 0.941, 0.939, 0.937, 0.935, 0.933)
-                                for _ in range(20)]) + healthy[3:]
+                                for _ in range(20)]) + healthy[4:]
     errors = [PER_MINUTE * 0.05] * MINUTES
     return {
         "healthy soak: nothing fires": scenario(healthy, {alert: False for alert in ALERTS}),
         "degrading latency: the trend fires before the SLO is crossed": scenario(
             degrading, {"LatteP95TrendCrossesSLO": True, "LatteP95AboveSLO": False}),
-        "P95 above the SLO": scenario(latency_series([0.90] * MINUTES) + healthy[3:],
+        "P95 above the SLO": scenario(latency_series([0.90] * MINUTES) + healthy[4:],
                                       {"LatteP95AboveSLO": True, "LatteP95TrendCrossesSLO": False}),
         "fragmentation alarm": scenario(replaced(healthy, 'latte_arena_fragmented{model="m"}',
                                                  f"0x{MINUTES - 20} 1x20"), {"LatteArenaFragmented": True}),

@@ -105,3 +105,17 @@ def test_a_models_slo_that_is_not_a_number_is_refused_with_the_model_named(tmp_p
     with pytest.raises(DeployError, match=r"model 'ranker': parameters\[\"slo_ms\"\] must be a number of "
                                           r"milliseconds > 0, got 'soon'"):
         render_k8s(repository(tmp_path, slo_ms="soon"), tmp_path / "k8s", K8sOptions(image=IMAGE))
+
+
+def test_kserve_gets_rules_and_a_dashboard_but_no_scrape_object_and_a_selector_label_is_added(tmp_path):
+    out = tmp_path / "k8s"
+    render_k8s(repository(tmp_path), out, K8sOptions(image=IMAGE, kserve=True, monitor_label="release=prom"))
+    assert sorted(p.name for p in (out / "monitoring").iterdir()) == ["dashboard-configmap.yaml", "prometheusrule.yaml"]
+    assert load(out / "monitoring/prometheusrule.yaml")["metadata"]["labels"]["release"] == "prom"
+    with pytest.raises(DeployError, match=r"--monitor-label 'release' must be KEY=VALUE"):
+        render_k8s(repository(tmp_path / "again"), out, K8sOptions(image=IMAGE, monitor_label="release"))
+
+
+def test_a_models_slo_of_zero_is_refused(tmp_path):
+    with pytest.raises(DeployError, match=r"parameters\[\"slo_ms\"\] must be a number of milliseconds > 0, got '0'"):
+        render_k8s(repository(tmp_path, slo_ms="0"), tmp_path / "k8s", K8sOptions(image=IMAGE))

@@ -188,7 +188,8 @@ model = example_model(Path(sys.argv[1]), "sequence_torchscript", kind="GPU", dev
 rng = np.random.default_rng(3)
 for rows in (1, 4, 2, 8):
     model.execute([InferenceRequest(EXAMPLES["sequence"].sample(rows, rng))])
-print(json.dumps(device_memory.figures(model.spec.serving)))
+print(json.dumps({**device_memory.figures(model.spec.serving),
+                  "failures": device_memory.arena_failures(model.spec.serving)}))
 model.finalize()
 """
 
@@ -206,3 +207,6 @@ def test_a_served_gpu_instance_holds_its_memory_with_the_chosen_allocator(exampl
     assert figures["live"] <= figures["held"]
     if allocator == "arena":
         assert figures["capacity"] == 256 << 20                  # device_arena_bytes, not 80 % of the device
+        assert figures["failures"] == 0
+    else:
+        assert figures["failures"] is None and "capacity" not in figures

@@ -157,6 +157,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--pod-monitor", action="store_true",
                    help="render a PodMonitor instead of a ServiceMonitor (the Prometheus Operator's objects)")
     g.add_argument("--no-scrape-monitor", action="store_true", help="render neither a ServiceMonitor nor a PodMonitor")
+    g.add_argument("--monitor-label", metavar="KEY=VALUE",
+                   help="a label for the monitor, the rules and the dashboard, where the Prometheus Operator "
+                        "selects them by one (kube-prometheus-stack: release=<its release name>)")
     g.add_argument("--no-alerts", action="store_true", help="render no PrometheusRule")
     g.add_argument("--no-dashboard", action="store_true", help="render no Grafana dashboard")
     g.add_argument("--slo-ms", type=_positive_number, default=100.0, metavar="MS",
@@ -226,7 +229,8 @@ def _k8s(args) -> int:
         run_as_user=args.run_as_user, writable_root=args.writable_root_filesystem, admin_secret=args.admin_secret,
         open_admin_apis=args.open_admin_apis, network_policy=not args.no_network_policy,
         client_label=args.client_label, monitoring_namespace=args.monitoring_namespace,
-        scrape_monitor=not args.no_scrape_monitor, pod_monitor=args.pod_monitor, alerts=not args.no_alerts,
+        scrape_monitor=not args.no_scrape_monitor, pod_monitor=args.pod_monitor, monitor_label=args.monitor_label,
+        alerts=not args.no_alerts,
         dashboard=not args.no_dashboard, slo_ms=args.slo_ms, forecast_horizon_h=args.forecast_horizon_h,
         error_ratio=args.alert_error_ratio, rss_growth_mib_per_h=args.alert_rss_growth_mib_per_h,
     )

@@ -217,18 +217,23 @@ def _write_monitoring(out_dir: Path, options: K8sOptions, facts: RepositoryFacts
 
     from latte.deploy import monitoring
 
-    name, namespace, labels = options.name, options.namespace or "", ctx["labels"]
-    # KServe's pods are labelled by their InferenceService, and its Services are its own.
-    pod_monitor = options.pod_monitor or options.kserve
-    selector = ({"serving.kserve.io/inferenceservice": name} if options.kserve
-                else ctx["selector_labels"] if pod_monitor else ctx["labels"])
+    name, namespace = options.name, options.namespace or ""
+    labels = dict(ctx["labels"])
+    if options.monitor_label:  # kube-prometheus-stack, for one, selects its monitors and rules by a label
+        key, _, value = options.monitor_label.partition("=")
+        labels[key] = value
+    pod_monitor = options.pod_monitor
+    selector = ctx["selector_labels"] if pod_monitor else ctx["labels"]
+    # KServe's runtime declares no metrics port a monitor could name: its pods are scraped the way
+    # the KServe install does; the rules and the dashboard still apply.
+    scrape = options.scrape_monitor and not options.kserve
     board = monitoring.dashboard(name)
     settings = monitoring.AlertSettings(slo_ms=monitoring.slo_by_model(facts.models, options.slo_ms),
                                         forecast_horizon_h=options.forecast_horizon_h, error_ratio=options.error_ratio,
                                         rss_growth_mib_per_h=options.rss_growth_mib_per_h)
     wanted = {
-        "monitoring/servicemonitor.yaml": options.scrape_monitor and not pod_monitor,
-        "monitoring/podmonitor.yaml": options.scrape_monitor and pod_monitor,
+        "monitoring/servicemonitor.yaml": scrape and not pod_monitor,
+        "monitoring/podmonitor.yaml": scrape and pod_monitor,
         "monitoring/prometheusrule.yaml": options.alerts,
         "monitoring/dashboard-configmap.yaml": options.dashboard,
         "grafana/dashboard.json": options.dashboard,

@@ -48,13 +48,21 @@ def _slo_us(settings: AlertSettings) -> str:
     return " or ".join(parts) if parts else "vector(0) < 0"
 
 
+# Outcomes that are the server's failures: a client's bad request or cancellation is not, and
+# requests refused for a full queue (or while shutting down) have their own alert.
+SERVER_FAILURES = 'outcome!~"success|bad_request|cancelled|overloaded"'
+BY = f"namespace, {MODEL}"
+
+
 def recording_rules() -> List[Dict]:
     return [
+        # Recorded only while requests flow: an idle model's NaN would blind predict_linear for hours.
         {"record": P95_RECORD,
-         "expr": f"histogram_quantile(0.95, sum by ({MODEL}, le) (rate(latte_request_duration_us_bucket[5m])))"},
+         "expr": (f"histogram_quantile(0.95, sum by ({BY}, le) (rate(latte_request_duration_us_bucket[5m]))) "
+                  f"and on ({BY}) sum by ({BY}) (rate(latte_request_duration_us_count[5m])) > 0")},
         {"record": ERROR_RATIO_RECORD,
-         "expr": (f'sum by ({MODEL}) (rate(latte_requests_total{{outcome!="success"}}[5m])) '
-                  f"/ clamp_min(sum by ({MODEL}) (rate(latte_requests_total[5m])), 1e-9)")},
+         "expr": (f"sum by ({BY}) (rate(latte_requests_total{{{SERVER_FAILURES}}}[5m])) "
+                  f"/ clamp_min(sum by ({BY}) (rate(latte_requests_total[5m])), 1e-9)")},
     ]
 
 
@@ -70,7 +78,7 @@ def alert_rules(s: AlertSettings) -> List[Dict]:
     slo = _slo_us(s)
     horizon_s = int(s.forecast_horizon_h * 3600)
     window = f"{s.trend_window_h:g}h"
-    on = f"on ({MODEL})"
+    on = f"on ({MODEL}) group_left()"
     return [
         _alert("LatteP95AboveSLO", f"{P95_RECORD} > {on} ({slo})", "10m", "page",
                "{{ $labels.model }}: P95 above its SLO for 10 minutes",
@@ -78,7 +86,7 @@ def alert_rules(s: AlertSettings) -> List[Dict]:
                "look at per-step time and the fragmentation alarm.", s.runbook_url),
         _alert("LatteP95TrendCrossesSLO",
                f"(predict_linear({P95_RECORD}[{window}], {horizon_s}) > {on} ({slo})) "
-               f"and {on} ({P95_RECORD} <= {on} ({slo}))", "15m", "warn",
+               f"and ({P95_RECORD} <= {on} ({slo}))", "15m", "warn",
                f"{{{{ $labels.model }}}}: P95 is projected to cross its SLO within {s.forecast_horizon_h:g} h",
                "Latency grows with uptime: schedule a rolling restart before the crossing, then find what grows "
                "(RSS, arena held bytes, sessions).", s.runbook_url),
@@ -90,7 +98,8 @@ def alert_rules(s: AlertSettings) -> List[Dict]:
                'sum by (model, pod) (delta(latte_arena_failures{kind="fragmentation"}[10m])) > 0', "",
                "page", "{{ $labels.model }}: requests failed for want of a contiguous block with memory free",
                "Restart the pod now; then raise arena_bytes (docs/memory.md).", s.runbook_url),
-        _alert("LatteQueueSaturated", 'sum by (model) (rate(latte_requests_total{outcome="overloaded"}[5m])) > 0',
+        _alert("LatteQueueSaturated",
+               f'sum by ({BY}) (rate(latte_requests_total{{outcome="overloaded"}}[5m])) > 0',
                "5m", "page", "{{ $labels.model }}: requests refused for a full queue",
                "Add replicas; a burst longer than max_queue_size can hold is being shed, lowest priority first.",
                s.runbook_url),
@@ -104,9 +113,9 @@ def alert_rules(s: AlertSettings) -> List[Dict]:
                "A leak or a growing cache: compare arena and session figures; recycle the pod before its "
                "memory limit.", s.runbook_url),
         _alert("LatteRequestsFailing", f"{ERROR_RATIO_RECORD} > {s.error_ratio:g}", "5m", "page",
-               f"{{{{ $labels.model }}}}: more than {s.error_ratio:.0%} of requests fail",
-               "Read the errors by reason on the dashboard: bad_request is the clients', model_error and "
-               "out_of_memory the server's.", s.runbook_url),
+               f"{{{{ $labels.model }}}}: more than {s.error_ratio:.0%} of requests fail on the server",
+               "Read the errors by reason on the dashboard: model_error is the model's, out_of_memory the "
+               "arena's, timeout a queue that waits too long.", s.runbook_url),
     ]
 
 
@@ -153,7 +162,7 @@ PANELS = (
                                            "/ clamp_min(sum by (model) (rate(latte_batch_size_count[5m])), 1e-9)")]),
     ("Arena bytes", "bytes", [("{{model}} {{state}}", 'sum by (model, state) (latte_arena_bytes{state=~"capacity|live|allocated"})'),
                               ("{{model}} largest free block",
-                               'sum by (model) (latte_arena_fit_bytes{figure="largest_free_block"})')]),
+                               'min by (model) (latte_arena_fit_bytes{figure="largest_free_block"})')]),
     ("Fragmentation alarm", "short", [("{{model}}", "max by (model) (latte_arena_fragmented)")]),
     ("Per-step time (fused models)", "µs", [
         ("{{model}} {{step}}", "sum by (model, step) (rate(latte_step_us_total[5m])) "

@@ -63,6 +63,7 @@ class K8sOptions:
     # What an operator watches (monitoring.py); each object can be left out.
     scrape_monitor: bool = True                  # --no-scrape-monitor
     pod_monitor: bool = False                    # --pod-monitor: a PodMonitor instead of a ServiceMonitor
+    monitor_label: Optional[str] = None          # KEY=VALUE the Operator selects its monitors and rules by
     alerts: bool = True                          # --no-alerts
     dashboard: bool = True                       # --no-dashboard
     slo_ms: float = 100.0                        # a model's P95 bound where its config sets no slo_ms
@@ -151,6 +152,11 @@ class K8sOptions:
                             ("--alert-rss-growth-mib-per-h", self.rss_growth_mib_per_h)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise DeployError(f"{what} must be a number > 0, got {value!r}")
+        if self.monitor_label is not None:
+            key, sep, value = self.monitor_label.partition("=")
+            if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+                raise DeployError(f"--monitor-label {self.monitor_label!r} must be KEY=VALUE, the label your "
+                                  "Prometheus Operator selects monitors and rules by, e.g. release=prometheus")
         if self.error_ratio >= 1:
             raise DeployError(f"--alert-error-ratio is a share of requests, below 1; got {self.error_ratio!r}")
         if not re.match(r"^1\.[0-9]+\.[0-9]+$", self.kubernetes_version):

@@ -116,7 +116,7 @@ def _slo_ms(config) -> float:
         value = float(text) if text else 0.0
     except ValueError:
         value = -1.0
-    if value < 0 or value != value:
+    if (text and value <= 0) or value != value:
         raise DeployError(f"model {config.name!r}: parameters[\"slo_ms\"] must be a number of milliseconds > 0, "
                           f"got {text!r}")
     return value
