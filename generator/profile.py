@@ -208,6 +208,18 @@ def _sweep_bucket(run, shapes, length, opts, memory_limit, rng, advance,
     return points, "limit: reached --max-batch-size" if shapes.batched else "the model does not batch"
 
 
+def served_call(runtime, length: Optional[int]):
+    """The runtime called as a served batch is (`run_batch`: one-row requests of `length` each),
+    so that a profile times what serving runs, a graph's steps with the lengths they are told."""
+    from latte.backend.batching import Batch
+
+    def call(feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        rows = len(next(iter(feed.values())))
+        return runtime.run_batch(Batch(inputs=feed, member_rows=[1] * rows, lengths=[length] * rows,
+                                       padded_length=length, rows=rows))[0]
+    return call
+
+
 def profile_model(model_file: Path, opts: Optional[ProfileOptions] = None, show_progress: bool = False) -> Profile:
     """Measure latency and memory per batch size and shape bucket; returns the Profile."""
     from latte.backend.runtimes import load_runtime
@@ -232,7 +244,7 @@ def profile_model(model_file: Path, opts: Optional[ProfileOptions] = None, show_
         buckets = [None]
 
     # The first call fixes unknown output shapes (TorchScript files carry none).
-    first = runtime.run(make_feed(shapes, 1, buckets[0], rng))
+    first = served_call(runtime, buckets[0])(make_feed(shapes, 1, buckets[0], rng))
     outputs = []
     for t in shapes.outputs:
         value = np.asarray(first[t["name"]])
@@ -256,7 +268,8 @@ def profile_model(model_file: Path, opts: Optional[ProfileOptions] = None, show_
     try:
         for length in buckets:
             advance = (lambda n: progress.advance(task, n)) if progress else (lambda n: None)
-            bucket_points, reason = _sweep_bucket(runtime.run, shapes, length, opts, memory_limit, rng, advance,
+            bucket_points, reason = _sweep_bucket(served_call(runtime, length), shapes, length, opts, memory_limit,
+                                                  rng, advance,
                                                   to_ceiling=bool(opts.slo_ms) and length == buckets[-1])
             points.extend(bucket_points)
             reasons["fixed" if length is None else str(length)] = reason

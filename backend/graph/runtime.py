@@ -238,10 +238,6 @@ class GraphRuntime(Runtime):
             self.notes.append(f"branches: inline (on {widest} threads they measured {inline / parallel:.2f}x at load)")
 
     # -- run ----------------------------------------------------------------------------
-    def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        rows = next(iter(feed.values())).shape[0]
-        return self.run_batch(Batch(inputs=feed, member_rows=[1] * rows, lengths=[None] * rows, rows=rows))[0]
-
     def run_batch(self, batch: Batch) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
         """The outputs, and each request's own length of every ragged output, by which the
         engine trims the answers once, at the end."""

@@ -207,3 +207,27 @@ def test_torch_export_shapes_come_from_the_program(tmp_path):
     assert shapes.batched and shapes.variable
     assert shapes.inputs == [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1], "ragged": True}]
     assert shapes.outputs == [{"name": "output0", "data_type": "TYPE_FP32", "dims": [32]}]
+
+
+def test_a_profile_times_the_runtime_as_serving_calls_it(exported, monkeypatch):
+    """Batches go through run_batch, the serving contract, as one-row requests each told its
+    bucket's length: a graph's steps are timed as they run served, not through a side door."""
+    import numpy as np
+
+    import latte.backend.runtimes as runtimes
+    from latte.backend.runtimes.base import Runtime
+
+    seen = []
+
+    class Recording(Runtime):
+        def run_batch(self, batch):
+            seen.append((batch.padded_length, set(batch.lengths), set(batch.member_rows), batch.rows))
+            rows = len(batch.inputs["tokens"])
+            return {"embedding": np.zeros((rows, 32), np.float32)}, None
+
+    monkeypatch.setattr(runtimes, "load_runtime", lambda kind, path, inputs, outputs, *rest: Recording(inputs, outputs))
+    profile = profile_model(exported["sequence"]["onnx"], ProfileOptions(max_batch_size=4, lengths=[8, 32], **FAST))
+    assert profile.buckets() == [8, 32]
+    assert {length for length, *_ in seen} == {8, 32}
+    assert all(lengths == {length} and members == {1} for length, lengths, members, _ in seen)
+    assert {rows for *_, rows in seen} == {1, 2, 4}
