@@ -273,7 +273,7 @@ class BatchEngine:
         """Run work of one affinity key as handed over by the scheduler. Its key is the batch
         the call's plan put it in, and the scheduler keeps a batch within max_batch_size
         rows, so the group runs as it is; only a group past that limit is planned again."""
-        if not self.spec.signature.batched or sum(w.request.rows for w in group) > self.spec.signature.max_batch_size:
+        if not self.planner.fits(sum(w.request.rows for w in group)):
             return [outcome for batch in self._groups(group) for outcome in self._run_in_time(batch)]
         return self._run_in_time(group)
 

@@ -31,10 +31,14 @@ class BatchPlanner:
         # Every request of one shape and no ragged input: a call is cut by rows alone.
         self._one_shape = spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
 
+    def fits(self, rows: int) -> bool:
+        """Whether `rows` rows may run as one model call (the one place this is decided)."""
+        return self.spec.signature.batched and rows <= self.max_rows
+
     def plan(self, rows: Sequence[int], lengths: Optional[Sequence[int]]) -> List[Sequence[int]]:
         """Indices of requests of one shape key (`rows` each, ragged `lengths` or None) in
         batches within max_batch_size; a call that fits is one batch of all of them, in order."""
-        if lengths is None and sum(rows) <= self.max_rows:
+        if lengths is None and self.fits(sum(rows)):
             return [range(len(rows))]
         return plan_rows(self.spec, rows, lengths, self.buckets, self.cost_model)
 
