@@ -66,21 +66,23 @@ $(NUMPY2_STAMP): $(LATTE_STAMP) requirements-numpy2.txt
 	  2>&1 | { grep -v "^WARNING: Location" || true; }
 	touch $@
 
+# Installs Debian package $(2) unless command $(1) is there, where it can (as root, with apt);
+# otherwise the tests that need it skip and say why.
+debian_package = if ! command -v $(1) >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  apt-get install -y -q $(2) >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q $(2) >/dev/null 2>&1; } || true; fi
+
 # The report's browser tests render it in Debian's chromium; where it cannot be installed
 # (no root, no apt, no network) they skip and say why.
 browser:
-	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	  apt-get install -y -q chromium >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } || true; fi
+	@$(call debian_package,chromium,chromium)
 	@command -v chromium >/dev/null 2>&1 && echo "browser tests: $$(chromium --version 2>/dev/null)" || \
   echo "browser tests: no chromium (they will skip)"
 
 # The alert rules' tests run Prometheus's promtool, from Debian's prometheus package; where it
 # cannot be installed (no root, no apt, no network) they skip and say why.
 promtool:
-	@if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	  apt-get install -y -q prometheus >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q prometheus >/dev/null 2>&1; } || true; fi
+	@$(call debian_package,promtool,prometheus)
 	@command -v promtool >/dev/null 2>&1 && echo "alert rule tests: $$(promtool --version 2>&1 | head -1)" || \
   echo "alert rule tests: no promtool (they will skip)"
 

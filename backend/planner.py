@@ -32,7 +32,8 @@ class BatchPlanner:
         self._one_shape = spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
 
     def fits(self, rows: int) -> bool:
-        """Whether `rows` rows may run as one model call (the one place this is decided)."""
+        """Whether `rows` rows may run as one model call: what the plan and the scheduler's
+        groups ask before cutting a call into batches."""
         return self.spec.signature.batched and rows <= self.max_rows
 
     def plan(self, rows: Sequence[int], lengths: Optional[Sequence[int]]) -> List[Sequence[int]]:

@@ -24,6 +24,7 @@ from latte.backend.requests import NO_PARAMETERS, ParsedRequest, RequestError, R
 from latte.backend.responses import EarlyAnswers, ResponseBuilder
 from latte.backend.sessions import SessionStore
 from latte.backend.warmup import measure_cost_model, warmup_calls, warmup_shapes
+from latte.bench.procmem import rss_bytes
 from latte.memory import BuddyArena
 
 
@@ -57,18 +58,6 @@ def lane_cpus(spec) -> Optional[List[List[int]]]:
     cores = sorted(usable_core_ids())
     per = spec.serving.intra_op_threads
     return [cores[i * per:(i + 1) * per] for i in range(spec.serving.lanes)]
-
-
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def resident_bytes() -> float:
-    """This process's resident memory (the alert on its growth per hour reads it)."""
-    try:
-        with open("/proc/self/statm", "rb") as statm:
-            return float(int(statm.read().split()[1]) * _PAGE)
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def instance_device(args) -> str:
@@ -416,7 +405,7 @@ class LatteModel:
         if self.dispatcher is not None:
             self.metrics.scheduler(self.dispatcher.metrics())
         self.metrics.arena(self.arena.stats())
-        self.metrics.resident_memory(resident_bytes())
+        self.metrics.resident_memory(rss_bytes(os.getpid()))  # the alert on its growth reads it
         device = device_memory.figures(self.spec.serving)
         if device is not None:
             self.metrics.device_memory(device, device_memory.arena_failures(self.spec.serving))

@@ -39,29 +39,13 @@ from latte.triton.locate import find_triton  # noqa: E402
 from latte.triton.perf import write_input_data  # noqa: E402
 
 BASELINE_BACKEND = "latte_baseline"
+# The baseline's own backend/model.py, run with the baseline's build first on its stub's path.
 SHIM = '''"""latte at revision {rev}, for an A/B beside the checked-out one (benchmarks/revision_ab.py)."""
 import sys
 
 sys.path.insert(0, {site!r})
-
-import triton_python_backend_utils as pb_utils
-
-from latte.backend.triton_model import LatteModel
-
-
-class TritonPythonModel:
-    @staticmethod
-    def auto_complete_config(auto_complete_model_config):
-        return LatteModel.auto_complete_config(auto_complete_model_config, pb_utils)
-
-    def initialize(self, args):
-        self._model = LatteModel(args, pb_utils)
-
-    def execute(self, requests):
-        return self._model.execute(requests)
-
-    def finalize(self):
-        self._model.finalize()
+with open({model!r}) as own:
+    exec(compile(own.read(), {model!r}, "exec"))
 '''
 
 
@@ -89,7 +73,8 @@ def build_baseline(rev: str) -> Path:
 def backend_directory(work: Path, site: Path, rev: str) -> Path:
     directory = install_backend(work / "backends", find_triton())
     (directory / BASELINE_BACKEND).mkdir(exist_ok=True)
-    (directory / BASELINE_BACKEND / "model.py").write_text(SHIM.format(rev=rev, site=str(site)))
+    own = site.parent / "source" / "backend" / "model.py"
+    (directory / BASELINE_BACKEND / "model.py").write_text(SHIM.format(rev=rev, site=str(site), model=str(own)))
     return directory
 
 

@@ -57,6 +57,11 @@ class Forecast:
     def as_dict(self) -> dict:
         return {**asdict(self), "upward": self.upward, "text": self.text()}
 
+    @classmethod
+    def from_dict(cls, figures: dict) -> "Forecast":
+        """The forecast `as_dict` wrote (a soak's results), its derived fields left out."""
+        return cls(**{name: figures[name] for name in cls.__dataclass_fields__})
+
 
 def _rmse(coefficients, x, y) -> float:
     return float(np.sqrt(np.mean((np.polyval(coefficients, x) - y) ** 2)))

@@ -197,10 +197,9 @@ def soak_forecast(windows: List[dict], slo_ms: float) -> Optional[dict]:
     """P95 against uptime fitted and projected to the SLO (forecast.py); None with too few windows."""
     from latte.bench.forecast import MIN_SAMPLES, fit_latency
 
-    usable = [w for w in windows if w.get("p95_ms") is not None]
-    if len(usable) < MIN_SAMPLES:
+    if len(windows) < MIN_SAMPLES:
         return None
-    return fit_latency([w["t"] for w in usable], [w["p95_ms"] for w in usable], slo_ms).as_dict()
+    return fit_latency([w["t"] for w in windows], [w["p95_ms"] for w in windows], slo_ms).as_dict()
 
 
 def check_ratios(ratios: dict, bounds: dict) -> List[str]:

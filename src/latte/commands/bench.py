@@ -194,12 +194,10 @@ def _soak(args, target, models, console, out: Path) -> int:
     if result["forecast"] is not None:
         from latte.bench.forecast import Forecast, forecast_figure
 
-        forecast = result["forecast"]
-        fields = {k: v for k, v in forecast.items() if k in Forecast.__dataclass_fields__}
         figure = out / f"soak-{models[0]}-forecast.png"
         figure.write_bytes(forecast_figure([w["t"] for w in result["windows"]], [w["p95_ms"] for w in result["windows"]],
-                                           Forecast(**fields), f"{models[0]}: P95 against uptime"))
-        console.print(f"forecast: {forecast['text']} ({figure})")
+                                           Forecast.from_dict(result["forecast"]), f"{models[0]}: P95 against uptime"))
+        console.print(f"forecast: {result['forecast']['text']} ({figure})")
     failures = check_ratios(result["ratios"], LONG_TARGETS)
     console.print(f"{result['requests']} requests, {result['failed']} errors; targets (after 1M requests): "
                   f"{describe_targets(LONG_TARGETS)}: "
