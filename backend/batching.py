@@ -11,7 +11,7 @@ either their bucket alone or, with a cost model, the cheapest plan (latte.backen
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -177,6 +177,9 @@ def assemble_columns(spec: ModelSpec, columns: Dict[str, List[np.ndarray]], memb
     to the longest member (or, with pad_to: edge, its bucket's edge). `lengths`: each
     member's ragged length, or None when no member has one."""
     if lengths is None:
+        if len(member_rows) == 1:  # one request, nothing ragged: its own arrays are the batch
+            return Batch(inputs={name: parts[0] for name, parts in columns.items() if parts},
+                         member_rows=member_rows, lengths=[None], rows=member_rows[0])
         lengths = [None] * len(member_rows)
     total = sum(member_rows)
     padded = None
@@ -246,10 +249,14 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray],
         return [outputs]
     if own or (spec.signature.trimmed_outputs and batch.padded_length is not None):
         return _trimmed(spec, batch, outputs, own)
-    # Nothing to trim: each request's share is a view of its rows.
-    if len(batch.member_rows) == 1:
+    return row_views(outputs, batch.member_rows)
+
+
+def row_views(outputs: Dict[str, np.ndarray], member_rows: Sequence[int]) -> List[Dict[str, np.ndarray]]:
+    """Each request's share of a batch's outputs with nothing to trim: views of its rows."""
+    if len(member_rows) == 1:
         return [outputs]
-    if batch.rows == len(batch.member_rows):  # the batch runner checked every output has these rows
+    if sum(member_rows) == len(member_rows):  # the batch runner checked every output has these rows
         # One row each: numpy hands out the row views itself.
         names = list(outputs)
         columns = [outputs[name][:, None] for name in names]
@@ -258,7 +265,7 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray],
         return [dict(zip(names, views)) for views in zip(*columns)]
     results = []
     at = 0
-    for rows in batch.member_rows:
+    for rows in member_rows:
         results.append({name: array[at:at + rows] for name, array in outputs.items()})
         at += rows
     return results

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import Callable, Deque, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from latte.backend.batching import Batch, affinity_key, assemble, assemble_columns, ragged_length, split, uniform_shapes
+from latte.backend.batching import Batch, affinity_key, assemble, assemble_columns, ragged_length, row_views, split
 from latte.backend.config import ModelSpec
 from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
 from latte.backend.planner import BatchPlanner
-from latte.backend.requests import Columns, ParsedRequest
+from latte.backend.requests import Call, ParsedRequest, requests_call
 from latte.backend.runtimes import Runtime
 from latte.backend.sessions import SessionStore
 
@@ -43,12 +43,6 @@ def _drained(records: Deque[tuple]) -> List[tuple]:
         return taken
 
 
-def column_request(columns: Columns, i: int) -> ParsedRequest:
-    """Request i of a call read by input, as the general path reads it."""
-    length = columns.lengths[i] if columns.lengths is not None else None
-    return ParsedRequest({name: arrays[i] for name, arrays in columns.arrays.items()}, columns.rows[i], length=length)
-
-
 def model_failure(model: str, exc: BaseException) -> ModelError:
     """The client's one line for an exception raised by the model: its type and the line that
     says what went wrong. A step of a graph that failed is worded already, with the step."""
@@ -66,6 +60,31 @@ class BatchRecord(NamedTuple):
     seconds: float                # the whole batch: packing, the model call, splitting
     failed: bool
     model_seconds: float = 0.0    # inside the model runtime alone
+
+
+class BatchAnswer(NamedTuple):
+    """The answers of one planned batch: the `positions` of its requests in the call and each
+    one's outcome; or, when the batch ran and each request's answer is its rows of the
+    outputs as they are, `results` None and the batch's `outputs` with each request's
+    `member_rows` (a batch is answered with views of itself)."""
+    positions: Sequence[int]
+    results: Optional[List[Result]]
+    outputs: Optional[Dict[str, np.ndarray]] = None
+    member_rows: Optional[List[int]] = None
+
+    def outcomes(self) -> List[Result]:
+        """Each request's outcome, in the order of `positions`."""
+        return self.results if self.results is not None else row_views(self.outputs, self.member_rows)
+
+
+# A NamedTuple's constructor is a Python call: the batch runner makes its answers with
+# tuple.__new__ (a C call), and the request path reads them by unpacking.
+_new_tuple = tuple.__new__
+
+
+def answered(pairs: Sequence[Tuple[int, Result]]) -> BatchAnswer:
+    """The answer of (position, outcome) pairs."""
+    return BatchAnswer([position for position, _ in pairs], [outcome for _, outcome in pairs])
 
 
 class Work:
@@ -112,101 +131,56 @@ class BatchEngine:
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
         self._out_dtypes = {t.name: t.dtype for t in spec.signature.outputs}
         self._batched = spec.signature.batched
-        self._one_shape = (spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
-                           and not runtime.trims_outputs)
-        # Every request has one shape key (ragged inputs of one rank): a plain call is planned
-        # from its lengths alone (BatchPlanner.plan).
-        self._one_key = spec.signature.batched and spec.signature.ragged_inputs and uniform_shapes(spec)
-
-    @property
-    def reads_columns(self) -> bool:
-        """Whether a plain call may be read by input and run by the planner and run_columns:
-        every request of one shape key (one shape, or ragged inputs of one rank), batches run
-        inline."""
-        return (self._one_shape or self._one_key) and self.dispatcher is None
+        # Whether a batch's answers are views of its rows, unless the runtime says each request's
+        # own length of a ragged output (then they are cut back to it, as split does).
+        self._views = spec.signature.batched and not spec.signature.trimmed_outputs
 
     # -- the whole call -------------------------------------------------------------------
-    def answers(self, items: Sequence[Union[ParsedRequest, Exception]],
-                options: Optional[Sequence[Optional[RequestOptions]]] = None) -> Iterator[List[Tuple[int, Result]]]:
-        """The call's results a group at a time, as they become known: the unreadable requests
-        first, then the requests of each batch as it finishes, so the caller can answer early
-        requests before later batches run. Every item appears exactly once, as
-        (position, outputs or the exception that explains the failure)."""
-        if options is None and self.dispatcher is None:
-            # Default options throughout: no session, no deadline, one priority, so the plan's
-            # batches run as planned, with no work to order; the whole call is a plan of one batch.
-            readable = [(i, item) for i, item in enumerate(items) if type(item) is ParsedRequest]
-            if len(readable) < len(items):
-                yield [(i, item) for i, item in enumerate(items) if type(item) is not ParsedRequest]
-            for group in self._plan(readable):
-                yield list(zip([position for position, _ in group], self._run_requests([r for _, r in group])))
-            return
+    def answers(self, call: Call) -> Iterable[BatchAnswer]:
+        """plan -> run: the call's answers a batch at a time, as each batch finishes, the
+        refused requests first, so the caller can answer early requests before later batches
+        run. Every request appears exactly once. A call at the default options runs the
+        planner's batches as planned (a plan of one batch is run at once: nothing to wait
+        for); any other has its sessions continued, deadlines and priorities ordering the
+        same planner's batches, inline or on the lanes."""
+        if call.options is None and self.dispatcher is None:
+            if call.items is not None:
+                return self._planned(call)
+            plan = self.planner.plan(call.rows, call.lengths)  # read by input: planned by its rows and lengths
+            if len(plan) == 1:
+                return (self._run_members(call, plan[0]),)
+            return self._planned(call, plan)
+        return self._ordered(call)
+
+    def _planned(self, call: Call, plan: Optional[List[Sequence[int]]] = None) -> Iterator[BatchAnswer]:
+        if plan is None:  # read request by request: the refused ones are answered before anything is planned
+            refused = [(i, item) for i, item in enumerate(call.items) if type(item) is not ParsedRequest]
+            if refused:
+                yield answered(refused)
+            plan = self.planner.plan_call(call)
+        for members in plan:
+            yield self._run_members(call, members)
+
+    def _ordered(self, call: Call) -> Iterator[BatchAnswer]:
         now = self.clock()
-        work, refused = self._admit(items, options, now)
+        work, refused = self._admit(call.items, call.options, now)
         if refused:
-            yield refused
+            yield answered(refused)
         if not work:
             return
         if self.dispatcher is not None:
-            yield from self.dispatcher.run(work, now)
+            groups = self.dispatcher.run(work, now)
         else:
-            for group in self.order(self._groups(work)):
-                yield self._run_in_time(group)
-
-    def columns_batch(self, columns: Dict[str, List[np.ndarray]], rows: Sequence[int],
-                      lengths: Optional[Sequence[int]], members: Optional[Sequence[int]] = None) -> Batch:
-        """The batch of a plain call read by input (all its requests, or those at `members`):
-        each input packed natively, ragged ones padded."""
-        if members is not None:
-            columns = {name: [arrays[i] for i in members] for name, arrays in columns.items()}
-            rows = [rows[i] for i in members]
-            lengths = [lengths[i] for i in members] if lengths is not None else None
-        return assemble_columns(self.spec, columns, rows, lengths, self.planner.buckets)
-
-    def run_columns(self, columns: Columns, plan: Sequence[Sequence[int]]) -> List[Result]:
-        """Each request's outcome, in order, for a plain call read by input and planned by
-        the planner: each batch packed natively, run and cut back into views. A batch that
-        fails is isolated as on the general path (its requests alone); the others are not run
-        again."""
-        results: List[Result] = [None] * len(columns.rows)  # type: ignore[list-item]
-        for members in plan:
-            for i, outcome in zip(members, self._run_members(columns, members)):
-                results[i] = outcome
-        return results
-
-    def run_whole(self, columns: Columns) -> Tuple[Optional[Dict[str, np.ndarray]], Optional[List[Result]]]:
-        """A plain call that is one batch: (its outputs, None), or when the batch fails
-        (None, each request's outcome, run alone)."""
-        started = self.clock()
-        batch = None
-        try:
-            batch = assemble_columns(self.spec, columns.arrays, columns.rows, columns.lengths, self.planner.buckets)
-            return self.run(batch, started)[0], None
-        except Exception as exc:
-            return None, self._isolated(exc, batch, started, len(columns.rows),
-                                        lambda: [column_request(columns, i) for i in range(len(columns.rows))])
-        finally:
-            del batch  # arena-backed input buffers go back as soon as the call is over
-
-    def _run_members(self, columns: Columns, members: Sequence[int]) -> List[Result]:
-        started = self.clock()
-        batch = ran = None
-        try:
-            batch = self.columns_batch(columns.arrays, columns.rows, columns.lengths, members)
-            ran = self.run(batch, started)
-            return split(self.spec, batch, *ran)
-        except Exception as exc:  # a batch recorded as run is not recorded again as failed
-            return self._isolated(exc, batch if ran is None else None, started, len(members),
-                                  lambda: [column_request(columns, i) for i in members])
-        finally:
-            del batch
+            groups = (self._run_in_time(group) for group in self.order(self._groups(work)))
+        for pairs in groups:
+            yield answered(pairs)
 
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
               options: Optional[Sequence[Optional[RequestOptions]]] = None) -> List[Result]:
         """One result per item, in order (`answers`, collected)."""
         results: List[Result] = [None] * len(items)
-        for outcomes in self.answers(items, options):
-            for position, outcome in outcomes:
+        for answer in self.answers(requests_call(items, options)):
+            for position, outcome in zip(answer.positions, answer.outcomes()):
                 results[position] = outcome
         return results
 
@@ -244,11 +218,8 @@ class BatchEngine:
 
     def _groups(self, work: Sequence[Work]) -> List[List[Work]]:
         by_position = {w.position: w for w in work}
-        return [[by_position[pos] for pos, _ in group] for group in self._plan([(w.position, w.request) for w in work])]
-
-    def _plan(self, pairs: Sequence[Tuple[int, ParsedRequest]]) -> List[List[Tuple[int, ParsedRequest]]]:
-        """(position, request) pairs in batches, as the planner plans them."""
-        return self.planner.plan_requests(pairs)
+        return [[by_position[pos] for pos, _ in group]
+                for group in self.planner.plan_requests([(w.position, w.request) for w in work])]
 
     def planned_keys(self, work: Sequence[Work]) -> Dict[int, tuple]:
         """Each request's affinity key under this call's plan: the bucket edge of the batch it
@@ -278,9 +249,9 @@ class BatchEngine:
         return self._run_in_time(group)
 
     def run_batch(self, requests: Sequence[ParsedRequest]) -> List[Result]:
-        """Run the requests as one model call, as a plan would (no ordering, no deadlines):
-        what the cost model's timings measure."""
-        return self._run_requests(requests)
+        """Run the requests as one model call, as a plan would (no ordering, no deadlines), a
+        result for each in order: what the cost model's timings measure."""
+        return self._run_members(requests_call(requests), range(len(requests))).outcomes()
 
     def _run_in_time(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
         """Run one planned batch, failing the requests whose deadline has already passed;
@@ -301,32 +272,51 @@ class BatchEngine:
         return outcomes
 
     def _run(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
-        results = self._run_requests([w.request for w in group])
+        results = self.run_batch([w.request for w in group])
         if self.sessions is not None:
             for w, result in zip(group, results):
                 if not isinstance(result, Exception):
                     self._commit_session(w)
         return [(w.position, result) for w, result in zip(group, results)]
 
-    def _run_requests(self, requests: Sequence[ParsedRequest]) -> List[Result]:
-        """One model call for the requests, a result for each in order; a model failure is
-        retried request by request so one bad request does not fail its neighbours."""
+    def _run_members(self, call: Call, members: Sequence[int]) -> BatchAnswer:
+        """The requests of the call at `members` as one planned batch, packed as the reader
+        built them (by input, or request by request) and run by the one batch runner; a
+        model failure is retried request by request so one bad request does not fail its
+        neighbours."""
         started = self.clock()
         batch = ran = None
         try:
-            batch = assemble(self.spec, requests, self.planner.buckets)
-            ran = self.run(batch, started)
-            return split(self.spec, batch, *ran)
+            if call.items is not None:
+                batch = assemble(self.spec, [call.items[i] for i in members], self.planner.buckets)
+            elif type(members) is range:  # the whole call, in order (the planner's one batch)
+                batch = assemble_columns(self.spec, call.arrays, call.rows, call.lengths, self.planner.buckets)
+            else:
+                batch = self._columns_batch(call, members)
+            outputs, own = ran = self.run(batch, started)
+            if own is None and self._views:
+                return _new_tuple(BatchAnswer, (members, None, outputs, batch.member_rows))
+            return BatchAnswer(members, split(self.spec, batch, outputs, own))
         except Exception as exc:  # a batch recorded as run is not recorded again as failed
-            return self._isolated(exc, batch if ran is None else None, started, len(requests), lambda: requests)
+            return BatchAnswer(members, self._isolated(exc, batch if ran is None else None, started, call, members))
         finally:
             del batch  # arena-backed input buffers go back as soon as the call is over
 
-    def _isolated(self, exc: Exception, batch: Optional[Batch], started: float, count: int,
-                  requests: Callable[[], Sequence[ParsedRequest]]) -> List[Result]:
-        """The outcomes of a batch of `count` requests that raised `exc`: a full arena fails
-        them all (not the model's fault, nor the requests'); otherwise the batch is recorded as
-        failed and each request runs alone, so only those the model fails on fail."""
+    def _columns_batch(self, call: Call, members: Sequence[int]) -> Batch:
+        """The batch of the requests at `members` of a call read by input: each input packed
+        natively, ragged ones padded."""
+        arrays = {name: [column[i] for i in members] for name, column in call.arrays.items()}
+        rows = [call.rows[i] for i in members]
+        lengths = [call.lengths[i] for i in members] if call.lengths is not None else None
+        return assemble_columns(self.spec, arrays, rows, lengths, self.planner.buckets)
+
+    def _isolated(self, exc: Exception, batch: Optional[Batch], started: float, call: Call,
+                  members: Sequence[int]) -> List[Result]:
+        """The outcomes of the batch of the call's requests at `members` that raised `exc`: a
+        full arena fails them all (not the model's fault, nor the requests'); otherwise the
+        batch is recorded as failed and each request runs alone, so only those the model fails
+        on fail."""
+        count = len(members)
         if isinstance(exc, MemoryError):
             return [exc if isinstance(exc, OutOfMemory) else OutOfMemory(str(exc))] * count
         if batch is not None:
@@ -334,7 +324,7 @@ class BatchEngine:
         if count == 1:
             # A step of a graph that refuses what this request brought answers it as a bad request.
             return [exc if isinstance(exc, RequestError) else model_failure(self.spec.signature.name, exc)]
-        return [result for request in requests() for result in self._run_requests([request])]
+        return [result for request in call.requests(members) for result in self.run_batch([request])]
 
     def run(self, batch: Batch, started: Optional[float] = None
             ) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
@@ -349,7 +339,8 @@ class BatchEngine:
         total = batch.rows if self._batched else None
         for name, array in outputs.items():
             dtype = self._out_dtypes.get(name)
-            if dtype is not None and (type(array) is not np.ndarray or array.dtype != dtype):
+            if dtype is not None and (type(array) is not np.ndarray
+                                      or (array.dtype is not dtype and array.dtype != dtype)):
                 # A framework's tensor, or another type than declared: numpy of the declared one.
                 array = outputs[name] = np.asarray(array, dtype=dtype)
             if total is not None and (array.ndim == 0 or array.shape[0] != total):

@@ -12,10 +12,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 from latte._native import PRIORITY_LEVELS
-from latte.backend.requests import RequestError
+from latte.backend.errors import RequestError
 
 # The highest priority_level: the scheduler's, so inline and lane execution order alike.
 MAX_PRIORITY = PRIORITY_LEVELS - 1
@@ -71,3 +71,26 @@ def read_options(params: Mapping[str, object], max_priority: int = MAX_PRIORITY,
         raise RequestError("session_start / session_end need a session_id")
     return RequestOptions(priority=priority, timeout_ms=timeout, session_id=session,
                           session_start=start, session_end=end)
+
+
+def call_options(items: List) -> Optional[List[Optional[RequestOptions]]]:
+    """Each readable request's options (`read_options`; one that sends no parameters shares
+    the defaults); a request whose parameters are wrong becomes its RequestError in `items`,
+    its options None. None when no request carries a parameter or a timeout: every request
+    runs with the defaults."""
+    for item in items:
+        if not isinstance(item, Exception) and (item.parameters or item.timeout_us > 0):
+            break
+    else:
+        return None
+    options: List[Optional[RequestOptions]] = []
+    for i, item in enumerate(items):
+        if isinstance(item, Exception):
+            options.append(None)
+            continue
+        try:
+            options.append(read_options(item.parameters, triton_timeout_us=item.timeout_us))
+        except RequestError as exc:
+            items[i] = exc
+            options.append(None)
+    return options

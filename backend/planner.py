@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from latte.backend.batching import plan_batches, plan_rows, uniform_shapes
-from latte.backend.requests import ParsedRequest
+from latte.backend.requests import Call, ParsedRequest
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.planning import CostModel
@@ -23,25 +23,41 @@ class BatchPlanner:
         self.spec = spec
         self.buckets = BucketPlan(serving.bucket_edges) if serving.bucket_edges else None
         self.max_rows = max(1, spec.signature.max_batch_size)
+        self._batched = spec.signature.batched
         # Cost planning lets requests of smaller buckets ride in a larger bucket's batch; the
         # default model is replaced by one measured at warmup (warmup.measure_cost_model).
         if cost_model is None and serving.batch_planning == "cost" and self.buckets is not None:
             cost_model = CostModel.default(self.buckets.edges)
         self.cost_model = cost_model if serving.batch_planning == "cost" else None
-        # Every request of one shape and no ragged input: a call is cut by rows alone.
-        self._one_shape = spec.signature.batched and not spec.signature.ragged_inputs and uniform_shapes(spec)
+        # Every request of one shape key (one shape, or ragged inputs of one rank): a call is
+        # planned by its rows and lengths alone, and may be read by input.
+        self.one_shape_key = spec.signature.batched and uniform_shapes(spec)
+        # Of one shape and no ragged input: a call is cut by rows alone.
+        self._one_shape = self.one_shape_key and not spec.signature.ragged_inputs
 
     def fits(self, rows: int) -> bool:
         """Whether `rows` rows may run as one model call: what the plan and the scheduler's
         groups ask before cutting a call into batches."""
-        return self.spec.signature.batched and rows <= self.max_rows
+        return self._batched and rows <= self.max_rows
 
     def plan(self, rows: Sequence[int], lengths: Optional[Sequence[int]]) -> List[Sequence[int]]:
         """Indices of requests of one shape key (`rows` each, ragged `lengths` or None) in
-        batches within max_batch_size; a call that fits is one batch of all of them, in order."""
-        if lengths is None and self.fits(sum(rows)):
+        batches within max_batch_size; a plan of one batch is all of them, in order."""
+        if lengths is None and self._batched and sum(rows) <= self.max_rows:  # fits, asked without a call
             return [range(len(rows))]
-        return plan_rows(self.spec, rows, lengths, self.buckets, self.cost_model)
+        plan = plan_rows(self.spec, rows, lengths, self.buckets, self.cost_model)
+        if len(plan) == 1 and len(plan[0]) == len(rows):
+            return [range(len(rows))]  # one batch of all: packed and answered in the call's order
+        return plan
+
+    def plan_call(self, call: Call) -> List[Sequence[int]]:
+        """The positions of a call's readable requests in batches: by the rows and lengths
+        the reader measured for a call read by input, else request by request. A `range` is
+        the whole call, in order."""
+        if call.items is None:
+            return self.plan(call.rows, call.lengths)
+        readable = [(i, item) for i, item in enumerate(call.items) if type(item) is ParsedRequest]
+        return [[position for position, _ in batch] for batch in self.plan_requests(readable)]
 
     def plan_requests(self, pairs: Sequence[Tuple[int, ParsedRequest]]) -> List[List[Tuple[int, ParsedRequest]]]:
         """(position, request) pairs in batches: requests of one shape key each, planned by

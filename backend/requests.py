@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from types import MappingProxyType
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from latte._native import BATCH_PROBLEMS, InputRule, inspect_arrays
 from latte.backend.config import ModelSpec, TensorSpec
 from latte.backend.dtypes import NUMPY_TO_TRITON, wire_name
 from latte.backend.errors import RequestCancelled, RequestError
+from latte.backend.options import call_options
 
 # The length of a request not yet measured (ParsedRequest.length); None means no ragged input.
 UNMEASURED = -1
@@ -67,38 +68,65 @@ def _rule(spec: ModelSpec, t: TensorSpec) -> InputRule:
                      int_signed=t.dtype.kind == "i", low=low, high=high)
 
 
-class CallRead(NamedTuple):
-    """An execute call's requests as read: one entry per request (a ParsedRequest, or the
-    exception that says why it cannot be served); `plain` when every one is readable and
-    carries no parameters and no timeout (all run with the default options); `rows`, the
-    call's rows when plain."""
-    items: List[Union[ParsedRequest, Exception]]
-    plain: bool
-    rows: int
+class Call:
+    """One execute call's requests as the reader built them.
+
+    A plain call (every request readable, none with parameters or a timeout) of a model
+    whose requests all have one shape key is read by input: `arrays`, each input's arrays in
+    the order of the requests, `rows` each request brings and, for ragged inputs, `lengths`,
+    each request's longest variable dimension across them (None for a model without); no
+    per-request object. Any other call is read request by request: `items`, a ParsedRequest
+    or the exception that says why it cannot be served, with each one's `options` (None
+    when every request runs with the defaults). One is made per call and read on every
+    stage, hence the slots."""
+
+    __slots__ = ("count", "items", "options", "arrays", "rows", "lengths")
+
+    def __init__(self, count: int, items: Optional[List[Union[ParsedRequest, Exception]]] = None,
+                 options: Optional[list] = None, arrays: Optional[Dict[str, List[np.ndarray]]] = None,
+                 rows: Optional[List[int]] = None, lengths: Optional[List[int]] = None) -> None:
+        self.count = count
+        self.items = items
+        self.options = options
+        self.arrays = arrays
+        self.rows = rows
+        self.lengths = lengths
+
+    def requests(self, members: Sequence[int]) -> List[ParsedRequest]:
+        """The requests at `members`, each as it would be read alone."""
+        if self.items is not None:
+            return [self.items[i] for i in members]
+        lengths = self.lengths
+        return [ParsedRequest({name: arrays[i] for name, arrays in self.arrays.items()}, self.rows[i],
+                              length=lengths[i] if lengths is not None else None)
+                for i in members]
 
 
-class Columns(NamedTuple):
-    """A plain call read by input: each input's arrays in the order of the requests, the
-    rows each request brings and, for a model with ragged inputs, each request's longest
-    variable dimension across them (None for a model without)."""
-    arrays: Dict[str, List[np.ndarray]]
-    rows: List[int]
-    lengths: Optional[List[int]] = None
+def requests_call(items: Sequence[Union[ParsedRequest, Exception]], options: Optional[list] = None) -> Call:
+    """A call of requests read already (warm-up's, a tool's, a test's)."""
+    return Call(len(items), list(items), options)
 
 
 class RequestReader:
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, by_columns: bool = False, check_cancellation: bool = False) -> None:
         self.spec = spec
+        # Each is_cancelled() is a round trip to the server; Triton itself already drops
+        # requests cancelled while queued, so the check is opt-in.
+        self.check_cancellation = check_cancellation
+        # read_call(requests) -> Call: a plain call by input where the model reads calls so (every
+        # request of the model has one shape key, and the call's batches run inline: the model
+        # decides), any other call request by request. Chosen once here, not on every call.
+        self.read_call = self._read_by_input if by_columns and not check_cancellation else self._read_by_request
         self._by_name = {t.name: t for t in spec.signature.inputs}
         self._required = [t.name for t in spec.signature.inputs if not t.optional]
         self._rules = {t.name: _rule(spec, t) for t in spec.signature.inputs}
         self._names = set(self._by_name)
         self._order = [t.name for t in spec.signature.inputs]
 
-    def read_columns(self, requests: Sequence) -> Optional[Columns]:
+    def _read_by_input(self, requests: Sequence) -> Call:
         """The call's arrays by input when it is plain: every request sends every input once,
-        no parameters and no timeout, and passes every check. None otherwise: read_call then
-        reads the call again and words each request's refusal.
+        no parameters and no timeout, and passes every check. Any other call is read request
+        by request, which words each request's refusal.
 
         No per-request object is made, which is most of what reading costs a small model.
         """
@@ -106,51 +134,54 @@ class RequestReader:
         columns: Dict[str, List[np.ndarray]] = {name: [] for name in self._order}
         if count == 1:
             (name,) = self._order
-            arrays = columns[name]
-            append = arrays.append
+            append = columns[name].append
             for request in requests:
                 tensors = request.inputs()
-                if len(tensors) != 1:
-                    return None
-                tensor = tensors[0]
-                if tensor.name() != name:
-                    return None
-                append(tensor.as_numpy())
+                if len(tensors) != 1 or tensors[0].name() != name:
+                    return self._read_by_request(requests)
+                append(tensors[0].as_numpy())
                 raw = request.parameters()
                 if (raw and raw != "{}") or request.timeout() > 0:
-                    return None
+                    return self._read_by_request(requests)
         else:
             get = columns.get
             for request in requests:
                 tensors = request.inputs()
                 if len(tensors) != count:
-                    return None
+                    return self._read_by_request(requests)
                 for tensor in tensors:
                     column = get(tensor.name())
                     if column is None:
-                        return None
+                        return self._read_by_request(requests)
                     column.append(tensor.as_numpy())
                 raw = request.parameters()
                 if (raw and raw != "{}") or request.timeout() > 0:
-                    return None
-        return self._inspected(columns, len(requests))
+                    return self._read_by_request(requests)
+        return self._inspected(columns, requests)
 
-    def _inspected(self, columns: Dict[str, List[np.ndarray]], count: int) -> Optional[Columns]:
-        """The call's columns once every input of every request passed its native check."""
+    def _inspected(self, columns: Dict[str, List[np.ndarray]], requests: Sequence) -> Call:
+        """The call read by input, once every input of every request passed its native check;
+        else read request by request."""
         rows = lengths = None
+        count = len(requests)
         for name in self._order:
             arrays = columns[name]
             if len(arrays) != count:  # one input sent twice, another not at all
-                return None
+                return self._read_by_request(requests)
             found, longest, problems = inspect_arrays(self._rules[name], arrays)
             if problems or (rows is not None and found != rows):
-                return None
+                return self._read_by_request(requests)
             rows = found
             if self._by_name[name].ragged:
                 lengths = longest if lengths is None else [max(a, b) for a, b in zip(lengths, longest)]
         if lengths and min(lengths) < 0:  # ragged inputs without a variable dimension: nothing to plan by
             lengths = None
-        return Columns(columns, rows if rows is not None else [], lengths)
+        return Call(count, None, None, columns, rows if rows is not None else [], lengths)
+
+    def _read_by_request(self, requests: Sequence) -> Call:
+        """The call's requests read one by one, with each request's options."""
+        items, defaults = self._read_items(requests, self.check_cancellation)
+        return Call(len(items), items, None if defaults else call_options(items))
 
     def read(self, request) -> ParsedRequest:
         """One request, checked; raises RequestError when it cannot be served."""
@@ -161,19 +192,17 @@ class RequestReader:
 
     def read_all(self, requests: Sequence, check_cancellation: bool = False) -> List[Union[ParsedRequest, Exception]]:
         """One entry per request: its checked inputs, or the exception that says why not."""
-        return self.read_call(requests, check_cancellation).items
+        return self._read_items(requests, check_cancellation)[0]
 
-    def read_call(self, requests: Sequence, check_cancellation: bool = False) -> "CallRead":
-        """The call's requests, read and checked, with what the rest of the call needs to know
-        about them as a whole."""
+    def _read_items(self, requests: Sequence, check_cancellation: bool):
+        """Each request read and checked, and whether every one runs with the default options
+        (no parameters, no timeout)."""
         items: List[Union[ParsedRequest, Exception]] = []
         names = self._names
         every = True     # every request readable so far, each with every input
         defaults = True  # and none with parameters or a timeout
         for request in requests:
             try:
-                # Each is_cancelled() is a round trip to the server; Triton itself already drops
-                # requests cancelled while queued, so the check is opt-in.
                 if check_cancellation and request.is_cancelled():
                     raise RequestCancelled("the client cancelled this request before it ran")
                 arrays = {tensor.name(): tensor.as_numpy() for tensor in request.inputs()}
@@ -196,8 +225,8 @@ class RequestReader:
             except Exception as exc:  # a reader bug must still answer this request alone
                 every = False
                 items.append(RequestError(f"could not read request: {type(exc).__name__}: {exc}"))
-        rows = self._check(items, every)
-        return CallRead(items, defaults and rows is not None, rows or 0)
+        self._check(items, every)
+        return items, defaults
 
     def _check_names(self, arrays: Mapping[str, np.ndarray]) -> None:
         unexpected = [name for name in arrays if name not in self._by_name]
@@ -209,12 +238,10 @@ class RequestReader:
             raise RequestError(f"missing input(s) {missing}; model {self.spec.signature.name!r} "
                                f"takes {sorted(self._by_name)}")
 
-    def _check(self, items: List[Union[ParsedRequest, Exception]], every: bool = False) -> Optional[int]:
+    def _check(self, items: List[Union[ParsedRequest, Exception]], every: bool = False) -> None:
         """Fill in rows and length of every readable request; replace the refused ones with
-        their RequestError. `every`: each item is a ParsedRequest holding every input.
-        The call's rows when every request passed, else None."""
+        their RequestError. `every`: each item is a ParsedRequest holding every input."""
         complete = every
-        total = None
         inputs = self.spec.signature.inputs
         first = inputs[0] if inputs else None
         for spec in inputs:
@@ -228,24 +255,21 @@ class RequestReader:
                     continue
                 arrays = [items[i].inputs[name] for i in positions]
             rows, lengths, problems = inspect_arrays(self._rules[name], arrays)
-            if total is None and every and not problems:
-                total = sum(rows)
-            for index, problem, detail in problems:
-                i = positions[index]
-                items[i] = RequestError(self._message(spec, items[i].inputs[name], BATCH_PROBLEMS[problem], detail))
-                every = False  # the next input's arrays are the readable requests' only
-            if every and total is not None and spec is first:
+            if every and not problems and spec is first:
                 # The common case, the first input of requests that all passed: each gets its rows.
                 for item, r, n in zip(items, rows, lengths):
                     item.rows, item.length = r, (n if spec.ragged else item.length)
                 continue
+            for index, problem, detail in problems:
+                i = positions[index]
+                items[i] = RequestError(self._message(spec, items[i].inputs[name], BATCH_PROBLEMS[problem], detail))
+                every = False  # the next input's arrays are the readable requests' only
             every = _merge_rows(items, positions, rows, lengths, spec) and every
         if complete:
-            return total if every else None  # every request sent every input: each has its rows
+            return  # every request sent every input: each has its rows
         for item in items:
             if type(item) is ParsedRequest and item.rows == 0:
                 item.rows = 1  # only optional inputs were sent, and none of them
-        return None
 
     def _message(self, spec: TensorSpec, array: np.ndarray, problem: str, detail: int) -> str:
         shape = list(array.shape)

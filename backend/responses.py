@@ -37,14 +37,40 @@ class ResponseBuilder:
             return TritonError(message)
         return TritonError(message, code)
 
-    def build_all(self, outcomes, skip=None) -> list:
-        """The responses of a call, in order; None for an outcome that is `skip` (already sent)."""
-        if skip is None:
-            return [self.build(outcome) for outcome in outcomes]
-        return [None if outcome is skip else self.build(outcome) for outcome in outcomes]
+    def answer(self, answer) -> list:
+        """The responses of one batch's requests (engine.BatchAnswer), in its order: each
+        request's share of every output as views of the batch when it ran whole (its
+        `member_rows` rows each), else each request's own outcome."""
+        _, results, outputs, rows = answer
+        if results is not None:
+            return self._outcomes(results)
+        names = self.output_names
+        if len(rows) == 1 and len(names) == 1:  # the batch is its one request's: the common call
+            try:
+                return [self.pb.InferenceResponse([self.pb.Tensor(names[0], outputs[names[0]])])]
+            except Exception:  # an output Triton cannot carry
+                return [self.build(outputs)]
+        Tensor, InferenceResponse = self.pb.Tensor, self.pb.InferenceResponse
+        if len(rows) == len(outputs[names[0]]):
+            # One row each: numpy hands out the row views itself.
+            columns = [outputs[name][:, None] for name in names]
+        else:
+            ends = np.cumsum(rows)
+            columns = [[array[end - r:end] for r, end in zip(rows, ends)] for array in (outputs[n] for n in names)]
+        try:
+            if len(names) == 1:
+                (name,) = names
+                return [InferenceResponse([Tensor(name, view)]) for view in columns[0]]
+            return [InferenceResponse([Tensor(name, view) for name, view in zip(names, views)])
+                    for views in zip(*columns)]
+        except Exception:  # an output Triton cannot carry: each request gets its own answer
+            return [self.build(dict(zip(names, views))) for views in zip(*columns)]
 
-    def successes(self, outcomes) -> list:
-        """The responses of a call whose outcomes are all outputs, in order."""
+    def _outcomes(self, outcomes) -> list:
+        """The responses of requests answered each with its own outcome, in order."""
+        for outcome in outcomes:
+            if type(outcome) is not dict:
+                return [self.build(outcome) for outcome in outcomes]
         Tensor, InferenceResponse = self.pb.Tensor, self.pb.InferenceResponse
         names = self.output_names
         try:
@@ -55,32 +81,6 @@ class ResponseBuilder:
                     for outputs in outcomes]
         except Exception:  # an output Triton cannot carry: each request gets its own answer
             return [self.build(outcome) for outcome in outcomes]
-
-    def from_batch(self, outputs: Dict[str, np.ndarray], rows) -> list:
-        """The responses of a call run as one batch (BatchEngine.run_columns): each request's
-        share of every output, `rows` per request in order, as views of the batch."""
-        names = self.output_names
-        if len(rows) == 1 and len(names) == 1:  # the batch is its one request's: the common call
-            (name,) = names
-            try:
-                return [self.pb.InferenceResponse([self.pb.Tensor(name, outputs[name])])]
-            except Exception:  # an output Triton cannot carry
-                return [self.build(outputs)]
-        if len(rows) == len(outputs[names[0]]):
-            # One row each: numpy hands out the row views itself.
-            columns = [outputs[name][:, None] for name in names]
-        else:
-            ends = np.cumsum(rows)
-            columns = [[array[end - r:end] for r, end in zip(rows, ends)] for array in (outputs[n] for n in names)]
-        Tensor, InferenceResponse = self.pb.Tensor, self.pb.InferenceResponse
-        try:
-            if len(names) == 1:
-                (name,) = names
-                return [InferenceResponse([Tensor(name, view)]) for view in columns[0]]
-            return [InferenceResponse([Tensor(name, view) for name, view in zip(names, views)])
-                    for views in zip(*columns)]
-        except Exception:  # an output Triton cannot carry: each request gets its own answer
-            return [self.build(dict(zip(names, views))) for views in zip(*columns)]
 
     def build(self, outcome):
         """The response for one outcome: its outputs, or its error."""

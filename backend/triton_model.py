@@ -13,14 +13,12 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from latte.backend import autocomplete, device_memory, memory_resource
-from latte.backend.buckets import BucketPlan
 from latte.backend.config import parse_args, parse_model_config, thread_budget_warning, usable_core_ids
 from latte.backend.engine import BatchEngine, ModelError, model_failure
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
-from latte.backend.options import read_options
 from latte.backend.precision import load_at_precision
-from latte.backend.requests import NO_PARAMETERS, ParsedRequest, RequestError, RequestReader
+from latte.backend.requests import RequestError, RequestReader
 from latte.backend.responses import EarlyAnswers, ResponseBuilder
 from latte.backend.sessions import SessionStore
 from latte.backend.warmup import measure_cost_model, warmup_calls, warmup_shapes
@@ -28,23 +26,22 @@ from latte.bench.procmem import rss_bytes
 from latte.memory import BuddyArena
 
 
-_UNANSWERED = object()  # a request of the running execute call with no outcome yet
-_SENT = object()        # one already answered through its response sender
+_SENT = object()        # a response already sent through its response sender
 _LAST = float("inf")    # the outbox key that sorts after every priority
 _SUCCESS = ("success", 0)  # the tally key of a request answered with outputs at default priority
 
 
-def _top_priority(outcomes, options) -> int:
+def _top_priority(positions, options) -> int:
     if options is None:
         return 0
-    return max((options[p].priority if options[p] is not None else 0) for p, _ in outcomes)
+    return max((options[p].priority if options[p] is not None else 0) for p in positions)
 
 
-def _lowest_waiting(results, options) -> int:
+def _lowest_waiting(responses, options) -> int:
     """The lowest priority among the call's requests still to run."""
     if options is None:
         return 0
-    return min((o.priority if o is not None else 0) for o, r in zip(options, results) if r is _UNANSWERED)
+    return min((o.priority if o is not None else 0) for o, r in zip(options, responses) if r is None)
 
 
 def lane_cpus(spec) -> Optional[List[List[int]]]:
@@ -72,7 +69,6 @@ class LatteModel:
         config, model_dir, version = parse_args(args)
         self.spec = spec = parse_model_config(config, model_dir, version, device=instance_device(args))
         self._async = spec.serving.async_execute  # asked on every call
-        self._check_cancellation = spec.serving.check_cancellation
         oversubscribed = thread_budget_warning(spec)
         if oversubscribed is not None:
             pb.Logger.log_warn(f"latte: {oversubscribed}")
@@ -98,22 +94,17 @@ class LatteModel:
         self.sessions = self._sessions()
         self.metrics = BackendMetrics()
         self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
-        self.reader = RequestReader(spec)
         self.engine = BatchEngine(spec, self.runtime, sessions=self.sessions, session_input=serving.session_input)
-        self.planner = self.engine.planner
         if serving.scheduler == "affinity":
             window = serving.batch_window_us / 1e6 if serving.async_execute else 0.0
             self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, serving.lanes, lane_cpus(spec),
                                                                       queue_capacity=serving.max_queue_size,
                                                                       max_window_s=window)
+        # A plain call of a model whose requests share one shape key is read by input, its
+        # batches run inline; any other call is read request by request.
+        self.reader = RequestReader(spec, by_columns=self.engine.planner.one_shape_key and self.dispatcher is None,
+                                    check_cancellation=serving.check_cancellation)
         self.responses = ResponseBuilder(pb, [t.name for t in signature.outputs])
-        # A plain call of a model whose requests share one shape key is read by input, any
-        # other request by request; with async_execute the lanes answer through the senders.
-        self._by_columns = (self.engine.reads_columns and not serving.async_execute
-                            and not serving.check_cancellation)
-        # A one-batch plan is answered with views of the batch's outputs, unless outputs are cut
-        # back to each request's own length (split does that).
-        self._views = not signature.trimmed_outputs and not self.runtime.trims_outputs
         self.early = EarlyAnswers(serving.respond)
         # Answers of async_execute wait here for the sender thread, highest priority_level first
         # (then in the order they finished): (-priority, sequence number, [(sender, outcome)]).
@@ -186,107 +177,87 @@ class LatteModel:
         autocomplete.apply(auto_complete_model_config, additions)
         return auto_complete_model_config
 
-    def execute(self, requests) -> List:
-        """read -> plan -> run -> answer: a plain call of a model read by input (the common
-        call) on the column route; any other call read request by request, its batches run
-        inline (or on the lanes with async_execute) and each answered with its own outcome."""
+    def execute(self, requests) -> Optional[List]:
+        """read -> plan -> run -> answer (docs/backend.md, "The request path"): the reader
+        builds the call, the engine plans and runs its batches, each batch's answers are
+        built as it finishes. With async_execute the lanes answer through the senders."""
         started = time.perf_counter()
-        if self._by_columns:
-            responses = self._execute_columns(requests, started)
-            if responses is not None:
-                return responses
-        call = self.reader.read_call(requests, self._check_cancellation)
-        items = call.items
-        options = None if call.plain else self._options(items)
-        read = time.perf_counter()
+        call = self.reader.read_call(requests)
         if self._async:
-            self._submit(requests, items, options, started)
-            self.metrics.execute(len(requests), read - started, time.perf_counter() - read, 0.0)
-            return None
-        results, answered, responding = self._run_call(requests, items, options, started)
-        ran = time.perf_counter()
-        if options is None and not responding and all(type(r) is dict for r in results):
-            # Every request answered with outputs at default priority, none early: the plain
-            # call's responses and figures (the whole call was one batch, or its plan's batches).
-            responses = self.responses.successes(results)
-            self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
-            return responses
-        responses = self.responses.build_all(results, skip=_SENT)
-        # The early sends happened inside the engine's time; the final responses after it.
-        engine_s = ran - read - responding
-        responding += time.perf_counter() - ran
-        self.metrics.call(len(requests), read - started, engine_s, responding, answered, self._take_batches())
-        return responses
+            return self._submit(requests, call, started)
+        return self._answer(requests, call, started)
 
-    def _run_call(self, requests, items, options, started: float):
-        """Each request's outcome as the engine yields it (_SENT once answered early through its
-        sender), the (outcome counts, seconds) of each group answered, and the seconds spent
-        sending early."""
-        results = [_UNANSWERED] * len(requests)
-        pending = len(requests)
+    def _answer(self, requests, call, started: float) -> List:
+        """The call's responses: each batch's answers built as the engine finishes it, sent at
+        once where early answers pay (EarlyAnswers), the others returned together."""
+        read = time.perf_counter()
+        responses = None
+        answered = []   # (outcome counts, seconds) of each batch's requests
+        pending = call.count
+        options = call.options
         responding = 0.0
-        answered = []
+        early = False   # whether some batch's responses were sent through their senders
         try:
-            for outcomes in self.engine.answers(items, options):
-                pending -= len(outcomes)
-                answered.append((self._tally(outcomes, options), time.perf_counter() - started))
-                for position, outcome in outcomes:
-                    results[position] = outcome
-                if pending and self.early.now(_top_priority(outcomes, options), pending,
-                                              lambda: _lowest_waiting(results, options)):
-                    responding += self._send_early(requests, outcomes, results)
+            for answer in self.engine.answers(call):
+                begun = time.perf_counter()
+                built = self.responses.answer(answer)
+                positions, results, _, _ = answer
+                pending -= len(positions)
+                if not pending and responses is None and results is None and options is None \
+                        and type(positions) is range:
+                    # The whole call in one batch, every request answered with outputs: the common call.
+                    self._record_plain(call.count, read - started, begun - read, time.perf_counter() - begun)
+                    return built
+                answered.append((self._tally(positions, results, options), begun - started))
+                if responses is None:
+                    responses = [None] * call.count
+                early = self._place(requests, options, positions, built, responses, pending) or early
+                responding += time.perf_counter() - begun
         except Exception as exc:
             # A fault outside any one batch: every request not yet answered gets this error.
-            failure = model_failure(self.spec.signature.name, exc)
-            failed = [(i, failure) for i, r in enumerate(results) if r is _UNANSWERED]
-            answered.append((self._tally(failed, options), time.perf_counter() - started))
-            for position, _ in failed:
-                results[position] = failure
-        return results, answered, responding
+            responses = self._fail_rest(call, responses, answered, exc, started)
+        engine_s = time.perf_counter() - read - responding
+        if early:
+            responses = [None if response is _SENT else response for response in responses]
+        self.metrics.call(call.count, read - started, engine_s, responding, answered, self._take_batches())
+        return responses
 
-    def _execute_columns(self, requests, started: float) -> Optional[List]:
-        """A plain call of a model whose requests share one shape key: read by input, planned
-        from the rows and lengths the native check measured (one batch when they fit), each
-        batch packed natively; no per-request object on the way. None when the call is anything
-        else (a request to refuse, parameters, a timeout) or its plan has batches to answer
-        early (EarlyAnswers): the general path then reads it, before anything has run."""
-        columns = self.reader.read_columns(requests)
-        if columns is None:
-            return None
-        plan = self.planner.plan(columns.rows, columns.lengths)
-        if len(plan) > 1 and self.early.pays():
-            return None
-        read = time.perf_counter()
-        outputs = None
-        if len(plan) == 1 and self._views:
-            outputs, results = self.engine.run_whole(columns)
-        else:
-            results = self.engine.run_columns(columns, plan)
-        ran = time.perf_counter()
-        if outputs is not None:
-            responses = self.responses.from_batch(outputs, columns.rows)
-        elif all(type(r) is dict for r in results):
-            responses = self.responses.successes(results)
-        else:
-            # A batch failed and its requests ran alone: each answered with its own outcome.
-            responses = self.responses.build_all(results)
-            answered = [(self._tally(list(enumerate(results)), None), ran - started)]
-            self.metrics.call(len(requests), read - started, ran - read, time.perf_counter() - ran, answered,
-                              self._take_batches())
-            return responses
-        self._record_plain(len(requests), read - started, ran - read, time.perf_counter() - ran)
+    def _place(self, requests, options, positions, built: List, responses: List, pending: int) -> bool:
+        """A batch's responses at their requests' places in the call's list, or sent now
+        through their response senders where that pays (marked _SENT there; True)."""
+        if pending and self.early.now(_top_priority(positions, options), pending,
+                                      lambda: _lowest_waiting(responses, options)):
+            self._send_early(requests, positions, built)
+            for position in positions:
+                responses[position] = _SENT
+            return True
+        for position, response in zip(positions, built):
+            responses[position] = response
+        return False
+
+    def _fail_rest(self, call, responses: Optional[List], answered: List, exc: Exception, started: float) -> List:
+        """Every request of the call not answered yet, answered with the model's failure."""
+        failure = model_failure(self.spec.signature.name, exc)
+        if responses is None:
+            responses = [None] * call.count
+        unanswered = [i for i, response in enumerate(responses) if response is None]
+        answered.append((self._tally(unanswered, [failure] * len(unanswered), call.options),
+                         time.perf_counter() - started))
+        for position in unanswered:
+            responses[position] = self.responses.build(failure)
         return responses
 
     def _record_plain(self, requests: int, read_s: float, engine_s: float, respond_s: float) -> None:
-        """Metrics of a call whose every request was answered with outputs at default priority."""
+        """The figures of the common call, folded with its likes: one model call answered every
+        request with outputs at default priority."""
         records = self.engine.records
-        if len(records) == 1:  # one model call: the common case, folded with its likes
-            rows, count, _, seconds, _, model_s = records.popleft()
-            self.early.batch_done(count, seconds)
-            self.metrics.plain_call(requests, read_s, engine_s, respond_s, rows, model_s)
-        else:
+        if len(records) != 1:  # the batch went unrecorded (a cost model being timed), or others wait
             self.metrics.call(requests, read_s, engine_s, respond_s, [({_SUCCESS: requests}, read_s + engine_s)],
                               self._take_batches())
+            return
+        rows, count, _, seconds, _, model_s = records.popleft()
+        self.early.batch_done(count, seconds)
+        self.metrics.plain_call(requests, read_s, engine_s, respond_s, rows, model_s)
 
     def _take_batches(self) -> List[Tuple[int, float, bool]]:
         """(rows, model seconds, failed) of the batches the engine ran since the last take (lanes
@@ -298,44 +269,22 @@ class LatteModel:
             batches.append((rows, model_s, failed))
         return batches
 
-    def _send_early(self, requests, outcomes, results) -> float:
-        """Answer a finished group through its response senders now (see EarlyAnswers)."""
+    def _send_early(self, requests, positions, built: List) -> None:
+        """Send a finished batch's responses through their response senders now (EarlyAnswers)."""
         begun = time.perf_counter()
-        for position, outcome in outcomes:
-            results[position] = _SENT
-            self._send(requests[position].get_response_sender(), outcome)
-        took = time.perf_counter() - begun
-        self.early.sent(len(outcomes), took)
-        return took
+        for position, response in zip(positions, built):
+            self._send(requests[position].get_response_sender(), response)
+        self.early.sent(len(built), time.perf_counter() - begun)
 
-    def _options(self, items) -> Optional[List]:
-        """Each readable request's options (read_options gives the shared defaults to one that
-        sends no parameters); a request whose parameters are wrong becomes its RequestError.
-        None when no request carries a parameter or a timeout: all run with the defaults."""
-        for item in items:
-            if type(item) is ParsedRequest and (item.parameters is not NO_PARAMETERS or item.timeout_us > 0):
-                break
-        else:
-            return None
-        options = []
-        for i, item in enumerate(items):
-            if isinstance(item, Exception):
-                options.append(None)
-            else:
-                try:
-                    options.append(read_options(item.parameters, triton_timeout_us=item.timeout_us))
-                except RequestError as exc:
-                    items[i] = exc
-                    options.append(None)
-        return options
-
-    def _submit(self, requests, parsed, options, started: float) -> None:
+    def _submit(self, requests, call, started: float) -> None:
         """async_execute: hand the requests to the lanes and return, so Triton can deliver the
         next call while these run; each is answered through its response sender when done.
 
         Triton frees a request's input tensors when execute returns, so they are copied first.
         """
-        for item in parsed:
+        read = time.perf_counter()
+        items, options = call.items, call.options
+        for item in items:
             if not isinstance(item, Exception):
                 item.inputs = {name: np.array(array, copy=True) for name, array in item.inputs.items()}
         senders = [request.get_response_sender() for request in requests]
@@ -346,19 +295,22 @@ class LatteModel:
             with lock:
                 fresh = [(position, outcome) for position, outcome in outcomes if position not in answered]
                 answered.update(position for position, _ in fresh)
-            self._account(fresh, options, started)
+            positions = [position for position, _ in fresh]
+            counts = self._tally(positions, [outcome for _, outcome in fresh], options)
+            self.metrics.requests(counts, time.perf_counter() - started)
             # Each send is a round trip to the server: a thread of its own makes them, so the
             # lane goes on to its next batch.
             if fresh:
-                self._outbox.put((-_top_priority(fresh, options), next(self._sequence),
-                                  [(senders[position], outcome) for position, outcome in fresh]))
+                self._outbox.put((-_top_priority(positions, options), next(self._sequence),
+                                  [(senders[position], self.responses.build(outcome)) for position, outcome in fresh]))
 
         try:
-            self.engine.submit(parsed, options, answer)
+            self.engine.submit(items, options, answer)
         except Exception as exc:
             # Submission fails before anything is queued; answer whatever is not answered yet.
             failure = ModelError(f"model {self.spec.signature.name!r} could not queue the request: {type(exc).__name__}: {exc}")
             answer([(position, failure) for position in range(len(requests))])
+        self.metrics.execute(len(requests), read - started, time.perf_counter() - read, 0.0)
         return None
 
     def _send_responses(self) -> None:
@@ -366,35 +318,34 @@ class LatteModel:
             _, _, batch = self._outbox.get()
             if batch is None:
                 return
-            for sender, outcome in batch:
-                self._send(sender, outcome)
+            for sender, response in batch:
+                self._send(sender, response)
 
-    def _account(self, outcomes, options, started: float) -> None:
-        """Count a group of answered requests of an async_execute call as they are answered."""
-        self.metrics.requests(self._tally(outcomes, options), time.perf_counter() - started)
-
-    def _tally(self, outcomes, options) -> dict:
-        """(outcome label, priority) -> how many, for a group of answered requests; a model
-        failure's whole text (the client got one line of it) goes to the server log."""
+    def _tally(self, positions, results, options) -> dict:
+        """(outcome label, priority) -> how many, for a batch's answered requests (`results`
+        None: all answered with outputs); a model failure's whole text (the client got one
+        line of it) goes to the server log."""
+        if results is None:
+            if options is None:
+                return {_SUCCESS: len(positions)}
+            results = [None] * len(positions)
         counts = {}
-        for position, outcome in outcomes:
+        for position, outcome in zip(positions, results):
+            opts = options[position] if options is not None else None
+            priority = opts.priority if opts is not None else 0
             if isinstance(outcome, Exception):
-                opts = options[position] if options is not None else None
-                key = (outcome_label(outcome), opts.priority if opts is not None else 0)
+                key = (outcome_label(outcome), priority)
                 if isinstance(outcome, ModelError) and outcome.detail:
                     self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: {outcome}\n{outcome.detail}")
-            elif options is None:
-                key = _SUCCESS
             else:
-                opts = options[position]
-                key = ("success", opts.priority if opts is not None else 0)
+                key = ("success", priority)
             counts[key] = counts.get(key, 0) + 1
         return counts
 
-    def _send(self, sender, outcome) -> None:
+    def _send(self, sender, response) -> None:
         """A request's one final response, through its response sender."""
         try:
-            sender.send(self.responses.build(outcome), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(response, flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as exc:  # the client may be gone; the other requests still get theirs
             self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: could not send a response: {exc}")
 

@@ -13,7 +13,7 @@ from latte.backend.engine import BatchEngine
 from latte.backend.errors import (ConfigError, DeadlineExceeded, ModelError, OutOfMemory, RequestError,
                                   RuntimeLoadError)
 from latte.backend.options import RequestOptions
-from latte.backend.requests import ParsedRequest
+from latte.backend.requests import ParsedRequest, requests_call
 from latte.backend.runtimes import load_runtime
 from latte.examples import EXAMPLES, reference_runner
 
@@ -182,7 +182,8 @@ def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(ex
     options = [RequestOptions(), None, RequestOptions(), RequestOptions(priority=2), RequestOptions()]
     delivered = []
     groups = []
-    for outcomes in engine.answers(items, options):
+    for answer in engine.answers(requests_call(items, options)):
+        outcomes = list(zip(answer.positions, answer.outcomes()))
         groups.append([pos for pos, _ in outcomes])
         delivered.extend((pos, len(batches_run), out) for pos, out in outcomes)
     assert sorted(pos for pos, _, _ in delivered) == [0, 1, 2, 3, 4]            # each exactly once

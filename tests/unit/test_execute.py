@@ -63,16 +63,20 @@ def test_a_call_is_counted_once_with_its_batches_and_outcomes(mlp):
     assert counter(mlp, "latte_requests_total", outcome="bad_request") == bad_before + 1
 
 
-@pytest.mark.parametrize("steps, with_a_bad_request", [(["_plan"], True), (["run", "_plan"], False)],
-                         ids=["planning", "the-plain-call's-batch"])
-def test_a_fault_outside_any_batch_answers_every_request_with_one_line(example_repo, steps, with_a_bad_request):
+@pytest.mark.parametrize("broken_part, with_a_bad_request", [("planner.plan_call", True), ("planner.plan", False),
+                                                              ("run", False)],
+                         ids=["planning-a-call-read-by-request", "planning-a-call-read-by-input", "the-batch"])
+def test_a_fault_outside_any_batch_answers_every_request_with_one_line(example_repo, broken_part, with_a_bad_request):
     model = load(example_repo, "mlp_onnx")
     try:
         def broken(*_):
             raise KeyError("batch lost")
 
-        for step in steps:  # the column path falls back to the general one, so both are broken
-            setattr(model.engine, step, broken)
+        *path, name = broken_part.split(".")
+        owner = model.engine
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, name, broken)
         rng = np.random.default_rng(5)
         requests = [InferenceRequest(EXAMPLES["mlp"].sample(1, rng)) for _ in range(2)]
         if with_a_bad_request:  # then the call is not plain: it is planned
@@ -189,7 +193,7 @@ def test_a_batch_the_model_fails_on_is_answered_request_by_request(example_repo,
 
 @pytest.fixture(scope="module")
 def sequence(example_repo):
-    # Answered with the call's return value: the column path's (early answers go the general way).
+    # Answered with the call's return value.
     model = load(example_repo, "sequence_onnx", respond="per_call")
     yield model
     model.finalize()
@@ -205,7 +209,7 @@ def test_a_plain_call_of_ragged_requests_runs_the_plan_from_the_columns(sequence
     def general_path(*_):
         raise AssertionError("a plain call of ragged requests is not read request by request")
 
-    monkeypatch.setattr(sequence.reader, "read_call", general_path)
+    monkeypatch.setattr(sequence.reader, "_read_items", general_path)
     responses = sequence.execute([InferenceRequest(f) for f in feeds])
 
     assert counter(sequence, "latte_batch_size_count") == calls + len(plan)  # one model call per planned batch
@@ -221,7 +225,7 @@ def test_the_plan_of_a_plain_call_is_the_general_paths_plan(sequence):
     lengths = [3, 64, 17, 128, 9, 40, 2, 100]
     rows = [1] * len(lengths)
     parsed = [(i, ParsedRequest({"tokens": np.ones((1, n), np.int64)}, 1, length=n)) for i, n in enumerate(lengths)]
-    general = [[position for position, _ in batch] for batch in sequence.engine._plan(parsed)]
+    general = [[position for position, _ in batch] for batch in sequence.engine.planner.plan_requests(parsed)]
     assert sequence.engine.planner.plan(rows, lengths) == general
 
 

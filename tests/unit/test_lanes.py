@@ -12,7 +12,7 @@ from latte.backend.errors import DeadlineExceeded, Overloaded, error_class
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import outcome_label
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions, read_options
-from latte.backend.requests import ParsedRequest
+from latte.backend.requests import ParsedRequest, requests_call
 from latte.backend.runtimes import Runtime
 from latte.examples import EXAMPLES, reference_runner
 
@@ -61,8 +61,8 @@ def test_lane_results_reach_the_calling_thread_one_by_one(example_engine):
         rng = np.random.default_rng(10)
         requests = [ParsedRequest(inputs=EXAMPLES["sequence"].sample(1, rng), rows=1) for _ in range(12)]
         seen = []
-        for outcomes in engine.answers(requests):
-            seen.extend((pos, out, threading.get_ident()) for pos, out in outcomes)
+        for answer in engine.answers(requests_call(requests)):
+            seen.extend((pos, out, threading.get_ident()) for pos, out in zip(answer.positions, answer.outcomes()))
         assert sorted(pos for pos, _, _ in seen) == list(range(12))
         assert {thread for _, _, thread in seen} == {threading.get_ident()}
         assert all(out["embedding"].shape == (1, 32) for _, out, _ in seen)
@@ -100,7 +100,7 @@ def test_an_idle_lane_starts_with_the_most_urgent_request_and_reports_each_as_it
         # Three shape buckets, so three batches; the lane is idle when the call arrives.
         requests = [ParsedRequest(inputs={"tokens": np.ones((1, n), np.int64)}, rows=1) for n in (10, 40, 100)]
         options = [RequestOptions(), RequestOptions(priority=2), RequestOptions(priority=7)]
-        heard = [position for outcomes in engine.answers(requests, options) for position, _ in outcomes]
+        heard = [position for answer in engine.answers(requests_call(requests, options)) for position in answer.positions]
         assert heard == [2, 1, 0]
     finally:
         engine.dispatcher.close()
@@ -287,7 +287,8 @@ def test_a_request_the_full_queue_cannot_take_is_answered_overloaded_and_unavail
     results = [None] * 4
     try:
         feed = EXAMPLES["mlp"].sample(1, np.random.default_rng(13))
-        for outcomes in engine.answers([ParsedRequest(inputs=feed, rows=1) for _ in range(4)]):
+        for answer in engine.answers(requests_call([ParsedRequest(inputs=feed, rows=1) for _ in range(4)])):
+            outcomes = list(zip(answer.positions, answer.outcomes()))
             for position, outcome in outcomes:
                 results[position] = outcome
             if any(isinstance(outcome, Overloaded) for _, outcome in outcomes):

@@ -118,7 +118,7 @@ def test_integer_values_outside_the_declared_range_are_refused_with_the_range():
 
 def test_a_call_of_readable_requests_without_parameters_runs_with_the_defaults():
     call = RequestReader(SPEC).read_call([good(rows=1), good(rows=2)])
-    assert call.plain and call.rows == 3
+    assert call.options is None and call.count == 2
     assert [item.rows for item in call.items] == [1, 2]
 
 
@@ -127,10 +127,13 @@ def test_a_call_of_readable_requests_without_parameters_runs_with_the_defaults()
     Request(tokens=np.ones((1, 3), np.int32), scale=np.ones((1, 1), np.float32)),
     Request(tokens=np.ones((1, 3), np.int64)),
 ], ids=["parameters", "refused", "missing-input"])
-def test_one_request_with_parameters_or_refused_makes_the_call_not_plain(odd):
+def test_one_request_with_parameters_or_refused_is_read_for_what_it_is(odd):
     call = RequestReader(SPEC).read_call([good(), odd])
-    assert not call.plain
     assert call.items[0].rows == 2  # the good one is read all the same
+    if odd.parameters():  # every request gets its options, the defaults where it sent none
+        assert [o.priority for o in call.options] == [0, 1]
+    else:  # refused, and no request with options
+        assert isinstance(call.items[1], RequestError) and call.options is None
 
 
 def test_a_timeout_makes_the_call_not_plain():
@@ -140,7 +143,7 @@ def test_a_timeout_makes_the_call_not_plain():
 
     timed = Timed(tokens=np.ones((1, 3), np.int64), scale=np.ones((1, 1), np.float32))
     call = RequestReader(SPEC).read_call([good(), timed])
-    assert not call.plain and call.items[1].timeout_us == 5000
+    assert call.items[1].timeout_us == 5000 and call.options[1].timeout_ms == 5.0
 
 
 ONE_SHAPE = ModelSpec(
@@ -160,11 +163,12 @@ def pair(rows=1, **changes):
 
 def test_a_plain_call_is_read_by_input_in_the_order_of_its_requests():
     first, second = pair(rows=2, a=np.zeros((2, 3), np.float32)), pair(rows=1)
-    columns = RequestReader(ONE_SHAPE).read_columns([first, second])
-    assert list(columns.arrays) == ["a", "b"]
-    assert [x.shape for x in columns.arrays["a"]] == [(2, 3), (1, 3)]
-    assert columns.arrays["a"][0] is first.inputs()[1].as_numpy()
-    assert columns.rows == [2, 1]
+    call = RequestReader(ONE_SHAPE, by_columns=True).read_call([first, second])
+    assert call.items is None and call.count == 2
+    assert list(call.arrays) == ["a", "b"]
+    assert [x.shape for x in call.arrays["a"]] == [(2, 3), (1, 3)]
+    assert call.arrays["a"][0] is first.inputs()[1].as_numpy()
+    assert call.rows == [2, 1]
 
 
 @pytest.mark.parametrize("odd", [
@@ -173,25 +177,27 @@ def test_a_plain_call_is_read_by_input_in_the_order_of_its_requests():
     pair(rows=2, b=np.ones((1, 2), np.int64)),     # inputs disagree on rows
     Request(parameters='{"priority_level": 1}', a=np.ones((1, 3), np.float32), b=np.ones((1, 2), np.int64)),
 ], ids=["refused", "missing-input", "rows-disagree", "parameters"])
-def test_anything_but_a_plain_call_is_left_to_read_call(odd):
-    assert RequestReader(ONE_SHAPE).read_columns([pair(), odd]) is None
-    call = RequestReader(ONE_SHAPE).read_call([pair(), odd])  # which reads each request for what it is
-    assert not call.plain and call.items[0].rows == 1
+def test_anything_but_a_plain_call_is_read_request_by_request(odd):
+    call = RequestReader(ONE_SHAPE, by_columns=True).read_call([pair(), odd])  # each request for what it is
+    assert call.arrays is None and call.items[0].rows == 1
     if odd.parameters():
         assert call.items[1].parameters == {"priority_level": 1}
     else:
         assert isinstance(call.items[1], RequestError)
 
 
-def test_a_one_input_call_with_a_stray_input_is_left_to_read_call():
+def test_a_one_input_call_with_a_stray_input_is_read_request_by_request():
     spec = ModelSpec(ModelSignature(name="one", inputs=(TensorSpec("a", np.dtype(np.float32), (3,)),),
                                     outputs=(TensorSpec("y", np.dtype(np.float32), (1,)),), max_batch_size=8,
                                     runtime="onnx", model_path=None), ServingOptions())
-    reader = RequestReader(spec)
-    assert reader.read_columns([Request(a=np.ones((1, 3), np.float32))]).rows == [1]
-    assert reader.read_columns([Request(x=np.ones((1, 3), np.float32))]) is None
-    assert reader.read_columns([Request(a=np.ones((1, 3), np.float32), x=np.ones((1, 3), np.float32))]) is None
-    assert reader.read_columns([Request()]) is None
+    reader = RequestReader(spec, by_columns=True)
+    assert reader.read_call([Request(a=np.ones((1, 3), np.float32))]).rows == [1]
+    stray = reader.read_call([Request(x=np.ones((1, 3), np.float32))])
+    assert stray.arrays is None and str(stray.items[0]).startswith("unexpected input 'x'")
+    both = reader.read_call([Request(a=np.ones((1, 3), np.float32), x=np.ones((1, 3), np.float32))])
+    assert both.arrays is None and isinstance(both.items[0], RequestError)
+    none = reader.read_call([Request()])
+    assert none.arrays is None and str(none.items[0]).startswith("missing input(s) ['a']")
 
 
 def test_a_plain_ragged_call_is_read_with_each_requests_longest_length():
@@ -199,8 +205,8 @@ def test_a_plain_ragged_call_is_read_with_each_requests_longest_length():
                                                           TensorSpec("mask", np.dtype(np.int64), (-1,), ragged=True)),
                                     outputs=(TensorSpec("y", np.dtype(np.float32), (1,)),), max_batch_size=8,
                                     runtime="onnx", model_path=None), ServingOptions())
-    reader = RequestReader(spec)
-    columns = reader.read_columns([Request(ids=np.ones((1, 5), np.int64), mask=np.ones((1, 7), np.int64)),
+    reader = RequestReader(spec, by_columns=True)
+    columns = reader.read_call([Request(ids=np.ones((1, 5), np.int64), mask=np.ones((1, 7), np.int64)),
                                    Request(ids=np.ones((2, 9), np.int64), mask=np.ones((2, 3), np.int64))])
     assert columns.rows == [1, 2] and columns.lengths == [7, 9]
-    assert RequestReader(ONE_SHAPE).read_columns([pair()]).lengths is None  # nothing ragged
+    assert RequestReader(ONE_SHAPE, by_columns=True).read_call([pair()]).lengths is None  # nothing ragged

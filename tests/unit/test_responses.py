@@ -4,6 +4,7 @@ import pytest
 
 from latte.backend.errors import (ConfigError, DeadlineExceeded, ModelError, Overloaded, RequestCancelled,
                                   RequestError)
+from latte.backend.engine import BatchAnswer
 from latte.backend.responses import ResponseBuilder
 
 
@@ -70,8 +71,8 @@ def test_a_call_of_outputs_becomes_one_response_each_and_an_output_triton_cannot
     builder = ResponseBuilder(Pb, ["y", "z"])
     fine = {"y": np.zeros(2, np.float32), "z": np.ones(1, np.int64)}
     odd = {"y": np.zeros(2, np.complex64), "z": np.ones(1, np.int64)}
-    first, second = builder.successes([fine, fine])
+    first, second = builder.answer(BatchAnswer([0, 1], [fine, fine]))
     assert [t.name for t in first.output_tensors] == ["y", "z"] and second.error is None
-    ok, failed = builder.successes([fine, odd])
+    ok, failed = builder.answer(BatchAnswer([0, 1], [fine, odd]))
     assert ok.error is None and [t.name for t in ok.output_tensors] == ["y", "z"]
     assert failed.output_tensors == [] and "could not build the response" in failed.error.message
