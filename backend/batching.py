@@ -27,11 +27,31 @@ from latte.backend.requests import UNMEASURED, ParsedRequest
 
 @dataclass
 class Batch:
+    """One model call's inputs. Ragged data has one representation on the whole path, here,
+    in a graph's values (graph/values.py) and in what a runtime answers (Runtime.run_batch):
+    each row's own length along the variable dimensions (`lengths`), None when every row is
+    the full width."""
     inputs: Dict[str, np.ndarray]
-    member_rows: List[int]                # each member's rows, in the order of the requests
-    lengths: List[Optional[int]]          # each member's own ragged length (None when not ragged)
-    padded_length: Optional[int] = None   # the ragged length the batch was padded to
-    rows: int = 0                         # all members' rows together
+    member_rows: List[int]                          # each member's rows, in the order of the requests
+    lengths: Optional[Sequence[int]] = None         # each row's own ragged length; None: nothing ragged
+    padded_length: Optional[int] = None             # the ragged length the batch was padded to
+    rows: int = 0                                   # all members' rows together
+
+
+def row_lengths(lengths: Sequence[Optional[int]], member_rows: Sequence[int], padded: int) -> Sequence[int]:
+    """Each row's length from each member's (a member without a ragged input is the full
+    `padded` width): the members' own list when each brings one row and all have one."""
+    if len(lengths) == sum(member_rows):
+        return lengths if None not in lengths else [padded if n is None else n for n in lengths]
+    return [padded if n is None else n for n, rows in zip(lengths, member_rows) for _ in range(rows)]
+
+
+def member_lengths(lengths: Sequence[int], member_rows: Sequence[int]) -> List[int]:
+    """Each member's length from each row's: the longest of its rows'."""
+    if len(member_rows) == len(lengths):
+        return list(lengths)
+    ends = np.cumsum(member_rows)
+    return [int(max(lengths[end - rows:end])) if rows else 0 for rows, end in zip(member_rows, ends)]
 
 
 def ragged_length(spec: ModelSpec, request: ParsedRequest) -> Optional[int]:
@@ -160,11 +180,11 @@ def assemble(spec: ModelSpec, group: Sequence[ParsedRequest], buckets: Optional[
         # One request's own arrays are the batch (a ragged one may still need padding
         # between its inputs, below).
         rows = group[0].rows
-        return Batch(inputs=group[0].inputs, member_rows=[rows], lengths=[None], rows=rows)
+        return Batch(inputs=group[0].inputs, member_rows=[rows], rows=rows)
     member_rows = [req.rows for req in group]
-    lengths = [ragged_length(spec, req) for req in group] if ragged else [None] * len(group)
-    if not spec.signature.batched:
-        return Batch(inputs=group[0].inputs, member_rows=member_rows, lengths=lengths, rows=sum(member_rows))
+    if not spec.signature.batched:  # one request's own arrays, answered whole
+        return Batch(inputs=group[0].inputs, member_rows=member_rows, rows=sum(member_rows))
+    lengths = [ragged_length(spec, req) for req in group] if ragged else None
     columns = {t.name: [req.inputs[t.name] for req in group if t.name in req.inputs] for t in spec.signature.inputs}
     return assemble_columns(spec, columns, member_rows, lengths, buckets)
 
@@ -176,14 +196,12 @@ def assemble_columns(spec: ModelSpec, columns: Dict[str, List[np.ndarray]], memb
     lists only the members that sent it): one native copy per input, ragged inputs padded
     to the longest member (or, with pad_to: edge, its bucket's edge). `lengths`: each
     member's ragged length, or None when no member has one."""
-    if lengths is None:
-        if len(member_rows) == 1:  # one request, nothing ragged: its own arrays are the batch
-            return Batch(inputs={name: parts[0] for name, parts in columns.items() if parts},
-                         member_rows=member_rows, lengths=[None], rows=member_rows[0])
-        lengths = [None] * len(member_rows)
+    if lengths is None and len(member_rows) == 1:  # one request, nothing ragged: its own arrays
+        return Batch(inputs={name: parts[0] for name, parts in columns.items() if parts},
+                     member_rows=member_rows, rows=member_rows[0])
     total = sum(member_rows)
     padded = None
-    known = [n for n in lengths if n is not None] if spec.signature.ragged_inputs else None
+    known = [n for n in lengths if n is not None] if lengths is not None and spec.signature.ragged_inputs else None
     if known:
         padded = max(known)
         # A request alone in its batch runs at its own length, as it would one at a time:
@@ -208,7 +226,8 @@ def assemble_columns(spec: ModelSpec, columns: Dict[str, List[np.ndarray]], memb
         else:
             out = packed(parts, (rows, *parts[0].shape[1:]), t.dtype, spec.serving.pad_value)
         inputs[t.name] = out
-    return Batch(inputs=inputs, member_rows=member_rows, lengths=lengths, padded_length=padded, rows=total)
+    return Batch(inputs=inputs, member_rows=member_rows, rows=total, padded_length=padded,
+                 lengths=row_lengths(lengths, member_rows, padded) if padded is not None else None)
 
 
 def packed(parts: Sequence[np.ndarray], shape: tuple, dtype: np.dtype, pad_value: float,
@@ -238,11 +257,11 @@ def pad_bytes(value: float, dtype: np.dtype) -> bytes:
 
 
 def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray],
-          own: Optional[Dict[str, List[int]]] = None) -> List[Dict[str, np.ndarray]]:
+          own: Optional[Dict[str, Sequence[int]]] = None) -> List[Dict[str, np.ndarray]]:
     """Per-request outputs, in the order of the batch's requests.
 
     A ragged output is cut to each request's own length: the length the runtime says (`own`,
-    a graph of steps), else, for an output dimension declared -1 whose size equals the padded
+    each row's, as a graph of steps says it), else, for an output dimension declared -1 whose size equals the padded
     length, the request's own input length, so per-token outputs come back un-padded.
     """
     if not spec.signature.batched:
@@ -272,12 +291,15 @@ def row_views(outputs: Dict[str, np.ndarray], member_rows: Sequence[int]) -> Lis
 
 
 def _trimmed(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray],
-             own: Optional[Dict[str, List[int]]]) -> List[Dict[str, np.ndarray]]:
+             own: Optional[Dict[str, Sequence[int]]]) -> List[Dict[str, np.ndarray]]:
     """Each request's rows of every output, its ragged dimensions cut to its own length."""
     declared = {t.name: t.dims for t in spec.signature.outputs}
+    own = {name: member_lengths(cut, batch.member_rows) for name, cut in own.items()} if own else None
+    lengths = member_lengths(batch.lengths, batch.member_rows) if batch.lengths is not None \
+        else [None] * len(batch.member_rows)
     results = []
     at = 0
-    for member, (rows, length) in enumerate(zip(batch.member_rows, batch.lengths)):
+    for member, (rows, length) in enumerate(zip(batch.member_rows, lengths)):
         per_request = {}
         for name, array in outputs.items():
             index = [slice(at, at + rows)]

@@ -30,7 +30,7 @@ from latte.backend.errors import ConfigError, ModelError, RequestError
 from latte.backend.graph.definition import GraphDefinition, StepDefinition, TensorDeclaration, load_graph
 from latte.backend.graph.python_model import STEP_FILE, PythonModelStep, load_step_module, step_function
 from latte.backend.graph.steps import FunctionStep, ModelStep, Step
-from latte.backend.graph.values import Value, host_dtype, member_lengths, on_host, stack_members, variable_axes
+from latte.backend.graph.values import Value, host_dtype, on_host, stack_members, variable_axes
 from latte.backend.runtimes.base import Runtime
 
 # Rows of the sample batch run at load; lengths of its variable dimensions, one per row.
@@ -101,7 +101,6 @@ class GraphRuntime(Runtime):
         self._input_axes = {name: variable_axes(spec.dims) for name, spec in self._inputs.items()}
         self._ragged_inputs = any(self._input_axes.values())
         self._ragged_outputs = [t.name for t in graph.outputs if -1 in t.dims]
-        self.trims_outputs = bool(self._ragged_outputs)
         self._wiring = [(tuple(d.inputs.items()), tuple(d.outputs.items())) for d in graph.steps]
         self._levels = self._plan_levels(graph)
         self._keep_tensors(graph)
@@ -238,9 +237,9 @@ class GraphRuntime(Runtime):
             self.notes.append(f"branches: inline (on {widest} threads they measured {inline / parallel:.2f}x at load)")
 
     # -- run ----------------------------------------------------------------------------
-    def run_batch(self, batch: Batch) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
-        """The outputs, and each request's own length of every ragged output, by which the
-        engine trims the answers once, at the end."""
+    def run_batch(self, batch: Batch) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, np.ndarray]]]:
+        """The outputs, and each row's own length of every ragged output, by which the engine
+        trims the answers once, at the end."""
         if self._checked:
             return self._walk(batch, check=False)
         outputs = self._walk(batch, check=True)
@@ -250,17 +249,9 @@ class GraphRuntime(Runtime):
     def _values(self, batch: Batch) -> Dict[str, Value]:
         if not self._ragged_inputs:
             return {name: Value(array) for name, array in batch.inputs.items()}
-        values = {}
-        lengths = batch.lengths if batch.padded_length is not None else None
-        for name, array in batch.inputs.items():
-            axes = self._input_axes.get(name, ())
-            row_lengths = None
-            if axes and lengths is not None:
-                width = array.shape[axes[0]]
-                row_lengths = np.repeat(np.asarray([width if n is None else n for n in lengths], dtype=np.int64),
-                                        batch.member_rows)
-            values[name] = Value(array, axes, row_lengths)
-        return values
+        lengths = np.asarray(batch.lengths, dtype=np.int64) if batch.lengths is not None else None
+        return {name: Value(array, self._input_axes.get(name, ()), lengths if self._input_axes.get(name) else None)
+                for name, array in batch.inputs.items()}
 
     def _step(self, index: int, values: Dict[str, Value], members, check: bool) -> Dict[str, Value]:
         """Run one step on what it reads: what it made, by its own names."""
@@ -288,7 +279,7 @@ class GraphRuntime(Runtime):
         produced = self._step(index, values, members, check)
         return produced, time.perf_counter() - started
 
-    def _walk(self, batch: Batch, check: bool) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
+    def _walk(self, batch: Batch, check: bool) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, np.ndarray]]]:
         members = batch.member_rows
         values = self._values(batch)
         spent = [0.0] * len(self.steps)
@@ -322,22 +313,18 @@ class GraphRuntime(Runtime):
                 values.pop(tensor, None)
         # Counted when the figures are read (step_figures): one append here, atomic under the GIL.
         self._unfolded.append((spent, batch.rows))
-        return self._graph_outputs(values, members, check)
+        return self._graph_outputs(values, check)
 
-    def _graph_outputs(self, values: Dict[str, Value], members: Sequence[int], check: bool
-                       ) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
-        """The graph's outputs, checked against the config on the first batch, and each
-        request's own length of every ragged one."""
+    def _graph_outputs(self, values: Dict[str, Value], check: bool
+                       ) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, np.ndarray]]]:
+        """The graph's outputs, checked against the config on the first batch, and each row's
+        own length of every ragged one."""
         if check:
             for name, spec in self._outputs.items():
                 if not _agrees(values[name], spec):
                     raise ConfigError(f"{self.graph.path}: graph output {name!r} comes out "
                                       f"{_value_text(values[name])}; the model config declares {_declared_text(spec)}")
-        lengths = {}
-        for name in self._ragged_outputs:
-            found = values[name].row_lengths()
-            if found is not None and values[name].lengths is not None:
-                lengths[name] = member_lengths(found, members)
+        lengths = {name: values[name].lengths for name in self._ragged_outputs if values[name].lengths is not None}
         return {name: values[name].array for name in self.output_names}, lengths or None
 
     # -- checks at load -----------------------------------------------------------------
@@ -398,7 +385,7 @@ class GraphRuntime(Runtime):
             else:
                 inputs[name] = np.concatenate(parts)
         ragged = any(n is not None for n in lengths)
-        return Batch(inputs=inputs, member_rows=[1] * len(requests), lengths=lengths,
+        return Batch(inputs=inputs, member_rows=[1] * len(requests), lengths=lengths if ragged else None,
                      padded_length=max(lengths) if ragged else None, rows=len(requests))
 
     def check(self) -> None:

@@ -126,7 +126,8 @@ class ModelStep(Step):
                     if array.ndim == 0 or array.shape[0] != expected:
                         raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {expected} rows")
             else:  # the served model's batch runner: declared types, rows checked
-                outputs, _ = self.engine.run(Batch(inputs=feed, member_rows=[expected], lengths=[length],
+                rows_lengths = None if lengths is None else (lengths if group is None else lengths[group])
+                outputs, _ = self.engine.run(Batch(inputs=feed, member_rows=[expected], lengths=rows_lengths,
                                                    padded_length=length, rows=expected))
             parts.append((group, length, outputs))
             del feed  # arena-backed sub-batches go back as soon as the call is over

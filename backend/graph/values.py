@@ -220,11 +220,3 @@ def scatter(parts: Sequence[Tuple[np.ndarray, np.ndarray]], total: int, axes: Tu
         else:
             out[rows] = part
     return out
-
-
-def member_lengths(row_lengths: np.ndarray, member_rows: Sequence[int]) -> list:
-    """Each request's length: the longest of its rows'."""
-    if len(member_rows) == len(row_lengths):
-        return row_lengths.tolist()
-    ends = np.cumsum(member_rows)
-    return [int(row_lengths[end - rows:end].max()) if rows else 0 for rows, end in zip(member_rows, ends)]

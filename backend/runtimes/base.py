@@ -17,7 +17,6 @@ class Runtime:
     """
 
     kind = "base"
-    trims_outputs = False  # whether run_batch says each request's own length of ragged outputs (a graph)
     takes_tensors = False  # whether run_tensors takes and gives torch tensors on the runtime's device
 
     def __init__(self, input_names: Sequence[str], output_names: Sequence[str]) -> None:
@@ -27,11 +26,13 @@ class Runtime:
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def run_batch(self, batch) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
+    def run_batch(self, batch) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, Sequence[int]]]]:
         """Run one planned batch (batching.Batch): its inputs, and who its rows belong to,
         which a graph of steps needs (a Python model step answers each request of the batch
-        on its own) and a model does not. Gives the outputs and, for a runtime that
-        trims_outputs, each request's own length of its ragged outputs (None: nothing to say)."""
+        on its own) and a model does not. Gives the outputs and each row's own length of the
+        ragged outputs whose rows it knows to differ (a graph's), as Batch.lengths says a
+        row's length; None: every output row is its full width, or cut back by the config's
+        declared dims (batching.split)."""
         return self.run(batch.inputs), None
 
     def step_figures(self) -> Dict[str, Dict[str, float]]:

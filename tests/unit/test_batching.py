@@ -54,6 +54,22 @@ def test_split_returns_each_request_its_own_rows():
     np.testing.assert_array_equal(second["y"], [[2, 3], [4, 5]])
 
 
+def test_ragged_lengths_are_each_rows_own_and_each_requests_only_when_answers_are_cut():
+    # A graph's runtime says how far each row of a ragged output reaches; the batch says how far
+    # each row of its inputs did; both per row, as a graph's values carry them.
+    two_rows, one_row = req(2, 5, 9), req(1, 3, 7)
+    batch = assemble(spec(pad_to="longest"), [two_rows, one_row])
+    assert list(batch.lengths) == [5, 5, 3] and batch.padded_length == 5
+    tokens = replace(spec().signature.outputs[0], name="tokens_out", dims=(-1,))
+    ragged_out = replace(spec(), signature=replace(spec().signature, outputs=(tokens,)))
+    outputs = {"tokens_out": np.arange(15, dtype=np.float32).reshape(3, 5)}
+    first, second = split(ragged_out, batch, outputs, own={"tokens_out": np.array([4, 2, 3])})
+    assert first["tokens_out"].shape == (2, 4)   # the request's longest row: max(4, 2)
+    np.testing.assert_array_equal(second["tokens_out"], [[10, 11, 12]])
+    alone = assemble(spec(), [req(1, 3, 7)])
+    assert list(alone.lengths) == [3] and assemble(spec(ragged=False), [req(1, 3, 7)]).lengths is None
+
+
 # -- cost-aware planning --------------------------------------------------------------------
 BUCKETS = BucketPlan([16, 32, 64, 128])
 

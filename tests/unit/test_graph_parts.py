@@ -10,7 +10,8 @@ from latte.backend.config import TensorSpec
 from latte.backend.errors import ConfigError, RequestError
 from latte.backend.graph.definition import load_graph
 from latte.backend.graph.python_model import PythonModelStep
-from latte.backend.graph.values import (Value, gather, measure_lengths, member_lengths, repadded, scatter,
+from latte.backend.batching import member_lengths
+from latte.backend.graph.values import (Value, gather, measure_lengths, repadded, scatter,
                                         stack_members)
 from latte.backend.standin_stub import InferenceResponse, Tensor, TritonError
 
