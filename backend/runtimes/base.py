@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -51,16 +51,6 @@ class Runtime:
 
     def close(self) -> None:
         pass
-
-
-def as_declared(outputs: Dict[str, np.ndarray], dtypes: Mapping[str, np.dtype]) -> Dict[str, np.ndarray]:
-    """Outputs as numpy arrays of their declared types. Runtimes hand back numpy arrays, mostly
-    of the declared type already; a tensor of a framework, or another type, is converted."""
-    for name, value in outputs.items():
-        dtype = dtypes.get(name)
-        if dtype is not None and (type(value) is not np.ndarray or value.dtype != dtype):
-            outputs[name] = np.asarray(value, dtype=dtype)
-    return outputs
 
 
 def load_runtime(kind: str, path, input_names: Sequence[str], output_names: Sequence[str],
