@@ -10,7 +10,7 @@ The figures are published as latte_device_memory_bytes (docs/backend.md, Metrics
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from latte.backend.errors import RuntimeLoadError
 
@@ -42,22 +42,11 @@ def use(serving) -> None:
         raise RuntimeLoadError(f"device_allocator {serving.device_allocator}: {exc}") from exc
 
 
-def arena_failures(serving) -> Optional[float]:
-    """Allocations the device arena refused so far; None without one."""
-    if not serving.device.startswith("cuda") or serving.device_allocator != "arena":
-        return None
-    import torch
-
-    from latte.memory import torch_arena_statistics
-
-    stats = torch_arena_statistics(torch.device(serving.device).index or 0)
-    return None if stats is None else float(stats["failures"])
-
-
-def figures(serving) -> Optional[Dict[str, float]]:
-    """Bytes by state (held, live, peak_held, peak_live; the arena adds its capacity); None on the
-    CPU or before the allocator has served a tensor. The arena's held is its blocks handed out,
-    inside its capacity, which it takes from the device whole."""
+def figures(serving) -> Optional[Tuple[Dict[str, float], Optional[float]]]:
+    """Bytes by state (held, live, peak_held, peak_live; the arena adds its capacity), and the
+    allocations the device arena refused so far (None without one); None on the CPU or before
+    the allocator has served a tensor. The arena's held is its blocks handed out, inside its
+    capacity, which it takes from the device whole. One reading of the arena's statistics."""
     if not serving.device.startswith("cuda"):
         return None
     import torch
@@ -71,5 +60,5 @@ def figures(serving) -> Optional[Dict[str, float]]:
             return None
         found = {state: float(stats[arena]) for state, (_, arena) in _STATES.items()}
         found["capacity"] = float(stats["capacity"])
-        return found
-    return {state: float(getattr(torch.cuda, caching)(index)) for state, (caching, _) in _STATES.items()}
+        return found, float(stats["failures"])
+    return {state: float(getattr(torch.cuda, caching)(index)) for state, (caching, _) in _STATES.items()}, None

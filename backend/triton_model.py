@@ -359,7 +359,7 @@ class LatteModel:
         self.metrics.resident_memory(rss_bytes(os.getpid()))  # the alert on its growth reads it
         device = device_memory.figures(self.spec.serving)
         if device is not None:
-            self.metrics.device_memory(device, device_memory.arena_failures(self.spec.serving))
+            self.metrics.device_memory(*device)
         self.metrics.steps(self.runtime.step_figures())
         if self.sessions is not None:
             self.sessions.reap()

@@ -46,6 +46,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from latte.bench import cpu
+from latte.bench.budget import another_round_fits
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
 from latte.bench.quiet import wait_until_quiet
@@ -200,7 +201,7 @@ def run(args, work: Path) -> dict:
               + ", ".join(f"{role} {e:.1e}" for role, e in errors.items()), flush=True)
         measuring_since = time.monotonic()
         for window in range(args.windows):
-            if window and (time.monotonic() - measuring_since) * (window + 1) / window > args.budget_s:
+            if not another_round_fits(measuring_since, window, args.budget_s):
                 print(f"  stopping after {window} window(s): another would pass --budget-s {args.budget_s:g}",
                       flush=True)
                 break

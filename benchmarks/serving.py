@@ -53,6 +53,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from latte.bench import cpu
+from latte.bench.budget import another_round_fits
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
 from latte.bench.quiet import wait_until_quiet
@@ -270,7 +271,7 @@ def run_model(name: str, args, work: Path) -> dict:
     with TritonServer(repo, log_path=work / f"{name}-tritonserver.log", extra_args=extra) as server:
         measuring_since = time.monotonic()
         for round_ in range(args.rounds):
-            if round_ and args.budget_s and (time.monotonic() - measuring_since) * (round_ + 1) / round_ > args.budget_s:
+            if not another_round_fits(measuring_since, round_, args.budget_s):
                 print(f"  stopping after {round_} round(s): another would pass --budget-s {args.budget_s:g}", flush=True)
                 break
             rounds_done += 1

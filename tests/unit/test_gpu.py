@@ -188,8 +188,8 @@ model = example_model(Path(sys.argv[1]), "sequence_torchscript", kind="GPU", dev
 rng = np.random.default_rng(3)
 for rows in (1, 4, 2, 8):
     model.execute([InferenceRequest(EXAMPLES["sequence"].sample(rows, rng))])
-print(json.dumps({**device_memory.figures(model.spec.serving),
-                  "failures": device_memory.arena_failures(model.spec.serving)}))
+states, failures = device_memory.figures(model.spec.serving)
+print(json.dumps({**states, "failures": failures}))
 model.finalize()
 """
 
