@@ -131,8 +131,9 @@ class BatchEngine:
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
         self._out_dtypes = {t.name: t.dtype for t in spec.signature.outputs}
         self._batched = spec.signature.batched
-        # Whether a batch's answers are views of its rows, unless the runtime says each request's
-        # own length of a ragged output (then they are cut back to it, as split does).
+        # Whether a batch's answers are views of its rows: batched, and no output declared to be
+        # cut back to each request's length; a batch whose runtime says its rows' own lengths of a
+        # ragged output is cut back by split instead.
         self._views = spec.signature.batched and not spec.signature.trimmed_outputs
 
     # -- the whole call -------------------------------------------------------------------
@@ -327,11 +328,11 @@ class BatchEngine:
         return [result for request in call.requests(members) for result in self.run_batch([request])]
 
     def run(self, batch: Batch, started: Optional[float] = None
-            ) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, List[int]]]]:
+            ) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, Sequence[int]]]]:
         """The one batch runner: the batch through the model (the one place a batch meets its
         runtime, or the graph of steps it runs), its outputs checked to hold its rows, and
-        recorded. Gives the outputs and each request's own length of ragged ones where the
-        runtime says them (Runtime.run_batch). Raises when the model fails; callers isolate
+        recorded. Gives the outputs and each row's own length of ragged ones where the runtime
+        says them (Runtime.run_batch). Raises when the model fails; callers isolate
         what failed."""
         called = self.clock()
         outputs, lengths = self.runtime.run_batch(batch)

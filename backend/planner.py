@@ -57,7 +57,10 @@ class BatchPlanner:
         if call.items is None:
             return self.plan(call.rows, call.lengths)
         readable = [(i, item) for i, item in enumerate(call.items) if type(item) is ParsedRequest]
-        return [[position for position, _ in batch] for batch in self.plan_requests(readable)]
+        plan = [[position for position, _ in batch] for batch in self.plan_requests(readable)]
+        if len(plan) == 1 and len(plan[0]) == call.count:
+            return [range(call.count)]  # one batch of all: packed and answered in the call's order
+        return plan
 
     def plan_requests(self, pairs: Sequence[Tuple[int, ParsedRequest]]) -> List[List[Tuple[int, ParsedRequest]]]:
         """(position, request) pairs in batches: requests of one shape key each, planned by

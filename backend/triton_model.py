@@ -107,7 +107,7 @@ class LatteModel:
         self.responses = ResponseBuilder(pb, [t.name for t in signature.outputs])
         self.early = EarlyAnswers(serving.respond)
         # Answers of async_execute wait here for the sender thread, highest priority_level first
-        # (then in the order they finished): (-priority, sequence number, [(sender, outcome)]).
+        # (then in the order they finished): (-priority, sequence number, [(sender, response)]).
         self._outbox: "queue.PriorityQueue" = queue.PriorityQueue()
         self._sequence = itertools.count()
         if serving.async_execute:
@@ -197,6 +197,7 @@ class LatteModel:
         options = call.options
         responding = 0.0
         early = False   # whether some batch's responses were sent through their senders
+        whole = None    # when the common call's one batch began to be answered
         try:
             for answer in self.engine.answers(call):
                 begun = time.perf_counter()
@@ -205,9 +206,8 @@ class LatteModel:
                 pending -= len(positions)
                 if not pending and responses is None and results is None and options is None \
                         and type(positions) is range:
-                    # The whole call in one batch, every request answered with outputs: the common call.
-                    self._record_plain(call.count, read - started, begun - read, time.perf_counter() - begun)
-                    return built
+                    responses, whole = built, begun  # the whole call in one batch, all answered with outputs
+                    break
                 answered.append((self._tally(positions, results, options), begun - started))
                 if responses is None:
                     responses = [None] * call.count
@@ -216,6 +216,9 @@ class LatteModel:
         except Exception as exc:
             # A fault outside any one batch: every request not yet answered gets this error.
             responses = self._fail_rest(call, responses, answered, exc, started)
+        if whole is not None:  # the common call: its figures folded with its likes
+            self._record_plain(call.count, read - started, whole - read, time.perf_counter() - whole)
+            return responses
         engine_s = time.perf_counter() - read - responding
         if early:
             responses = [None if response is _SENT else response for response in responses]
@@ -223,16 +226,15 @@ class LatteModel:
         return responses
 
     def _place(self, requests, options, positions, built: List, responses: List, pending: int) -> bool:
-        """A batch's responses at their requests' places in the call's list, or sent now
-        through their response senders where that pays (marked _SENT there; True)."""
-        if pending and self.early.now(_top_priority(positions, options), pending,
-                                      lambda: _lowest_waiting(responses, options)):
-            self._send_early(requests, positions, built)
-            for position in positions:
-                responses[position] = _SENT
-            return True
+        """A batch's responses at their requests' places in the call's list, then sent now
+        through their response senders where that pays (each sent one marked _SENT; True).
+        Placed first, so the requests still to run are the ones without a response."""
         for position, response in zip(positions, built):
             responses[position] = response
+        if pending and self.early.now(_top_priority(positions, options), pending,
+                                      lambda: _lowest_waiting(responses, options)):
+            self._send_early(requests, positions, built, responses)
+            return True
         return False
 
     def _fail_rest(self, call, responses: Optional[List], answered: List, exc: Exception, started: float) -> List:
@@ -269,11 +271,19 @@ class LatteModel:
             batches.append((rows, model_s, failed))
         return batches
 
-    def _send_early(self, requests, positions, built: List) -> None:
-        """Send a finished batch's responses through their response senders now (EarlyAnswers)."""
+    def _send_early(self, requests, positions, built: List, responses: List) -> None:
+        """Send a finished batch's responses through their response senders now (EarlyAnswers),
+        each marked _SENT as it goes; one whose sender cannot be had stays in the returned list."""
         begun = time.perf_counter()
         for position, response in zip(positions, built):
-            self._send(requests[position].get_response_sender(), response)
+            try:
+                sender = requests[position].get_response_sender()
+            except Exception as exc:
+                self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: no response sender ({exc}); "
+                                         "the response goes back with the call")
+                continue
+            self._send(sender, response)
+            responses[position] = _SENT
         self.early.sent(len(built), time.perf_counter() - begun)
 
     def _submit(self, requests, call, started: float) -> None:

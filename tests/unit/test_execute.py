@@ -111,6 +111,40 @@ def test_early_answers_go_through_the_sender_and_leave_none_in_the_returned_list
         model.finalize()
 
 
+def test_a_batch_is_not_sent_early_for_its_own_lower_priority_request(example_repo):
+    """What is still to run decides: a finished batch of priorities 2 and 0, with only a
+    priority-2 request left, holds no priority above it, and sends do not pay here."""
+    model = load(example_repo, "sequence_onnx", respond="auto", bucket_edges="16,128", batch_planning="bucket")
+    try:
+        model.early.request_s, model.early.send_s = 0.0, 1.0  # a send costs more than a request's model time
+        rng = np.random.default_rng(8)
+        first, second, last = (InferenceRequest(EXAMPLES["sequence"].sample(1, rng, length=n),
+                                                parameters=json.dumps({"priority_level": p}) if p else "{}")
+                               for n, p in ((8, 2), (9, 0), (100, 2)))
+        responses = model.execute([first, second, last])
+        assert all(r._sender is None or not r._sender.sent for r in (first, second, last))
+        assert all(response is not None and not response.has_error() for response in responses)
+    finally:
+        model.finalize()
+
+
+def test_a_request_whose_sender_cannot_be_had_is_answered_with_the_call(example_repo):
+    model = load(example_repo, "sequence_onnx", respond="per_batch", bucket_edges="16,128", batch_planning="bucket")
+    try:
+        rng = np.random.default_rng(9)
+        short = InferenceRequest(EXAMPLES["sequence"].sample(1, rng, length=8))
+        long = InferenceRequest(EXAMPLES["sequence"].sample(1, rng, length=100))
+
+        def no_sender():
+            raise RuntimeError("the stub has no sender for this request")
+
+        short.get_response_sender = long.get_response_sender = no_sender
+        responses = model.execute([short, long])
+        assert len(responses) == 2 and all(r is not None and not r.has_error() for r in responses)
+    finally:
+        model.finalize()
+
+
 def test_async_execute_answers_leave_highest_priority_first(example_repo):
     """execute returns at once; answers wait for the one sender thread, higher priority_level first."""
     import threading
