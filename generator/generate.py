@@ -201,8 +201,37 @@ def _refuse_stall(plan: ModelPlan, templates: Optional[Path]) -> None:
         raise InvalidConfig(f"{plan.name}/config.pbtxt not written: {stall}")
 
 
+def _runs_on_cuda(runtime: str) -> bool:
+    """Whether this machine has a CUDA device and `runtime` computes on it (onnxruntime only
+    with its CUDA provider installed)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    if not torch.cuda.is_available():
+        return False
+    if runtime == "onnx":
+        import onnxruntime as ort
+
+        return "CUDAExecutionProvider" in ort.get_available_providers()
+    return True
+
+
+def profile_device(gpus: int, runtime: str, name: str, log: Callable[[str], None] = lambda line: None) -> str:
+    """Where a model of a spec is profiled, and so which instances it gets (derive): the first
+    GPU where the spec gives GPUs and the model computes on this machine's; else the CPU, said
+    in the log where the spec asked for GPUs."""
+    if gpus <= 0:
+        return "cpu"
+    if _runs_on_cuda(runtime):
+        return "cuda:0"
+    log(f"{name}: profiled on the CPU although the spec gives {gpus} GPU(s): no CUDA device here that its "
+        f"{runtime} runtime computes on, so its instances are KIND_CPU")
+    return "cpu"
+
+
 def load_or_profile(model: ModelEntry, profiles_dir: Path, log: Callable[[str], None],
-                    serving_cost: Callable[[], Optional[ServingCost]] = lambda: None) -> Profile:
+                    serving_cost: Callable[[], Optional[ServingCost]] = lambda: None, device: str = "cpu") -> Profile:
     if model.profile is not None:
         return Profile.load(model.profile)
     from latte.generator.profile import ProfileOptions, profile_model
@@ -210,15 +239,18 @@ def load_or_profile(model: ModelEntry, profiles_dir: Path, log: Callable[[str], 
     target = profiles_dir / f"{model.name}.json"
     if target.exists() and target.stat().st_mtime >= model.file.stat().st_mtime:
         kept = Profile.load(target)
-        if kept.covers_slo(model.slo_ms):
+        if kept.device != device:
+            log(f"{model.name}: profile {target} was taken on {kept.device}; this spec's model runs on {device}")
+        elif kept.covers_slo(model.slo_ms):
             log(f"{model.name}: reusing profile {target}")
             return kept
-        log(f"{model.name}: profile {target} stops at {kept.max_latency_ms:g} ms a call, short of this SLO's "
-            f"{latency_ceiling_ms(model.slo_ms):g} ms")
+        else:
+            log(f"{model.name}: profile {target} stops at {kept.max_latency_ms:g} ms a call, short of this SLO's "
+                f"{latency_ceiling_ms(model.slo_ms):g} ms")
     log(f"{model.name}: profiling {model.file} (no profile in the spec)")
     inputs = [{"name": t.name, "data_type": t.data_type, "dims": t.dims} for t in model.inputs or []]
     profile = profile_model(model.file, ProfileOptions(runtime=model.runtime, intra_op_threads=model.intra_op_threads,
-                                                       inputs=inputs or None, slo_ms=model.slo_ms))
+                                                       inputs=inputs or None, slo_ms=model.slo_ms, device=device))
     profile.serving = serving_cost()
     profiles_dir.mkdir(parents=True, exist_ok=True)
     profile.save(target)
@@ -302,8 +334,10 @@ def derive_fused(spec: PipelineSpec, repo: Path, fusions: Mapping[str, Fusion], 
             else:
                 log(f"{model.name}: profiling the fused model ({' -> '.join(model.steps)})")
                 threads = int(model.context["parameters"].get("intra_op_threads", "1"))
+                on_gpu = model.context["instance_groups"][0]["kind"] == "KIND_GPU"  # the device its steps chose
                 profile = profile_model(repo / model.name / "1" / GRAPH_FILE,
-                                        ProfileOptions(runtime="graph", intra_op_threads=threads, slo_ms=slo))
+                                        ProfileOptions(runtime="graph", intra_op_threads=threads, slo_ms=slo,
+                                                       device="cuda:0" if on_gpu else "cpu"))
                 profile.serving = serving
                 profiles_dir.mkdir(parents=True, exist_ok=True)
                 path = profile.save(profiles_dir / f"{model.name}.json")
@@ -346,7 +380,8 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
         if model.backend == "python":
             plans.append(plan_python_model(model))
         else:
-            profile = load_or_profile(model, profiles_dir, log, serving_cost)
+            profile = load_or_profile(model, profiles_dir, log, serving_cost,
+                                      profile_device(spec.gpus, model.runtime, model.name, log))
             plans.append(plan_latte_model(spec, model, profile))
         add_versions_and_cache(spec, plans[-1], model)
     interfaces = {p.name: _interface(p) for p in plans}

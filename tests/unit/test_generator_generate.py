@@ -256,3 +256,34 @@ def test_a_kept_profile_is_reused_only_when_its_sweep_reached_the_slo(sequence_p
     assert [options.ceiling_ms for options in asked] == [20.0]
     assert lines[1] == (f"encoder: profile {profiles / 'encoder.json'} stops at 10 ms a call, short of this "
                         "SLO's 20 ms")
+
+
+def test_a_spec_with_gpus_profiles_its_models_on_the_gpu_where_they_compute_there(sequence_pipeline, tmp_path,
+                                                                                 monkeypatch):
+    import latte.generator.generate as generating
+    import latte.generator.profile as profiling
+    from latte.generator.generate import load_or_profile, profile_device
+    from latte.generator.profile_data import Profile
+    from latte.generator.spec import ModelEntry
+
+    lines = []
+    monkeypatch.setattr(generating, "_runs_on_cuda", lambda runtime: runtime != "onnx")
+    assert profile_device(0, "torchscript", "encoder", lines.append) == "cpu" and lines == []
+    assert profile_device(1, "torchscript", "encoder", lines.append) == "cuda:0"
+    assert profile_device(1, "onnx", "encoder", lines.append) == "cpu"
+    assert lines == ["encoder: profiled on the CPU although the spec gives 1 GPU(s): no CUDA device here that its "
+                     "onnx runtime computes on, so its instances are KIND_CPU"]
+
+    # A kept profile taken on another device is not reused: the model is profiled where it runs.
+    kept = Profile.load(sequence_pipeline / "encoder.json")
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    kept.save(profiles / "encoder.json")
+    asked = []
+    monkeypatch.setattr(profiling, "profile_model", lambda file, options: asked.append(options) or kept)
+    entry = ModelEntry(name="encoder", backend="latte", file=tmp_path / "model.pt", path=(), slo_ms=20.0)
+    entry.file.touch()
+    (profiles / "encoder.json").touch()
+    load_or_profile(entry, profiles, lines.append, device="cuda:0")
+    assert [options.device for options in asked] == ["cuda:0"]
+    assert lines[-2] == f"encoder: profile {profiles / 'encoder.json'} was taken on cpu; this spec's model runs on cuda:0"
