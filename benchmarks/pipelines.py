@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/pipelines.py [--pipeline text,image,branching] [--rounds 3]
                                              [--concurrency 1,16,64] [--measurement-ms 2000]
+                                             [--format onnx|torchscript] [--gpus N] [--budget-s S]
                                              [--decompose] [--out results.json]
                                              [--results-dir benchmarks/results]
 
@@ -44,6 +45,7 @@ from typing import Dict, List
 from google.protobuf import text_format
 
 from latte.bench import cpu
+from latte.bench.budget import another_round_fits
 from latte.bench.prometheus_scrape import scrape, split_key
 from latte.bench.quiet import wait_until_quiet
 from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary
@@ -121,11 +123,18 @@ def step_counters(metrics_url: str, model: str) -> Dict[str, float]:
     return found
 
 
+def results_variant(args) -> str:
+    """Another format, or the GPU, is a results file (and charts) of its own beside the page's
+    CPU figures: "", "-torchscript", "-torchscript-gpu"."""
+    return ("" if args.format == "onnx" else f"-{args.format}") + ("-gpu" if args.gpus else "")
+
+
 def run_pipeline(name: str, args, work: Path) -> dict:
     example = PIPELINES[name]
     levels = [int(x) for x in args.concurrency.split(",")]
     top = max(levels)
-    repo, names = side_by_side(work / name, name, slo_ms=SLO_MS, log=lambda line: print(f"  {line}", flush=True))
+    repo, names = side_by_side(work / name, name, slo_ms=SLO_MS, log=lambda line: print(f"  {line}", flush=True),
+                               model_format=args.format, gpus=args.gpus)
     names["stock"] = add_python_contender(repo, names["fused"], f"{names['fused']}_stock", "stock_pipeline_model.py",
                                           with_graph=True)
     names["echo"] = add_python_contender(repo, names["fused"], f"{names['fused']}_echo", "zeros_python_model.py",
@@ -142,7 +151,12 @@ def run_pipeline(name: str, args, work: Path) -> dict:
     cpu_us = {role: {level: [] for level in levels} for role in names}
     decomposed = []
     with TritonServer(repo, log_path=work / f"{name}-tritonserver.log") as server:
+        measuring_since, rounds_done = time.monotonic(), 0
         for round_ in range(args.rounds):
+            if not another_round_fits(measuring_since, round_, args.budget_s):
+                print(f"  stopping after {round_} round(s): another would pass --budget-s {args.budget_s:g}", flush=True)
+                break
+            rounds_done += 1
             order = list(ROLES[round_ % 3:] + ROLES[:round_ % 3])
             for role in order + ["echo"]:
                 for level in (levels if role != "echo" else [top]):
@@ -173,7 +187,7 @@ def run_pipeline(name: str, args, work: Path) -> dict:
         return median([getattr(p, field) for p in points[role][level]])
 
     result = {"pipeline": name, "load_average_at_start": load_at_start, "slo_ms": SLO_MS, "levels": levels,
-              "rounds": args.rounds, "models": names, "in_process": limit,
+              "rounds": rounds_done, "models": names, "in_process": limit, "variant": results_variant(args),
               "points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
                          for role, by_level in points.items()},
               "cpu_us_per_request": {role: {str(level): ps for level, ps in by_level.items()}
@@ -290,7 +304,8 @@ def summarize(results: List[dict]) -> dict:
                _verdict([r["fused_vs_stock"] for r in results], lambda v: v >= TARGET_VS_STOCK),
                why="the serving cost both pay, not the steps, bounds it: see the CPU per request"),
     ]
-    charts = [Chart(name=f"pipeline-{r['pipeline']}", title=f"{r['pipeline']} pipeline: throughput against P99",
+    charts = [Chart(name=f"pipeline-{r['pipeline']}{r.get('variant', '')}",
+                    title=f"{r['pipeline']} pipeline: throughput against P99",
                     x_label="P99 latency (ms)", y_label="infer/s",
                     series=[Series({"fused": "fused (latte)", "ensemble": "Triton ensemble",
                                     "stock": "stock Python, steps by hand"}[role],
@@ -318,6 +333,16 @@ def main(argv=None) -> int:
     parser.add_argument("--pipeline", default="text,image,branching",
                         help=f"comma-separated, from {', '.join(PIPELINES)} (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
+    parser.add_argument("--format", choices=("onnx", "torchscript"), default="onnx",
+                        help="the files the pipelines' models are served from (torchscript: torch steps, which keep "
+                             "a GPU's intermediates on it; the stock contender and H use the ONNX files on the CPU; "
+                             "default: %(default)s)")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="stop before a round that would end past this many seconds of measuring a pipeline "
+                             "(default: no budget)")
+    parser.add_argument("--gpus", type=int, default=0,
+                        help="the spec's resources: with GPUs, latte models are profiled and served on the first "
+                             "(default: %(default)s)")
     parser.add_argument("--concurrency", default="1,16,64",
                         help="perf_analyzer concurrency levels; the best within the SLO counts (default: %(default)s)")
     parser.add_argument("--measurement-ms", type=int, default=2000, help="default: %(default)s")
@@ -331,7 +356,10 @@ def main(argv=None) -> int:
     if unknown or args.rounds < 1:
         parser.error(f"unknown pipeline(s) {unknown}; choose from {', '.join(PIPELINES)}" if unknown
                      else "--rounds must be >= 1")
-    started = new_results("pipelines", "pipelines", "Fused pipelines against Triton's ensemble and the stock loop",
+    variant = results_variant(args)
+    started = new_results(f"pipelines{variant}", "gpu" if args.gpus else "pipelines",
+                          "Fused pipelines against Triton's ensemble and the stock loop"
+                          + (f" ({args.format} models" + (", on the GPU)" if args.gpus else ")") if variant else ""),
                           command_line("benchmarks/pipelines.py", argv), None, HERE)
     results = run_each(names, run_pipeline, args, "latte-pipelines-")
     print_results(results)

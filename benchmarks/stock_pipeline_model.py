@@ -2,14 +2,16 @@
 pipeline's steps itself, in one `execute`, one request at a time, as a user would write it.
 
 It reads the same graph.json (and step files) the fused latte model runs, calls the same step
-functions and runs the same ONNX files through onnxruntime on one intra-op thread, so the
-comparison measures how the steps are run, not what they compute.
+functions and runs the same model files on the CPU on one intra-op thread (ONNX through
+onnxruntime, TorchScript through torch), so the comparison measures how the steps are run, not
+what they compute.
 """
 
 import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
@@ -19,6 +21,21 @@ def _load(path: Path, name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _torchscript(path: Path):
+    """A TorchScript step on the CPU, one intra-op thread, as the ONNX ones: arrays in, arrays out."""
+    import torch
+
+    torch.set_num_threads(1)
+    module = torch.jit.load(str(path), map_location="cpu").eval()
+
+    def run(*arrays):
+        with torch.inference_mode():
+            result = module(*(torch.from_numpy(np.ascontiguousarray(array)) for array in arrays))
+        return [r.numpy() for r in (result if isinstance(result, (tuple, list)) else (result,))]
+
+    return run
 
 
 class TritonPythonModel:
@@ -33,6 +50,8 @@ class TritonPythonModel:
             outputs = [t["name"] for t in config["output"]]
             if config.get("backend") == "python":
                 run = getattr(_load(folder / "model.py", step["name"]), step["function"])
+            elif config["parameters"]["model_file"]["string_value"].endswith(".pt"):
+                run = _torchscript(folder / config["parameters"]["model_file"]["string_value"])
             else:
                 options = ort.SessionOptions()
                 options.intra_op_num_threads = 1

@@ -16,7 +16,9 @@
 #      on the same GPU one request at a time (benchmarks/serving.py, interleaved rounds);
 #   2. the sequence encoder, the same way;
 #   3. the arena against the caching allocator under the server, and fp16 through the accuracy
-#      gate (benchmarks/gpu_served.py).
+#      gate (benchmarks/gpu_served.py);
+#   4. the fused text pipeline against its Triton ensemble, its encoder TorchScript on the GPU
+#      (benchmarks/pipelines.py --format torchscript --gpus 1).
 # Back under $OUT: log.txt (everything printed), env.txt, results.tar.gz (benchmarks/results
 # files and the servers' logs). Unpack results.tar.gz into benchmarks/results and render the page
 # with `.venv/bin/python -m latte.bench.page`.
@@ -42,15 +44,17 @@ if [ ! -f "$archive" ]; then
   echo "gpu_serve: $archive is missing; build it with: python3 scripts/gpu_pack.py --python $pyver"
   exit 2
 fi
-# Seconds of measuring per part (RANKER_S, SEQUENCE_S, MEMORY_S; 0 leaves a part out) and the
-# served-memory run's windows at most (MEMORY_WINDOWS).
+# Seconds of measuring per part (RANKER_S, SEQUENCE_S, MEMORY_S, PIPELINE_S; 0 leaves a part out)
+# and the served-memory run's windows at most (MEMORY_WINDOWS).
 if [ "$rehearse" = 1 ]; then
-  kind=KIND_CPU; ranker_s=${RANKER_S:-20}; sequence_s=${SEQUENCE_S:-20}; memory_s=${MEMORY_S:-20}
+  kind=KIND_CPU; gpus=0; ranker_s=${RANKER_S:-20}; sequence_s=${SEQUENCE_S:-20}; memory_s=${MEMORY_S:-20}
+  pipeline_s=${PIPELINE_S:-20}
 else
-  kind=KIND_GPU; ranker_s=${RANKER_S:-95}; sequence_s=${SEQUENCE_S:-110}; memory_s=${MEMORY_S:-55}
+  kind=KIND_GPU; gpus=1; ranker_s=${RANKER_S:-95}; sequence_s=${SEQUENCE_S:-110}; memory_s=${MEMORY_S:-55}
+  pipeline_s=${PIPELINE_S:-60}
 fi
 memory_windows=${MEMORY_WINDOWS:-4}
-for name in ranker_s sequence_s memory_s memory_windows; do
+for name in ranker_s sequence_s memory_s pipeline_s memory_windows; do
   [[ "${!name}" =~ ^[0-9]+$ ]] || { echo "gpu_serve: ${name^^} must be a whole number of seconds (or windows), got ${!name}"; exit 2; }
 done
 
@@ -101,28 +105,32 @@ say "ready"
 export LATTE_QUIET_WAIT_S=0 PYTHONUNBUFFERED=1
 # The page names the command as it was typed, its settings included.
 settings=""
-for name in RANKER_S SEQUENCE_S MEMORY_S MEMORY_WINDOWS; do
+for name in RANKER_S SEQUENCE_S MEMORY_S PIPELINE_S MEMORY_WINDOWS; do
   [ -n "${!name:-}" ] && settings+="$name=${!name} "
 done
 export LATTE_RESULTS_COMMAND="${settings}scripts/gpu_serve.sh"
-measure() {  # name, seconds of measuring, command: stopped past them plus a minute for loads and builds
-  local name="$1" budget="$2"; shift 2
+measure() {  # name, seconds of measuring, seconds of loads and builds before it, command: stopped past both
+  local name="$1" budget="$2" setup="$3"; shift 3
   [ "$budget" -gt 0 ] || { say "$name: left out"; return; }
-  local limit=$((budget + 70))
+  local limit=$((budget + setup))
   say "$name: at most ${limit}s"
   # SIGINT, not SIGTERM: Python unwinds its `with TritonServer` and stops the server it started,
   # which would otherwise keep the GPU and the ports while the next part measures.
   timeout -s INT -k 30 "$limit" "$@"
   say "$name: exit $?"
 }
-measure ranker "$ranker_s" "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
+measure ranker "$ranker_s" 70 "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,32,128 --measurement-ms 1000 --budget-s "$ranker_s" \
   --results-dir "$root/results"
-measure sequence "$sequence_s" "$venv/bin/python" benchmarks/serving.py --model sequence --runtime torchscript \
+measure sequence "$sequence_s" 70 "$venv/bin/python" benchmarks/serving.py --model sequence --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 --budget-s "$sequence_s" \
   --results-dir "$root/results"
-measure served-memory "$memory_s" "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
+measure served-memory "$memory_s" 70 "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
   --budget-s "$memory_s" --windows "$memory_windows" --results-dir "$root/results"
+# The pipeline's repository is generated (its models profiled, the fused one too) before it measures.
+measure pipeline "$pipeline_s" 170 "$venv/bin/python" benchmarks/pipelines.py \
+  --pipeline text --format torchscript --gpus "$gpus" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 \
+  --budget-s "$pipeline_s" --results-dir "$root/results"
 
 mkdir -p "$root/results/logs"
 find /tmp -maxdepth 2 -name '*tritonserver.log' -newer "$root/venv" -exec cp {} "$root/results/logs/" \; 2>/dev/null

@@ -32,8 +32,8 @@ TEXT_MODELS = """\
     inputs:  [{{name: TEXT, data_type: TYPE_STRING, dims: [1]}}]
     outputs: [{{name: TOKENS, data_type: TYPE_INT64, dims: [-1]}}]
   - name: encoder
-    file: sequence/model.onnx
-    slo_ms: {slo_ms}
+    file: sequence/{model_file}
+{interface_encoder}    slo_ms: {slo_ms}
 {profile_encoder}  - name: normalize
     file: normalize.py
     function: normalize
@@ -45,7 +45,7 @@ TEXT_MODELS = """\
 """
 
 TEXT = """\
-resources: {{cores: {cores}}}
+resources: {{cores: {cores}, gpus: {gpus}}}
 models:
 """ + TEXT_MODELS + """\
 ensembles:
@@ -62,12 +62,12 @@ ensembles:
 """
 
 BRANCHING = """\
-resources: {{cores: {cores}}}
+resources: {{cores: {cores}, gpus: {gpus}}}
 models:
 """ + TEXT_MODELS + """\
   - name: topics
-    file: topics/model.onnx
-    slo_ms: {slo_ms}
+    file: topics/{model_file}
+{interface_topics}    slo_ms: {slo_ms}
 {profile_topics}ensembles:
   - name: embed_and_tag
     samples: samples.json
@@ -84,7 +84,7 @@ models:
 """
 
 IMAGE = """\
-resources: {{cores: {cores}}}
+resources: {{cores: {cores}, gpus: {gpus}}}
 models:
   - name: decode
     file: decode.py
@@ -93,8 +93,8 @@ models:
     inputs:  [{{name: IMAGE, data_type: TYPE_STRING, dims: [1]}}]
     outputs: [{{name: PIXELS, data_type: TYPE_FP32, dims: [3, 32, 32]}}]
   - name: cnn
-    file: cnn/model.onnx
-    slo_ms: {slo_ms}
+    file: cnn/{model_file}
+{interface_cnn}    slo_ms: {slo_ms}
 {profile_cnn}  - name: classify
     file: classify.py
     function: classify
@@ -174,13 +174,25 @@ def _load_step(name: str):
     return module
 
 
+def _interface_lines(example) -> str:
+    """A spec model's inputs and outputs, as an example model declares them."""
+    def tensors(found) -> str:
+        return ", ".join(f"{{name: {t.name}, data_type: {t.data_type}, dims: {list(t.dims)}"
+                         + (", ragged: true" if t.ragged else "") + "}" for t in found)
+
+    return f"    inputs:  [{tensors(example.inputs)}]\n    outputs: [{tensors(example.outputs)}]\n"
+
+
 def write_pipeline(directory: Path, slo_ms: float = 50.0, cores: int = 2, profile: Optional[Path] = None,
-                   export_model: bool = True, name: str = "text", profiles: Optional[Dict[str, Path]] = None) -> Path:
+                   export_model: bool = True, name: str = "text", profiles: Optional[Dict[str, Path]] = None,
+                   model_format: str = "onnx", gpus: int = 0) -> Path:
     """Lay out an example pipeline's files and spec in directory; returns the spec path.
     `profiles` maps latte models and ensembles of the spec (encoder, cnn, topics, and the fused
     embed_text, classify_image, embed_and_tag) to profiles that spare profiling them; `profile`
-    is the first model's (the encoder's, or the CNN's)."""
-    from latte.examples import CATALOG, export
+    is the first model's (the encoder's, or the CNN's). `model_format` names the models' files
+    the spec serves (onnx, or torchscript: torch steps, which keep a GPU's intermediates on it);
+    `gpus` is the spec's resources."""
+    from latte.examples import CATALOG, FORMATS, export
 
     example = PIPELINES[name]
     directory = Path(directory)
@@ -201,7 +213,11 @@ def write_pipeline(directory: Path, slo_ms: float = 50.0, cores: int = 2, profil
     lines = {f"profile_{model}": f"    profile: {given[model]}\n" if model in given else ""
              for model in ("encoder", "cnn", "topics", "embed_text", "classify_image", "embed_and_tag")}
     spec = directory / "pipeline.yaml"
-    spec.write_text(example.spec.format(cores=cores, slo_ms=slo_ms, **lines))
+    # An ONNX file says its inputs and outputs; a TorchScript file does not, so the spec does.
+    for model, exported in (("encoder", "sequence"), ("topics", "topics"), ("cnn", "cnn")):
+        lines[f"interface_{model}"] = _interface_lines(CATALOG[exported]) if model_format != "onnx" else ""
+    spec.write_text(example.spec.format(cores=cores, gpus=gpus, slo_ms=slo_ms, model_file=FORMATS[model_format],
+                                        **lines))
     return spec
 
 
@@ -239,7 +255,8 @@ class InProcess:
 
 
 def side_by_side(directory: Path, name: str = "text", slo_ms: float = 50.0, cores: int = 2,
-                 log: Callable[[str], None] = lambda line: None) -> Tuple[Path, Dict[str, str]]:
+                 log: Callable[[str], None] = lambda line: None, model_format: str = "onnx",
+                 gpus: int = 0) -> Tuple[Path, Dict[str, str]]:
     """One repository serving an example pipeline twice: fused, under the ensemble's name (as
     `latte generate` renders it), and as Triton's ensemble of the same step models (as
     `latte generate --no-fuse` renders it), named <ensemble>_ensemble. Returns the repository
@@ -251,7 +268,8 @@ def side_by_side(directory: Path, name: str = "text", slo_ms: float = 50.0, core
 
     directory = Path(directory)
     example = PIPELINES[name]
-    spec = write_pipeline(directory / "files", slo_ms=slo_ms, cores=cores, name=name)
+    spec = write_pipeline(directory / "files", slo_ms=slo_ms, cores=cores, name=name, model_format=model_format,
+                          gpus=gpus)
     repo, plain = directory / "repo", directory / "plain"
     generate(spec, repo, log=log)
     generate(spec, plain, fuse=False)  # the profiles and calibration the first run kept
