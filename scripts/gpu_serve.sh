@@ -3,7 +3,7 @@
 # "Served on the GPU"):
 #
 #   OUT=build/gpu scripts/gpu_serve.sh              # on the GPU machine, KIND_GPU
-#   scripts/gpu_serve.sh --rehearse                 # here: the same steps, KIND_CPU, 60 s of measuring
+#   PYTHON=.venv/bin/python scripts/gpu_serve.sh --rehearse   # here: the same steps, KIND_CPU
 #
 # What tritonserver needs travels as one archive built from pinned wheels by
 # `python3 scripts/gpu_pack.py --python X.Y` (build/gpu-pack/triton-pyX.Y.tar.xz, X.Y the
