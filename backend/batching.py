@@ -261,8 +261,9 @@ def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray],
     """Per-request outputs, in the order of the batch's requests.
 
     A ragged output is cut to each request's own length: the longest of its rows' lengths the
-    runtime says (`own`, each row's, as a graph of steps says it), else, for an output dimension declared -1 whose size equals the padded
-    length, the request's own input length, so per-token outputs come back un-padded.
+    runtime says (`own`, each row's, as a graph of steps says it), else, for an output
+    dimension declared -1 whose size equals the padded length, the request's own input length,
+    so per-token outputs come back un-padded.
     """
     if not spec.signature.batched:
         return [outputs]

@@ -250,8 +250,11 @@ class GraphRuntime(Runtime):
         if not self._ragged_inputs:
             return {name: Value(array) for name, array in batch.inputs.items()}
         lengths = np.asarray(batch.lengths, dtype=np.int64) if batch.lengths is not None else None
-        return {name: Value(array, self._input_axes.get(name, ()), lengths if self._input_axes.get(name) else None)
-                for name, array in batch.inputs.items()}
+        values = {}
+        for name, array in batch.inputs.items():
+            axes = self._input_axes.get(name, ())
+            values[name] = Value(array, axes, lengths if axes else None)
+        return values
 
     def _step(self, index: int, values: Dict[str, Value], members, check: bool) -> Dict[str, Value]:
         """Run one step on what it reads: what it made, by its own names."""
