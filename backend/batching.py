@@ -256,6 +256,21 @@ def pad_bytes(value: float, dtype: np.dtype) -> bytes:
     return cached
 
 
+def conform_outputs(outputs: Dict[str, np.ndarray], dtypes: Optional[Dict[str, np.dtype]],
+                    rows: Optional[int]) -> Dict[str, np.ndarray]:
+    """A model call's outputs as the model declares them: each output of a declared type
+    (`dtypes`) a numpy array of that type (a framework's tensor, or another type, converted), and
+    each one `rows` rows long (None: the model does not batch). Raises when rows are missing,
+    naming the output."""
+    for name, array in outputs.items():
+        dtype = None if dtypes is None else dtypes.get(name)
+        if dtype is not None and (type(array) is not np.ndarray or (array.dtype is not dtype and array.dtype != dtype)):
+            array = outputs[name] = np.asarray(array, dtype=dtype)
+        if rows is not None and (array.ndim == 0 or array.shape[0] != rows):
+            raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {rows} rows for this batch")
+    return outputs
+
+
 def split(spec: ModelSpec, batch: Batch, outputs: Dict[str, np.ndarray],
           own: Optional[Dict[str, Sequence[int]]] = None) -> List[Dict[str, np.ndarray]]:
     """Per-request outputs, in the order of the batch's requests.

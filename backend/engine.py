@@ -9,13 +9,13 @@ from typing import Callable, Deque, Dict, Iterable, Iterator, List, NamedTuple, 
 
 import numpy as np
 
-from latte.backend.batching import Batch, affinity_key, assemble, assemble_columns, ragged_length, row_views, split
+from latte.backend.batching import (Batch, affinity_key, assemble, assemble_columns, conform_outputs, ragged_length,
+                                    row_views, split)
 from latte.backend.config import ModelSpec
 from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
 from latte.backend.planner import BatchPlanner
 from latte.backend.requests import Call, ParsedRequest, requests_call
-from latte.backend.runtimes import Runtime
 from latte.backend.sessions import SessionStore
 
 Result = Union[Dict[str, np.ndarray], Exception]
@@ -115,12 +115,16 @@ _MAX_RECORDS = 1 << 16
 
 
 class BatchEngine:
-    def __init__(self, spec: ModelSpec, runtime: Runtime, planner: Optional[BatchPlanner] = None,
+    """Runs calls on a model's graph of steps (graph.Graph: a plain model is a graph of one
+    model step), planned by the model's one planner: the graph's own for a graph of one model
+    step, else one of the model's spec."""
+
+    def __init__(self, spec: ModelSpec, graph, planner: Optional[BatchPlanner] = None,
                  sessions: Optional[SessionStore] = None, session_input: Optional[str] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
-        self.runtime = runtime
-        self.planner = planner or BatchPlanner(spec)
+        self.graph = graph
+        self.planner = planner or graph.planner or BatchPlanner(spec)
         self.sessions = sessions
         self.session_input = session_input
         self.clock = clock
@@ -329,24 +333,15 @@ class BatchEngine:
 
     def run(self, batch: Batch, started: Optional[float] = None
             ) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, Sequence[int]]]]:
-        """The one batch runner: the batch through the model (the one place a batch meets its
-        runtime, or the graph of steps it runs), its outputs checked to hold its rows, and
-        recorded. Gives the outputs and each row's own length of ragged ones where the runtime
-        says them (Runtime.run_batch). Raises when the model fails; callers isolate
-        what failed."""
+        """The one batch runner: the batch through the model's graph (the one place a batch
+        meets the model; a plain model's graph is its one step), its outputs conformed to the
+        declared types and checked to hold its rows, and recorded. Gives the outputs and each
+        row's own length of ragged ones where the graph says them. Raises when the model
+        fails; callers isolate what failed."""
         called = self.clock()
-        outputs, lengths = self.runtime.run_batch(batch)
+        outputs, lengths = self.graph.run_batch(batch)
         ran = self.clock()
-        total = batch.rows if self._batched else None
-        for name, array in outputs.items():
-            dtype = self._out_dtypes.get(name)
-            if dtype is not None and (type(array) is not np.ndarray
-                                      or (array.dtype is not dtype and array.dtype != dtype)):
-                # A framework's tensor, or another type than declared: numpy of the declared one.
-                array = outputs[name] = np.asarray(array, dtype=dtype)
-            if total is not None and (array.ndim == 0 or array.shape[0] != total):
-                raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {total} rows "
-                                   "for this batch")
+        conform_outputs(outputs, self._out_dtypes, batch.rows if self._batched else None)
         if self.recording:
             self.records.append((batch.rows, len(batch.member_rows), batch.padded_length,
                                  ran - (called if started is None else started), False, ran - called))

@@ -2,8 +2,9 @@
 
 It owns what a plan depends on (the model's signature and serving options, its shape
 buckets, its cost model, measured at load on the path that serves) and decides once per call
-whether the call fits one batch. A served model's engine and a model step inside a graph each
-hold one, so the same model takes the same plan for the same requests wherever it runs.
+whether the call fits one batch. Each model step holds one, and a plain model (a graph of one
+model step) is planned by its step's, so the same model takes the same plan for the same
+requests wherever it runs.
 """
 
 from __future__ import annotations

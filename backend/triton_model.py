@@ -17,11 +17,11 @@ from latte.backend.config import parse_args, parse_model_config, thread_budget_w
 from latte.backend.engine import BatchEngine, ModelError, model_failure
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
-from latte.backend.precision import load_at_precision
+from latte.backend.graph.graph import load_model
 from latte.backend.requests import RequestError, RequestReader
 from latte.backend.responses import EarlyAnswers, ResponseBuilder
 from latte.backend.sessions import SessionStore
-from latte.backend.warmup import measure_cost_model, warmup_calls, warmup_shapes
+from latte.backend.warmup import measure_cost_model, warmup_calls
 from latte.bench.procmem import rss_bytes
 from latte.memory import BuddyArena
 
@@ -77,7 +77,7 @@ class LatteModel:
         self.arena = BuddyArena(spec.serving.arena_bytes, "cpu")
         memory_resource.use(self.arena.empty)
         device_memory.use(spec.serving)  # before the model's first CUDA tensor
-        self.runtime = self.dispatcher = self.publisher = self._sender = None
+        self.graph = self.dispatcher = self.publisher = self._sender = None
         self._serving = False  # set once loaded: warm-up's batches are not served ones
         try:
             self._load(args)
@@ -88,13 +88,13 @@ class LatteModel:
     def _load(self, args) -> None:
         spec, pb = self.spec, self.pb
         signature, serving = spec.signature, spec.serving
-        self.runtime, accuracy = load_at_precision(spec, warmup_shapes(spec))
+        self.graph, accuracy = load_model(spec)  # a plain model is a graph of one model step
         if accuracy is not None:
             pb.Logger.log_info(f"latte: {signature.name}: {accuracy.text()}")
         self.sessions = self._sessions()
         self.metrics = BackendMetrics()
         self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
-        self.engine = BatchEngine(spec, self.runtime, sessions=self.sessions, session_input=serving.session_input)
+        self.engine = BatchEngine(spec, self.graph, sessions=self.sessions, session_input=serving.session_input)
         if serving.scheduler == "affinity":
             window = serving.batch_window_us / 1e6 if serving.async_execute else 0.0
             self.dispatcher = self.engine.dispatcher = LaneDispatcher(self.engine, serving.lanes, lane_cpus(spec),
@@ -147,7 +147,7 @@ class LatteModel:
         # the collector's sight, a full collection no longer walks it (~15 ms pauses in the
         # request path, measured in process with onnxruntime loaded).
         gc.freeze()
-        described = self.runtime.describe()
+        described = self.graph.describe()
         steps = f", {described}" if described else ""
         self.pb.Logger.log_info(
             f"latte: {signature.name} ready ({signature.runtime}, {signature.model_path.name}{steps}, "
@@ -157,7 +157,7 @@ class LatteModel:
             f"batch planning={planning})")
 
     def _warmup(self) -> int:
-        samples = self.runtime.samples()
+        samples = self.graph.samples()
         calls = warmup_calls(self.spec, samples)
         for requests in calls:
             for outcome in self.engine.infer(requests):
@@ -370,7 +370,7 @@ class LatteModel:
         device = device_memory.figures(self.spec.serving)
         if device is not None:
             self.metrics.device_memory(*device)
-        self.metrics.steps(self.runtime.step_figures())
+        self.metrics.steps(self.graph.step_figures())
         if self.sessions is not None:
             self.sessions.reap()
             s = self.sessions.stats()
@@ -386,7 +386,7 @@ class LatteModel:
         for part, stop in (("metrics publisher", self.publisher and self.publisher.close),
                            ("scheduler lanes", self.dispatcher and self.dispatcher.close),
                            ("response sender", self._sender and self._stop_sender),
-                           ("runtime", self.runtime and self.runtime.close)):
+                           ("model", self.graph and self.graph.close)):
             if stop:
                 try:
                     stop()

@@ -51,7 +51,7 @@ from latte.backend.engine import BatchEngine
 from latte.backend.requests import ParsedRequest
 from latte.bench.quiet import wait_until_quiet
 from latte.bench.results import Table, Target, command_line, new_results, write_summary
-from latte.backend.runtimes import load_runtime
+from latte.backend.graph.graph import load_model
 from latte.backend.warmup import measure_cost_model, warmup_calls
 from latte.examples import EXAMPLES, export, model_context
 from latte.generator.model_folder import write_model
@@ -74,12 +74,11 @@ def build_engine(repo: Path, model_file: Path, name: str, parameters: dict):
     model_dir = write_model(repo, context, {"model.onnx": model_file})
     config = MessageToDict(parse_config_file(model_dir / "config.pbtxt"), preserving_proto_field_name=True)
     spec = parse_model_config(config, model_dir, "1")
-    signature, serving = spec.signature, spec.serving
-    runtime = load_runtime(signature.runtime, signature.model_path, [t.name for t in signature.inputs],
-                           [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)
+    serving = spec.serving
     arena = BuddyArena(serving.arena_bytes, "cpu")
     memory_resource.use(arena.empty)
-    engine = BatchEngine(spec, runtime)
+    graph, _ = load_model(spec)  # a plain model: a graph of one model step
+    engine = BatchEngine(spec, graph)
     engine.arena = arena  # keeps the arena alive as long as the engine
     # What LatteModel does at load.
     if serving.warmup:

@@ -199,7 +199,7 @@ def time_cold_calls(sizes) -> int:
 
     model = identity_model()
     model.publisher.close()
-    run = model.runtime.run
+    run = model.graph.steps[0].runtime.run
     floor = least_call(model, StandinStub)
     evict = np.zeros(_EVICT_BYTES, np.uint8)
     print(f"{'requests/call':>13} {'':>8} {'warm us':>8} {'cold us':>8} {'cold/warm':>10}")
@@ -234,7 +234,7 @@ def least_call(model, pb):
     from latte._native import inspect_arrays, pack_arrays
 
     rule = model.reader._rules["INPUT0"]
-    run = model.runtime.run
+    run = model.graph.steps[0].runtime.run
     Tensor, InferenceResponse = pb.Tensor, pb.InferenceResponse
     pad = bytes(4)
 

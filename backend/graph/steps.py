@@ -1,9 +1,11 @@
 """The steps a graph runs, behind one small interface: `run(values, members) -> values`.
 
-- ModelStep: an ONNX, TorchScript or torch.export model, planned and run as the same model
-  served alone is: its BatchEngine's planner cuts a ragged tensor by its rows' lengths into
-  sub-batches (cost model measured at load on that engine's runner), each padded to its
-  longest row and run by that engine's one batch runner, the outputs put back in row order.
+- ModelStep: an ONNX, TorchScript or torch.export model. A plain model is a graph of one
+  model step; inside a larger graph the step plans as that model served alone does: its
+  planner cuts a ragged tensor by its rows' lengths into sub-batches (the cost model measured
+  at load by serving the step alone, a graph of one step), each padded to its longest row,
+  run and checked as the engine runs and checks a served batch, the outputs put back in row
+  order.
 - FunctionStep: a plain Python function on batch arrays, called once per batch.
 - python_model.PythonModelStep: an unchanged TritonPythonModel, called in process.
 
@@ -17,10 +19,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from latte.backend.batching import Batch
+from latte.backend.batching import Batch, conform_outputs
 from latte.backend.config import ModelSpec, TensorSpec
-from latte.backend.engine import BatchEngine
 from latte.backend.errors import RequestError
+from latte.backend.planner import BatchPlanner
 from latte.backend.graph.values import Value, gather, measure_lengths, repadded, scatter, variable_axes
 from latte.backend.runtimes.base import Runtime
 
@@ -64,32 +66,47 @@ class ModelStep(Step):
     def __init__(self, name: str, spec: ModelSpec, runtime: Runtime) -> None:
         signature, serving = spec.signature, spec.serving
         super().__init__(name, signature.inputs, signature.outputs, serving.pad_value)
+        self.spec = spec
         self.runtime = runtime
-        # The engine the same model served alone has: its planner (buckets, a cost model measured
-        # at load by measure) and its batch runner run the step's sub-batches.
-        self.engine = BatchEngine(spec, runtime)
-        self.engine.recording = False  # the graph counts its steps' figures itself
+        # The model's one planner: the engine's own when the model is served alone (a graph of
+        # this one step), so the same model takes the same plan for the same requests.
+        self.planner = BatchPlanner(spec)
         self.max_length = serving.max_sequence_length
+        self._out_dtypes = {t.name: t.dtype for t in signature.outputs}
         # A torch runtime takes tensors, and hands its outputs on as tensors on its device when
         # every reader of them is a torch step of that device (the graph decides: keeps_tensors).
-        self.device = str(getattr(runtime, "device", "cpu"))
+        self.device = str(runtime.device)
         self.takes_tensors = runtime.takes_tensors
         # Every input with a variable dimension is padded and planned by its rows' lengths: inside
         # a graph rows of one batch differ in length whether or not the step's config says
         # allow_ragged_batch (Triton's batcher never mixed them; the graph's batch does).
         self._variable = {t.name for t in signature.inputs if -1 in t.dims}
 
+    @classmethod
+    def load(cls, name: str, spec: ModelSpec):
+        """The step of the model `spec` describes, at its configured precision, and the accuracy
+        report when that is not FP32: a plain model and a step of a graph load alike."""
+        from latte.backend.precision import load_at_precision
+        from latte.backend.warmup import warmup_shapes
+
+        runtime, accuracy = load_at_precision(spec, warmup_shapes(spec))
+        return cls(name, spec, runtime), accuracy
+
     def measure(self) -> None:
+        """The planner's cost model, timed by serving the step alone: the engine of a graph of
+        this one step, the path a plain model serves on."""
+        from latte.backend.engine import BatchEngine
+        from latte.backend.graph.graph import Graph
         from latte.backend.warmup import measure_cost_model
 
-        measured = measure_cost_model(self.engine)
+        measured = measure_cost_model(BatchEngine(self.spec, Graph.of_step(self)))
         if measured is not None:
-            self.engine.planner.cost_model = measured
+            self.planner.cost_model = measured
 
     def plan(self, lengths: Optional[np.ndarray], rows: int) -> List[Optional[np.ndarray]]:
         """Row indices of each sub-batch (the served model's plan of one-row requests); [None]
         when the whole batch is one call, in order."""
-        groups = self.engine.planner.plan([1] * rows, None if lengths is None or rows == 1 else lengths.tolist())
+        groups = self.planner.plan([1] * rows, None if lengths is None or rows == 1 else lengths.tolist())
         if len(groups) == 1 and len(groups[0]) == rows and list(groups[0]) == sorted(groups[0]):
             return [None]
         return [np.asarray(group) for group in groups]
@@ -120,15 +137,13 @@ class ModelStep(Step):
             feed = {t.name: gather(padded[t.name], values[t.name].axes if t.name in variable else (), group,
                                    length if t.name in variable else None) for t in self.inputs}
             expected = rows if group is None else len(group)
-            if self.keeps_tensors:
-                outputs = self.runtime.run_tensors(feed)
-                for name, array in outputs.items():
-                    if array.ndim == 0 or array.shape[0] != expected:
-                        raise RuntimeError(f"output {name!r} has shape {list(array.shape)}; expected {expected} rows")
-            else:  # the served model's batch runner: declared types, rows checked
+            if self.keeps_tensors:  # tensors on the step's device: rows checked, types as they are
+                outputs = conform_outputs(self.runtime.run_tensors(feed), None, expected)
+            else:  # as the engine runs a served batch: declared types, rows checked
                 rows_lengths = None if lengths is None else (lengths if group is None else lengths[group])
-                outputs, _ = self.engine.run(Batch(inputs=feed, member_rows=[expected], lengths=rows_lengths,
-                                                   padded_length=length, rows=expected))
+                outputs, _ = self.runtime.run_batch(Batch(inputs=feed, member_rows=[expected], lengths=rows_lengths,
+                                                          padded_length=length, rows=expected))
+                outputs = conform_outputs(outputs, self._out_dtypes, expected)
             parts.append((group, length, outputs))
             del feed  # arena-backed sub-batches go back as soon as the call is over
         return {t.name: self._output(t.name, parts, rows, lengths) for t in self.outputs}

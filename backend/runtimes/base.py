@@ -17,6 +17,7 @@ class Runtime:
     """
 
     kind = "base"
+    device = "cpu"  # where it computes (a torch runtime's torch.device)
     takes_tensors = False  # whether run_tensors takes and gives torch tensors on the runtime's device
 
     def __init__(self, input_names: Sequence[str], output_names: Sequence[str]) -> None:
@@ -27,27 +28,17 @@ class Runtime:
         raise NotImplementedError
 
     def run_batch(self, batch) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, Sequence[int]]]]:
-        """Run one planned batch (batching.Batch): its inputs, and who its rows belong to,
-        which a graph of steps needs (a Python model step answers each request of the batch
-        on its own) and a model does not. Gives the outputs and each row's own length of the
-        ragged outputs whose rows it knows to differ (a graph's), as Batch.lengths says a
-        row's length; None: every output row is its full width, or cut back by the config's
-        declared dims (batching.split)."""
+        """Run one planned batch (batching.Batch): the contract a model step and a graph of
+        steps share. Gives the outputs and each row's own length of the ragged outputs whose
+        rows it knows to differ (a graph's, as Batch.lengths says a row's length); a model's
+        is None: every output row is its full width, or cut back by the config's declared
+        dims (batching.split)."""
         return self.run(batch.inputs), None
-
-    def step_figures(self) -> Dict[str, Dict[str, float]]:
-        """Per step of a graph: the seconds, rows and calls it has run so far. A model is one
-        step, counted by the engine's own figures: nothing here."""
-        return {}
 
     def samples(self) -> Optional[List[Dict[str, np.ndarray]]]:
         """Requests (one row each) the model is known to accept, to warm up with; None: made-up
         ones do (a graph whose first step parses what it is sent has its own)."""
         return None
-
-    def describe(self) -> str:
-        """What the server log's ready line should add about this runtime ("": nothing)."""
-        return ""
 
     def close(self) -> None:
         pass
@@ -55,13 +46,14 @@ class Runtime:
 
 def load_runtime(kind: str, path, input_names: Sequence[str], output_names: Sequence[str],
                  intra_op_threads: int, inter_op_threads: int, device: str = "cpu", half: bool = False) -> Runtime:
-    """The runtime of `kind` for the model at `path`."""
+    """The runtime of `kind` for the model at `path`; for a graph, the graph of its steps (which
+    answers the same run_batch, samples and close)."""
     if kind == "graph":
         if half:
             raise RuntimeLoadError("a graph of steps runs each step at its own precision; set precision per step")
-        from latte.backend.graph.runtime import GraphRuntime
+        from latte.backend.graph.graph import Graph
 
-        return GraphRuntime(path, input_names, output_names, intra_op_threads, inter_op_threads, device)
+        return Graph(path, input_names, output_names, intra_op_threads, inter_op_threads, device)
     if kind in ("torchscript", "torch_export"):
         from latte.backend.runtimes.torch_runtime import TorchRuntime
 

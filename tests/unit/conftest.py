@@ -75,14 +75,12 @@ def example_engine(example_repo):
     from example_models import example_spec
     from latte.backend.buckets import BucketPlan
     from latte.backend.engine import BatchEngine
-    from latte.backend.runtimes import load_runtime
+    from latte.backend.graph.graph import load_model
 
     def build(model, bucketed=False, **parameters):
         spec = example_spec(example_repo, model, **parameters)
-        signature, serving = spec.signature, spec.serving
-        runtime = load_runtime(signature.runtime, signature.model_path, [t.name for t in signature.inputs],
-                               [t.name for t in signature.outputs], serving.intra_op_threads, serving.inter_op_threads)
-        engine = BatchEngine(spec, runtime)
+        graph, _ = load_model(spec)
+        engine = BatchEngine(spec, graph)
         if not bucketed:
             engine.planner.buckets = None
         return spec, engine

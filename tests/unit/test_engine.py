@@ -10,6 +10,7 @@ from latte.backend.buckets import BucketPlan
 from latte.backend.planner import BatchPlanner
 from latte.backend.config import parse_model_config
 from latte.backend.engine import BatchEngine
+from latte.backend.graph.graph import load_model
 from latte.backend.errors import (ConfigError, DeadlineExceeded, ModelError, OutOfMemory, RequestError,
                                   RuntimeLoadError)
 from latte.backend.options import RequestOptions
@@ -57,7 +58,8 @@ def picky_engine(tmp_path) -> BatchEngine:
               "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
               "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]}
     spec = parse_model_config(config, model_dir, "1")
-    return BatchEngine(spec, load_runtime("torchscript", spec.signature.model_path, ["x"], ["y"], 1, 1))
+    graph, _ = load_model(spec)  # a plain model: a graph of one model step
+    return BatchEngine(spec, graph)
 
 
 def test_a_model_exception_fails_only_the_request_that_caused_it(tmp_path):
@@ -93,8 +95,8 @@ def per_token_engine(tmp_path, planning="cost", pad_to="edge", cost_model=None, 
                              "batch_planning": {"string_value": planning},
                              "pad_to": {"string_value": pad_to}}}
     spec = parse_model_config(config, model_dir, "1")
-    runtime = load_runtime("torchscript", spec.signature.model_path, ["tokens"], ["vectors"], 1, 1)
-    return BatchEngine(spec, runtime, BatchPlanner(spec, cost_model), **kwargs)
+    graph, _ = load_model(spec)
+    return BatchEngine(spec, graph, BatchPlanner(spec, cost_model), **kwargs)
 
 
 @pytest.mark.parametrize("pad_to, shared_batch", [("edge", (2, 16)), ("longest", (2, 5))])

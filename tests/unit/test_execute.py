@@ -209,14 +209,14 @@ def test_a_plain_call_of_one_shape_answers_each_request_with_its_rows_of_one_bat
 def test_a_batch_the_model_fails_on_is_answered_request_by_request(example_repo, model_name, example, parameters):
     model = load(example_repo, model_name, **parameters)
     try:
-        run = model.runtime.run
+        run = model.graph.steps[0].runtime.run
 
         def fails_on_batches(feed):
             if next(iter(feed.values())).shape[0] > 1:
                 raise RuntimeError("kernel failed on a batch")
             return run(feed)
 
-        model.runtime.run = fails_on_batches
+        model.graph.steps[0].runtime.run = fails_on_batches
         rng = np.random.default_rng(12)
         responses = model.execute([InferenceRequest(EXAMPLES[example].sample(1, rng)) for _ in range(3)])
         assert [r.has_error() for r in responses] == [False, False, False]
@@ -263,26 +263,37 @@ def test_the_plan_of_a_plain_call_is_the_general_paths_plan(sequence):
     assert sequence.engine.planner.plan(rows, lengths) == general
 
 
+def test_a_plain_model_is_a_graph_of_one_model_step_whose_planner_plans_its_calls(sequence):
+    (step,) = sequence.graph.steps
+    assert (step.kind, step.name) == ("model", "sequence_onnx")
+    assert sequence.engine.planner is step.planner  # one planner, the model's, wherever the model runs
+    # The engine's figures are the step's: the graph keeps none beside them, nor adds to the ready line.
+    rng = np.random.default_rng(3)
+    sequence.execute([InferenceRequest(EXAMPLES["sequence"].sample(1, rng)) for _ in range(2)])
+    assert sequence.graph.step_figures() == {} and sequence.graph.describe() == ""
+    assert counter(sequence, "latte_batch_size_count") > 0
+
+
 
 class CountingRuntime:
-    """Wraps a model's runtime: counts the batches it runs by their first feature, and fails
+    """Wraps a model's graph: counts the batches it runs by their first feature, and fails
     every batch that holds a row whose first feature is FAILS."""
 
     FAILS = 99.0
 
-    def __init__(self, runtime):
-        self.runtime = runtime
+    def __init__(self, graph):
+        self.graph = graph
         self.runs = []  # the first features of each batch run, in order
 
     def __getattr__(self, name):
-        return getattr(self.runtime, name)
+        return getattr(self.graph, name)
 
     def run_batch(self, batch):
         firsts = batch.inputs["features"][:, 0].tolist()
         self.runs.append(firsts)
         if self.FAILS in firsts:
             raise RuntimeError("the model fails on this row")
-        return self.runtime.run_batch(batch)
+        return self.graph.run_batch(batch)
 
 
 def marked_requests(marks, rows=32):
@@ -298,7 +309,7 @@ def marked_requests(marks, rows=32):
 def test_a_call_whose_second_batch_fails_runs_its_first_batch_once(example_repo):
     model = load(example_repo, "mlp_onnx", warmup="false")
     try:
-        counting = model.engine.runtime = CountingRuntime(model.engine.runtime)
+        counting = model.engine.graph = CountingRuntime(model.engine.graph)
         # 64 rows a batch: the plan is [1, 2] then [3, 99], and only the second batch fails.
         responses = model.execute(marked_requests([1.0, 2.0, 3.0, CountingRuntime.FAILS]))
 
@@ -315,7 +326,7 @@ def test_a_call_whose_second_batch_fails_runs_its_first_batch_once(example_repo)
 def test_a_failed_batch_shows_as_failed_in_the_metrics(example_repo):
     model = load(example_repo, "mlp_onnx", warmup="false")
     try:
-        model.engine.runtime = CountingRuntime(model.engine.runtime)
+        model.engine.graph = CountingRuntime(model.engine.graph)
         served = counter(model, "latte_batch_size_count")
         model.execute(marked_requests([1.0, 2.0, 3.0, CountingRuntime.FAILS]))
 

@@ -189,7 +189,7 @@ def test_an_existing_triton_python_model_runs_unchanged_inside_the_fused_model(t
     repo = write_hand_written_repository(tmp_path / "repo", "onnxruntime")
     fuse_repository(repo, "embed_text", tmp_path / "fused")
     model = example_model(tmp_path / "fused", "embed_text")
-    assert "tokenize (python_model) -> encoder (model) -> normalize (python_model)" in model.runtime.describe()
+    assert "tokenize (python_model) -> encoder (model) -> normalize (python_model)" in model.graph.describe()
     build = tmp_path / "build"
     (build / "sequence").mkdir(parents=True)
     shutil.copy(repo / "encoder" / "1" / "model.onnx", build / "sequence" / "model.onnx")
@@ -206,13 +206,13 @@ def test_independent_heads_on_helper_threads_answer_as_they_do_one_after_the_oth
     files, repo = fused_pipelines["branching"]
     auto = example_model(repo, "embed_and_tag")
     # At load the two heads were timed on helper threads and one after the other; the log says which won.
-    assert "branches: inline (on 2 threads" in auto.runtime.describe() or \
-        "branches: on 2 threads (" in auto.runtime.describe()
+    assert "branches: inline (on 2 threads" in auto.graph.describe() or \
+        "branches: on 2 threads (" in auto.graph.describe()
     copy = copy_of(fused_pipelines, "branching", tmp_path)
     path = copy / "embed_and_tag" / "1" / "graph.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "branches": "parallel"}))
     parallel = example_model(copy, "embed_and_tag")
-    assert "branches: on 2 threads (branches: parallel)" in parallel.runtime.describe()
+    assert "branches: on 2 threads (branches: parallel)" in parallel.graph.describe()
     requests = PIPELINES["branching"].requests(10, seed=8)
     reference = InProcess(files, "branching")
 
@@ -267,9 +267,9 @@ parameters { key: "model_file" value: { string_value: "graph.json" } }
 parameters { key: "max_sequence_length" value: { string_value: "128" } }
 ''')
     model = example_model(tmp_path / "repo", "tag")
-    encoder, head = model.runtime.steps
+    encoder, head = model.graph.steps
     assert encoder.keeps_tensors and not head.keeps_tensors  # the head's output is answered: numpy
-    assert "encoder (model, tensors kept on cpu)" in model.runtime.describe()
+    assert "encoder (model, tensors kept on cpu)" in model.graph.describe()
     rng = np.random.default_rng(4)
     feeds = [{"tokens": rng.integers(1, 1000, size=(1, n), dtype=np.int64)} for n in (5, 40, 12, 90)]
 

@@ -51,7 +51,7 @@ def test_a_kind_gpu_instance_answers_as_the_cpu_instance_does(example_repo, exam
     feeds = [EXAMPLES[example].sample(rows, rng) for rows in (1, 3, 2, 1)]
     gpu, cpu = load(example_repo, f"{example}_torchscript"), load(example_repo, f"{example}_torchscript", kind="CPU")
     try:
-        assert str(gpu.runtime.device) == "cuda:0" and str(cpu.runtime.device) == "cpu"
+        assert str(gpu.graph.device) == "cuda:0" and str(cpu.graph.device) == "cpu"
         for got, want in zip(answers(gpu, feeds), answers(cpu, feeds)):
             np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4)
     finally:
@@ -63,7 +63,7 @@ def test_each_lane_thread_runs_on_its_own_cuda_stream(example_repo):
     import torch
 
     model = load(example_repo, "mlp_torchscript")
-    runtime = model.runtime
+    runtime = model.graph.steps[0].runtime
     seen, lock = [], threading.Lock()
     run = runtime._run_on_current_stream
 

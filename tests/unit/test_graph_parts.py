@@ -41,14 +41,14 @@ def test_steps_are_put_in_an_order_where_each_reads_what_is_already_made(tmp_pat
 
 
 def test_independent_steps_share_a_level_and_a_tensor_is_dropped_after_its_last_readers_level(tmp_path):
-    from latte.backend.graph.runtime import GraphRuntime
+    from latte.backend.graph.graph import Graph
 
     # pre -> mid; two heads read mid (one also reads TEXT); a late step reads TEXT again.
     path = write_graph(tmp_path, [step("pre", {"T": "TEXT"}, {"M": "mid"}), step("head", {"X": "mid"}, {"Y": "OUT"}),
                                   step("other", {"X": "mid", "T": "TEXT"}, {"Y": "OUT2"}),
                                   step("late", {"T": "TEXT", "X": "OUT"}, {"Y": "OUT3"})],
                        outputs=("OUT", "OUT2", "OUT3"))
-    levels = GraphRuntime._plan_levels(load_graph(path))
+    levels = Graph._plan_levels(load_graph(path))
     assert levels == [((0,), ()), ((1, 2), ("mid",)), ((3,), ("TEXT",))]
 
 

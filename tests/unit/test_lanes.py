@@ -9,6 +9,8 @@ import numpy as np
 
 from latte.backend.engine import BatchEngine
 from latte.backend.errors import DeadlineExceeded, Overloaded, error_class
+from latte.backend.graph.graph import Graph
+from latte.backend.graph.steps import ModelStep
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import outcome_label
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions, read_options
@@ -191,7 +193,8 @@ def async_mlp(example_engine, queue_capacity: int = 4096):
     """The mlp example's engine on one lane, one request per batch, behind a closed gate."""
     spec, _ = example_engine("mlp_onnx")
     gate = threading.Event()
-    engine = BatchEngine(replace(spec, signature=replace(spec.signature, max_batch_size=1)), GatedMlp(gate))
+    spec = replace(spec, signature=replace(spec.signature, max_batch_size=1))
+    engine = BatchEngine(spec, Graph.of_step(ModelStep("mlp", spec, GatedMlp(gate))))
     engine.dispatcher = LaneDispatcher(engine, lanes=1, queue_capacity=queue_capacity)
     return engine, gate
 
@@ -207,7 +210,7 @@ def test_a_higher_priority_level_overtakes_the_requests_queued_before_it(example
     answers = PipelinedAnswers()
     try:
         send(engine, answers, 0)
-        assert engine.runtime.started.wait(10.0)  # the lane holds call 0; the rest queue
+        assert engine.graph.steps[0].runtime.started.wait(10.0)  # the lane holds call 0; the rest queue
         for call in (1, 2, 3, 4):
             send(engine, answers, call)
         send(engine, answers, 5, RequestOptions(priority=3))
@@ -216,7 +219,7 @@ def test_a_higher_priority_level_overtakes_the_requests_queued_before_it(example
     finally:
         gate.set()
         engine.dispatcher.close()
-    assert engine.runtime.ran == [0, 5, 1, 2, 3, 4]
+    assert engine.graph.steps[0].runtime.ran == [0, 5, 1, 2, 3, 4]
     assert answers.order == [0, 5, 1, 2, 3, 4]
     assert all(not isinstance(outcome, Exception) for outcome in answers.outcomes.values())
 
@@ -227,7 +230,7 @@ def test_a_full_queue_sheds_the_lowest_priority_first_with_one_unavailable_line(
     high = RequestOptions(priority=1)
     try:
         send(engine, answers, 0)
-        assert engine.runtime.started.wait(10.0)
+        assert engine.graph.steps[0].runtime.started.wait(10.0)
         send(engine, answers, 1)
         send(engine, answers, 2)         # the queue of two is full
         send(engine, answers, 3, high)   # sheds the newest default-priority request, at once
@@ -237,7 +240,7 @@ def test_a_full_queue_sheds_the_lowest_priority_first_with_one_unavailable_line(
         send(engine, answers, 5, high)   # sheds the last default-priority request
         send(engine, answers, 6, high)   # nothing of a lower priority is left to shed
         refused_high = answers.of(6)
-        assert engine.runtime.ran == []  # all of the above was answered while the lane was held
+        assert engine.graph.steps[0].runtime.ran == []  # all of the above was answered while the lane was held
         gate.set()
         answers.wait_for(7)
     finally:
@@ -252,7 +255,7 @@ def test_a_full_queue_sheds_the_lowest_priority_first_with_one_unavailable_line(
     assert failed == {1, 2, 4, 6}
     assert answers.of(1) is not None and "shed from its full queue" in str(answers.of(1))
     assert {(error_class(answers.of(c)).code, outcome_label(answers.of(c))) for c in failed} == {("UNAVAILABLE", "overloaded")}
-    assert engine.runtime.ran == [0, 3, 5]
+    assert engine.graph.steps[0].runtime.ran == [0, 3, 5]
 
 
 def test_requests_whose_deadline_passes_in_the_queue_time_out_without_running(example_engine):
@@ -260,7 +263,7 @@ def test_requests_whose_deadline_passes_in_the_queue_time_out_without_running(ex
     answers = PipelinedAnswers()
     try:
         send(engine, answers, 0)
-        assert engine.runtime.started.wait(10.0)
+        assert engine.graph.steps[0].runtime.started.wait(10.0)
         send(engine, answers, 1, read_options({"timeout_ms": 30}))
         send(engine, answers, 2, read_options({}, triton_timeout_us=30_000))  # Triton's own request timeout
         send(engine, answers, 3)
@@ -275,13 +278,14 @@ def test_requests_whose_deadline_passes_in_the_queue_time_out_without_running(ex
         assert isinstance(late, DeadlineExceeded), late
         assert str(late).startswith("timed out: timeout_ms=30 ran out before a lane could run the request (it waited ")
         assert error_class(late).code == "UNAVAILABLE"
-    assert engine.runtime.ran == [0, 3]
+    assert engine.graph.steps[0].runtime.ran == [0, 3]
 
 
 def test_a_request_the_full_queue_cannot_take_is_answered_overloaded_and_unavailable(example_engine):
     spec, engine = example_engine("mlp_onnx")
     gate = threading.Event()
-    engine.runtime = GatedMlp(gate)  # the lane holds its first batch, so the queue stays full
+    # The lane holds its first batch, so the queue stays full.
+    engine.graph = Graph.of_step(ModelStep("mlp", spec, GatedMlp(gate)))
     engine.dispatcher = LaneDispatcher(engine, lanes=1, queue_capacity=1)
 
     results = [None] * 4

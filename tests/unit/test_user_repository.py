@@ -164,9 +164,9 @@ def test_a_model_step_in_a_graph_and_the_same_model_served_alone_take_the_same_p
     model = example_model(fused, "embed_text")
     encoder = example_model(repo, "encoder")
     try:
-        (step,) = [s for s in model.runtime.steps if s.kind == "model"]
+        (step,) = [s for s in model.graph.steps if s.kind == "model"]
         # Each measured its cost at load; with the same measurements they plan alike.
-        encoder.engine.planner.cost_model = step.engine.planner.cost_model
+        encoder.engine.planner.cost_model = step.planner.cost_model
         rng = np.random.default_rng(5)
         for count in (1, 3, 8, 8, 20):
             lengths = rng.integers(1, 128, count)

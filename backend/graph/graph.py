@@ -1,6 +1,8 @@
-"""A graph of steps behind the runtime contract: a fused model's `run_batch(batch)` walks its
+"""The engine's model of every model: a graph of steps, whose `run_batch(batch)` walks the
 steps in topological order, each once per batch, the batch's tensors handed from step to
-step in this process (no hop through Triton between them).
+step in this process (no hop through Triton between them). A plain model is a graph of one
+model step whose tensors are the graph's own: its walk is that step's runtime called on the
+batch as the engine packed it. A fused model's graph comes from its graph.json.
 
 Intermediates come from the model's arena where a step makes them and are dropped as soon
 as their last reader has run. At load every model step times its planner's costs, then a
@@ -31,7 +33,6 @@ from latte.backend.graph.definition import GraphDefinition, StepDefinition, Tens
 from latte.backend.graph.python_model import STEP_FILE, PythonModelStep, load_step_module, step_function
 from latte.backend.graph.steps import FunctionStep, ModelStep, Step
 from latte.backend.graph.values import Value, host_dtype, on_host, stack_members, variable_axes
-from latte.backend.runtimes.base import Runtime
 
 # Rows of the sample batch run at load; lengths of its variable dimensions, one per row.
 CHECK_LENGTHS = (3, 9, 5)
@@ -65,13 +66,45 @@ def _spec_of(declaration: TensorDeclaration) -> TensorSpec:
     return TensorSpec(declaration.name, to_numpy(declaration.data_type), declaration.dims)
 
 
-class GraphRuntime(Runtime):
+def load_model(spec):
+    """The graph model `spec` runs, and the accuracy report when a plain model is served at
+    another precision than FP32: its graph.json's steps, or one model step."""
+    if spec.signature.runtime == "graph":
+        from latte.backend.precision import load_at_precision
+
+        return load_at_precision(spec, [])  # each step at its own precision: FP32 here, or refused
+    step, accuracy = ModelStep.load(spec.signature.name, spec)
+    return Graph.of_step(step), accuracy
+
+
+class Graph:
+    """Steps in topological order, checked once at load; `run_batch` walks them. It answers a
+    model runtime's run_batch, samples and close, so a tool that profiles a model file takes
+    either."""
+
     kind = "graph"
+    # A graph of one model step plans with that step's planner (the model served alone);
+    # a graph of several steps is planned by its own spec's.
+    planner = None
+
+    @classmethod
+    def of_step(cls, step: ModelStep) -> "Graph":
+        """A plain model: a graph of one model step whose inputs and outputs are the graph's.
+        Nothing to wire, check or count between steps: the walk is the step's runtime called
+        on the batch, and the engine's own figures are the step's."""
+        graph = cls.__new__(cls)
+        graph.input_names = [t.name for t in step.inputs]
+        graph.output_names = [t.name for t in step.outputs]
+        graph.definition, graph.device, graph.steps, graph.notes = None, step.device, [step], []
+        graph.planner = step.planner
+        graph._branches = None
+        graph.run_batch = step.runtime.run_batch  # the walk of one step: its call on the batch as packed
+        return graph
 
     def __init__(self, path, input_names: Sequence[str], output_names: Sequence[str], intra_op_threads: int,
                  inter_op_threads: int, device: str = "cpu") -> None:
-        super().__init__(input_names, output_names)
-        self.graph = graph = load_graph(Path(path))
+        self.input_names, self.output_names = list(input_names), list(output_names)
+        self.definition = graph = load_graph(Path(path))
         declared_in, declared_out = [t.name for t in graph.inputs], [t.name for t in graph.outputs]
         if sorted(declared_in) != sorted(input_names) or sorted(declared_out) != sorted(output_names):
             raise ConfigError(f"{graph.path}: the graph takes {declared_in} and answers {declared_out}; the model "
@@ -126,7 +159,7 @@ class GraphRuntime(Runtime):
             inputs, outputs = parse_tensors(config)
             pad = float(parameters_of(config).get("pad_value") or 0.0)
         except (ConfigError, ValueError) as exc:
-            raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
+            raise ConfigError(f"{self.definition.where(definition)}: {exc}") from None
         path = definition.version_dir / STEP_FILE
         if not definition.function:
             return PythonModelStep.load(name, path, definition.folder, config, inputs, outputs, self.device, pad)
@@ -141,12 +174,9 @@ class GraphRuntime(Runtime):
 
     def _load_model(self, definition: StepDefinition) -> Step:
         if definition.backend != "latte":
-            raise ConfigError(f"{self.graph.where(definition)}: backend {definition.backend!r} cannot run inside a "
-                              "graph (latte runs python and latte steps; `latte fuse` converts onnxruntime and "
+            raise ConfigError(f"{self.definition.where(definition)}: backend {definition.backend!r} cannot run "
+                              "inside a graph (latte runs python and latte steps; `latte fuse` converts onnxruntime and "
                               "pytorch steps)")
-        from latte.backend.precision import load_at_precision
-        from latte.backend.warmup import warmup_shapes
-
         config = definition.config
         intra, inter = self._threads
         # The graph's thread budget is the fused model's: every step computes on it.
@@ -157,12 +187,13 @@ class GraphRuntime(Runtime):
         threaded.pop("instance_group", None)
         try:
             spec = parse_model_config(threaded, definition.folder, "1", device=self.device)
-            runtime, _ = load_at_precision(spec, warmup_shapes(spec))
+            step, _ = ModelStep.load(definition.name, spec)
         except ConfigError as exc:
-            raise ConfigError(f"{self.graph.where(definition)}: {exc}") from None
+            raise ConfigError(f"{self.definition.where(definition)}: {exc}") from None
         except Exception as exc:  # the runtime's own refusal of the model file
-            raise ConfigError(f"{self.graph.where(definition)}: loading its model failed: {failure_text(exc)}") from exc
-        return ModelStep(definition.name, spec, runtime)
+            raise ConfigError(f"{self.definition.where(definition)}: loading its model failed: "
+                              f"{failure_text(exc)}") from exc
+        return step
 
     def _keep_tensors(self, graph: GraphDefinition) -> None:
         """Torch steps whose every output is read only by torch steps of their device hand their
@@ -325,14 +356,14 @@ class GraphRuntime(Runtime):
         if check:
             for name, spec in self._outputs.items():
                 if not _agrees(values[name], spec):
-                    raise ConfigError(f"{self.graph.path}: graph output {name!r} comes out "
+                    raise ConfigError(f"{self.definition.path}: graph output {name!r} comes out "
                                       f"{_value_text(values[name])}; the model config declares {_declared_text(spec)}")
         lengths = {name: values[name].lengths for name in self._ragged_outputs if values[name].lengths is not None}
         return {name: values[name].array for name in self.output_names}, lengths or None
 
     # -- checks at load -----------------------------------------------------------------
     def _producer(self, tensor: str) -> str:
-        found = self.graph.producers.get(tensor)
+        found = self.definition.producers.get(tensor)
         if found is None:
             return f"graph input {tensor!r}"
         index, own = found
@@ -344,10 +375,10 @@ class GraphRuntime(Runtime):
         for spec in step.inputs:
             value = inputs.get(spec.name)
             if value is None:
-                raise ConfigError(f"{self.graph.path}: step {step.name!r} input {spec.name!r} is not wired to "
+                raise ConfigError(f"{self.definition.path}: step {step.name!r} input {spec.name!r} is not wired to "
                                   "any graph tensor")
             if not _agrees(value, spec):
-                raise ConfigError(f"{self.graph.path}: {self._producer(reads[spec.name])} is "
+                raise ConfigError(f"{self.definition.path}: {self._producer(reads[spec.name])} is "
                                   f"{_value_text(value)}, but step {step.name!r} reads it as input {spec.name!r} "
                                   f"declared {_declared_text(spec)}")
 
@@ -356,9 +387,9 @@ class GraphRuntime(Runtime):
         for spec in step.outputs:
             value = produced.get(spec.name)
             if value is None:
-                raise ConfigError(f"{self.graph.path}: step {step.name!r} produced no output {spec.name!r}")
+                raise ConfigError(f"{self.definition.path}: step {step.name!r} produced no output {spec.name!r}")
             if not _agrees(value, spec):
-                raise ConfigError(f"{self.graph.path}: step {step.name!r} output {spec.name!r} comes out "
+                raise ConfigError(f"{self.definition.path}: step {step.name!r} output {spec.name!r} comes out "
                                   f"{_value_text(value)}; the step declares {_declared_text(spec)}")
 
     def sample_batch(self, seed: int = 0) -> Batch:
@@ -369,10 +400,10 @@ class GraphRuntime(Runtime):
 
         rng = np.random.default_rng(seed)
         requests = []
-        for i, length in enumerate(CHECK_LENGTHS if not self.graph.samples else self.graph.samples):
+        for i, length in enumerate(CHECK_LENGTHS if not self.definition.samples else self.definition.samples):
             request = {}
             for name, spec in self._inputs.items():
-                if self.graph.samples:
+                if self.definition.samples:
                     request[name] = decode_sample(length[name], spec.dtype)[None]
                 else:
                     dims = [length if d == -1 else d for d in spec.dims]
@@ -397,22 +428,27 @@ class GraphRuntime(Runtime):
         try:
             self._walk(self.sample_batch(), check=True)
         except (ModelError, RequestError) as exc:
-            if self.graph.samples:
-                raise ConfigError(f"{self.graph.path}: the graph's own samples fail: {exc}") from None
+            if self.definition.samples:
+                raise ConfigError(f"{self.definition.path}: the graph's own samples fail: {exc}") from None
             self.notes.append(f"made-up inputs fail a step ({exc}); the graph's edges are checked on the first "
                               "batch served (graph.json \"samples\" gives inputs to check them at load)")
             return
         self._checked = True
 
     def samples(self) -> Optional[List[Dict[str, np.ndarray]]]:
-        """graph.json's sample requests (rows first), for the model's warm-up."""
-        if not self.graph.samples:
+        """graph.json's sample requests (rows first), for the model's warm-up; None: made-up
+        ones do (a plain model's)."""
+        if self.definition is None or not self.definition.samples:
             return None
         return [{name: decode_sample(sample[name], spec.dtype)[None] for name, spec in self._inputs.items()}
-                for sample in self.graph.samples]
+                for sample in self.definition.samples]
 
     # -- figures, close -----------------------------------------------------------------
     def step_figures(self) -> Dict[str, Dict[str, float]]:
+        """Per step: the seconds, rows and calls it has run so far. A plain model's one step is
+        counted by the engine's own figures: nothing here."""
+        if self.definition is None:
+            return {}
         with self._lock:
             unfolded, self._unfolded = self._unfolded, []
             for spent, rows in unfolded:
@@ -424,6 +460,9 @@ class GraphRuntime(Runtime):
                     for step, f in zip(self.steps, self._figures)}
 
     def describe(self) -> str:
+        """What the server log's ready line adds: the steps, and where their tensors stay."""
+        if self.definition is None:
+            return ""
         text = "graph: " + " -> ".join(
             f"{step.name} ({step.kind}" + (f", tensors kept on {step.device}" if step.keeps_tensors
                                            else "") + ")" for step in self.steps)
