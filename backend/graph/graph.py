@@ -25,7 +25,8 @@ import numpy as np
 
 from latte.backend.batching import Batch
 from latte.backend.engine import failure_text
-from latte.backend.config import TensorSpec, parameters_of, parse_model_config, parse_tensors
+from latte.backend.config import ModelSpec, TensorSpec, parameters_of, parse_model_config, parse_tensors
+from latte.backend.precision import AccuracyReport
 from latte.backend.dtypes import NUMPY_TO_TRITON, to_numpy, wire_name
 from latte.backend.samples import decode_sample
 from latte.backend.errors import ConfigError, ModelError, RequestError
@@ -66,14 +67,15 @@ def _spec_of(declaration: TensorDeclaration) -> TensorSpec:
     return TensorSpec(declaration.name, to_numpy(declaration.data_type), declaration.dims)
 
 
-def load_model(spec):
-    """The graph model `spec` runs, and the accuracy report when a plain model is served at
-    another precision than FP32: its graph.json's steps, or one model step."""
-    if spec.signature.runtime == "graph":
-        from latte.backend.precision import load_at_precision
-
-        return load_at_precision(spec, [])  # each step at its own precision: FP32 here, or refused
-    step, accuracy = ModelStep.load(spec.signature.name, spec)
+def load_model(spec: ModelSpec) -> Tuple["Graph", Optional[AccuracyReport]]:
+    """The graph the model `spec` describes runs, and the accuracy report when a plain model is
+    served at another precision than FP32: its graph.json's steps (each at its own precision,
+    the config refuses another for the graph), or one model step."""
+    signature, serving = spec.signature, spec.serving
+    if signature.runtime == "graph":
+        return Graph(signature.model_path, [t.name for t in signature.inputs], [t.name for t in signature.outputs],
+                     serving.intra_op_threads, serving.inter_op_threads, serving.device), None
+    step, accuracy = ModelStep.load(signature.name, spec)
     return Graph.of_step(step), accuracy
 
 
