@@ -36,7 +36,8 @@ struct BlockOwner {
 };
 
 PyArena make_arena(std::size_t capacity, const std::string& device, std::size_t min_block,
-                   std::optional<std::size_t> limit, bool size_classes, bool prefault) {
+                   std::optional<std::size_t> limit, bool size_classes, bool prefault, bool paged,
+                   std::size_t page_bytes) {
   latte::memory::ArenaStackOptions options;
   options.capacity = capacity;
   if (device == "cpu") {
@@ -51,6 +52,8 @@ PyArena make_arena(std::size_t capacity, const std::string& device, std::size_t 
   options.arena.size_classes = size_classes;
   options.limit = limit.value_or(0);
   options.prefault = prefault;
+  options.paged = paged;
+  options.page_bytes = page_bytes;
   return PyArena{std::make_shared<ArenaStack>(options)};
 }
 
@@ -142,6 +145,16 @@ nb::dict statistics_dict(const PyArena& self) {
   d["fragmentation_failures"] = s.fragmentation_failures;
   d["fragmented"] = s.fragmented;
   d["pinned"] = self.stack->pinned();
+  // Paged arenas: the pages behind the blocks (all 0 otherwise).
+  d["paged"] = self.stack->arena().paged();
+  d["page_bytes"] = s.page_bytes;
+  d["address_range"] = s.address_range;
+  d["mapped"] = s.mapped;
+  d["physical_held"] = s.physical_held;
+  d["map_calls"] = s.map_calls;
+  d["unmap_calls"] = s.unmap_calls;
+  d["mapped_total"] = s.mapped_total;
+  d["warm"] = s.warm;
   return d;
 }
 
@@ -152,17 +165,22 @@ void bind_memory(nb::module_& m) {
   nb::class_<PyArena>(m, "BuddyArena", "A buddy-allocator arena over one pre-reserved region.")
       .def("__init__",
            [](PyArena* self, std::size_t capacity, const std::string& device, std::size_t min_block,
-              std::optional<std::size_t> limit, bool size_classes, bool prefault) {
-             new (self) PyArena(make_arena(capacity, device, min_block, limit, size_classes, prefault));
+              std::optional<std::size_t> limit, bool size_classes, bool prefault, bool paged,
+              std::size_t page_bytes) {
+             new (self) PyArena(make_arena(capacity, device, min_block, limit, size_classes, prefault, paged,
+                                           page_bytes));
            },
            nb::arg("capacity"), nb::arg("device") = "cpu", nb::arg("min_block") = 256,
-           nb::arg("limit") = nb::none(), nb::arg("size_classes") = true, nb::arg("prefault") = true)
+           nb::arg("limit") = nb::none(), nb::arg("size_classes") = true, nb::arg("prefault") = true,
+           nb::arg("paged") = false, nb::arg("page_bytes") = std::size_t{1} << 20)
       .def("empty", &empty_array, nb::arg("shape"), nb::arg("dtype") = nb::none(),
            "numpy.empty over a new block; the block returns to the arena with the last reference.")
       .def("stats", &statistics_dict)
       .def("check_invariants", [](const PyArena& self) { self.stack->arena().check_invariants(); })
       .def("release_cached", [](PyArena& self) { self.stack->arena().release_cached(); })
       .def_prop_ro("capacity", [](const PyArena& self) { return self.stack->arena().capacity(); })
+      .def_prop_ro("page_kind", [](const PyArena& self) { return std::string(self.stack->arena().page_kind()); })
+      .def_prop_ro("fallback_reason", [](const PyArena& self) { return self.stack->fallback_reason(); })
       .def_prop_ro("min_block", [](const PyArena& self) { return self.stack->arena().options().min_block; })
       .def_prop_ro("device", [](const PyArena& self) {
         return self.stack->options().device == latte::memory::Device::cpu

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import operator
+import warnings
 from pathlib import Path
 from typing import Any, Sequence, Union
 
@@ -51,6 +52,14 @@ class BuddyArena(_NativeArena):
     device: ``"cpu"`` (mmap'd, pre-faulted, pinned when a CUDA device exists) or ``"cuda[:N]"``
         (one cudaMalloc'd region; needs a CUDA build and device).
     limit: optional byte limit below the capacity; requests beyond it raise MemoryError.
+    paged: host only. The buddy carves a reserved range of addresses ``4x`` the capacity and
+        physical pages of ``page_bytes`` (a memfd's, hugetlb where the machine has the huge
+        pages) are mapped under each block as it is taken, so a large block needs no
+        contiguous physical memory: a request fails only when live pages plus its own exceed
+        the capacity. Freed pages stay mapped and are reused without a system call; they are
+        unmapped only when another range needs them, or by ``release_cached()``. Where the
+        machine cannot map pages the plain buddy serves, with a warning naming the reason
+        (``fallback_reason``).
 
     Inherited from the native class (no Python frame on the hot path):
     ``empty(shape, dtype)`` -- an uninitialised C-contiguous numpy array over an arena block,
@@ -61,7 +70,8 @@ class BuddyArena(_NativeArena):
     and ``fragmentation_failures`` (see docs/memory.md);
     ``check_invariants()`` -- raises ValueError naming a broken invariant (do not run it
     concurrently with allocations from other threads);
-    ``release_cached()`` -- returns cached empty slabs to the buddy lists.
+    ``release_cached()`` -- returns cached empty slabs to the buddy lists and, paged, unmaps
+    idle pages and gives their memory back to the system.
     """
 
     def __init__(
@@ -73,6 +83,8 @@ class BuddyArena(_NativeArena):
         limit: int | None = None,
         size_classes: bool = True,
         prefault: bool = True,
+        paged: bool = False,
+        page_bytes: int = 1 << 20,
     ) -> None:
         capacity = operator.index(capacity)
         if capacity <= 0:
@@ -81,7 +93,10 @@ class BuddyArena(_NativeArena):
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
         if limit is not None and operator.index(limit) <= 0:
             raise ValueError(f"limit must be a positive number of bytes or None, got {limit}")
-        super().__init__(capacity, device, min_block, limit, size_classes, prefault)
+        super().__init__(capacity, device, min_block, limit, size_classes, prefault, paged, page_bytes)
+        if self.fallback_reason:
+            warnings.warn(f"BuddyArena: paged arena unavailable, the plain buddy serves: {self.fallback_reason}",
+                          RuntimeWarning, stacklevel=2)
 
     def empty_torch(self, shape: Shape, dtype: Any = None) -> Any:
         """Like :meth:`empty` but a CPU torch tensor (sharing the block, no copy)."""

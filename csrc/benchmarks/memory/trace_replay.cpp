@@ -15,6 +15,7 @@
 #include "caching_allocator_model.hpp"
 #include "latte/error.hpp"
 #include "latte/memory/buddy_arena.hpp"
+#include "latte/memory/host_pages.hpp"
 #include "latte/memory/host_resource.hpp"
 #include "latte/memory/statistics_adaptor.hpp"
 #include "serving_trace.hpp"
@@ -25,13 +26,17 @@ using bench::TraceOp;
 namespace {
 
 constexpr std::size_t kSampleEvery = 10'000;
+// The paged arena's page (the third argument, bytes): a failure with live + request + one
+// page within the capacity had room, whatever the allocator.
+std::uint64_t kPage = 1u << 20;
 
 struct ReplayResult {
   std::uint64_t peak_live = 0, peak_reserved = 0;
-  std::uint64_t failures = 0, failures_below_80 = 0;
+  std::uint64_t failures = 0, failures_below_80 = 0, failures_with_a_page_to_spare = 0;
   double ext_frag_mean = 0, ext_frag_max = 0, ext_frag_mean_busy = 0;
   double seconds = 0;
   std::vector<double> ext_frag_samples;
+  std::uint64_t map_calls = 0, unmap_calls = 0;  // a paged arena's
 };
 
 // Fragmentation samples are taken only while at least 5% of the capacity is free: with
@@ -62,6 +67,7 @@ ReplayResult replay(const std::vector<TraceOp>& ops, std::uint64_t capacity, All
         ++r.failures;
         // The arena's fragmentation_failures, counted the same way for every allocator replayed.
         if (double(live + op.bytes) <= latte::memory::kFragmentationFailureShare * double(capacity)) ++r.failures_below_80;
+        if (live + op.bytes + kPage <= capacity) ++r.failures_with_a_page_to_spare;
       }
     } else if (!failed[op.id]) {
       release(op.id);
@@ -108,6 +114,32 @@ ReplayResult replay_arena(const std::vector<TraceOp>& ops, std::uint64_t capacit
         const memory::ArenaUsage u = arena.usage();
         return std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>{u.reserved, u.free, u.largest_free};
       });
+}
+
+// Paged: the buddy carves addresses four times the capacity and pages of a memfd (1 MiB) are
+// mapped under the blocks (not written, so not faulted in: the replay counts, it does not touch).
+ReplayResult replay_paged(const std::vector<TraceOp>& ops, std::uint64_t capacity) {
+  memory::BuddyArena arena(std::make_unique<memory::HostPages>(capacity, memory::HostPagesOptions{kPage, 4, false}));
+  std::vector<void*> ptr_of;
+  ReplayResult r = replay(
+      ops, arena.capacity(),
+      [&](std::uint32_t id, std::uint64_t bytes) {
+        if (id >= ptr_of.size()) ptr_of.resize(id + 1024, nullptr);
+        try {
+          ptr_of[id] = arena.allocate(bytes);
+          return true;
+        } catch (const latte::out_of_memory&) {
+          return false;
+        }
+      },
+      [&](std::uint32_t id) { arena.deallocate(ptr_of[id], 0); },
+      [&] {
+        const memory::ArenaUsage u = arena.usage();
+        return std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>{u.reserved, u.free, u.largest_free};
+      });
+  r.map_calls = arena.usage().map_calls;
+  r.unmap_calls = arena.usage().unmap_calls;
+  return r;
 }
 
 ReplayResult replay_caching_model(const std::vector<TraceOp>& ops, std::uint64_t capacity) {
@@ -180,15 +212,17 @@ MallocResult replay_glibc(const std::vector<TraceOp>& ops) {
 
 void print_result(const char* name, const ReplayResult& r, bool last = false) {
   std::printf("  \"%s\": {\"peak_live\": %llu, \"peak_reserved\": %llu, \"failures\": %llu, "
-              "\"failures_below_80pct\": %llu, \"ext_frag_mean\": %.4f, \"ext_frag_max\": %.4f, "
-              "\"ext_frag_mean_above_half_full\": %.4f, \"ext_frag_samples\": [",
+              "\"failures_below_80pct\": %llu, \"failures_with_a_page_to_spare\": %llu, \"ext_frag_mean\": %.4f, "
+              "\"ext_frag_max\": %.4f, \"ext_frag_mean_above_half_full\": %.4f, \"ext_frag_samples\": [",
               name, (unsigned long long)r.peak_live, (unsigned long long)r.peak_reserved,
-              (unsigned long long)r.failures, (unsigned long long)r.failures_below_80, r.ext_frag_mean,
+              (unsigned long long)r.failures, (unsigned long long)r.failures_below_80,
+              (unsigned long long)r.failures_with_a_page_to_spare, r.ext_frag_mean,
               r.ext_frag_max, r.ext_frag_mean_busy);
   for (std::size_t i = 0; i < r.ext_frag_samples.size(); ++i) {
     std::printf("%s%.3f", i ? ", " : "", r.ext_frag_samples[i]);
   }
-  std::printf("], \"seconds\": %.3f}%s\n", r.seconds, last ? "" : ",");
+  std::printf("], \"map_calls\": %llu, \"unmap_calls\": %llu, \"seconds\": %.3f}%s\n",
+              (unsigned long long)r.map_calls, (unsigned long long)r.unmap_calls, r.seconds, last ? "" : ",");
 }
 
 }  // namespace
@@ -197,13 +231,14 @@ int main(int argc, char** argv) {
   bench::ServingTraceConfig cfg;
   if (argc > 1) cfg.min_ops = std::strtoull(argv[1], nullptr, 10);
   if (argc > 2) cfg.seed = std::strtoull(argv[2], nullptr, 10);
+  if (argc > 3) kPage = std::strtoull(argv[3], nullptr, 10);
   const std::vector<TraceOp> ops = bench::make_serving_trace(cfg);
   const std::uint64_t peak_live = bench::peak_live_bytes(ops);
   // Capacity puts the trace's peak at 85% of the arena: failures below 80% are the arena's fault.
   const std::uint64_t capacity = (peak_live * 100 / 85 + (1 << 20) - 1) >> 20 << 20;
-  std::printf("{\n  \"ops\": %zu, \"seed\": %llu, \"trace_peak_live\": %llu, \"capacity\": %llu,\n",
+  std::printf("{\n  \"ops\": %zu, \"seed\": %llu, \"trace_peak_live\": %llu, \"capacity\": %llu, \"page_bytes\": %llu,\n",
               ops.size(), (unsigned long long)cfg.seed, (unsigned long long)peak_live,
-              (unsigned long long)capacity);
+              (unsigned long long)capacity, (unsigned long long)kPage);
   print_result("buddy_arena", replay_arena(ops, capacity, memory::ArenaOptions{}));
   // A power-of-two capacity lets the whole arena coalesce into one block; same trace.
   std::uint64_t pow2 = 1;
@@ -211,6 +246,7 @@ int main(int argc, char** argv) {
   std::printf("  \"pow2_capacity\": %llu,\n", (unsigned long long)pow2);
   print_result("buddy_arena_pow2_capacity", replay_arena(ops, pow2, memory::ArenaOptions{}));
   print_result("binary_buddy_no_trim", replay_arena(ops, capacity, memory::ArenaOptions{256, true, false}));
+  print_result("paged_arena", replay_paged(ops, capacity));
   print_result("caching_allocator_model", replay_caching_model(ops, capacity));
   const MallocResult m = replay_glibc(ops);
   std::printf("  \"glibc_malloc\": {\"peak_rss\": %llu, \"seconds\": %.3f}\n}\n",

@@ -1,6 +1,7 @@
 #include "latte/memory/arena_stack.hpp"
 
 #include "latte/error.hpp"
+#include "latte/memory/host_pages.hpp"
 #include "latte/memory/host_resource.hpp"
 #ifdef LATTE_WITH_CUDA
 #include "latte/memory/cuda_device_resource.hpp"
@@ -17,6 +18,29 @@ bool cuda_device_memory_compiled() noexcept {
 }
 
 ArenaStack::ArenaStack(const ArenaStackOptions& options) : options_(options) {
+  if (options.paged && options.device == Device::cpu) {
+    try {
+      arena_ = std::make_unique<BuddyArena>(
+          std::make_unique<HostPages>(options.capacity,
+                                      HostPagesOptions{options.page_bytes, options.virtual_factor, options.prefault}),
+          options.arena);
+    } catch (const bad_alloc& refused) {  // the machine cannot map pages: the plain buddy serves
+      fallback_reason_ = refused.what();
+    }
+  } else if (options.paged) {
+    fallback_reason_ = "paged device memory is not built yet: the plain buddy serves";
+  }
+  if (arena_ == nullptr) make_plain_arena(options);
+  MemoryResource* top = arena_.get();
+  if (options.limit != 0) {
+    limit_ = std::make_unique<LimitingAdaptor>(*top, options.limit);
+    top = limit_.get();
+  }
+  const std::size_t room = options.limit != 0 && options.limit < arena_->capacity() ? options.limit : arena_->capacity();
+  statistics_ = std::make_unique<StatisticsAdaptor>(*top, room);
+}
+
+void ArenaStack::make_plain_arena(const ArenaStackOptions& options) {
   if (options.device == Device::cuda) {
 #ifdef LATTE_WITH_CUDA
     backing_ = std::make_unique<CudaDeviceResource>(options.device_id);
@@ -30,13 +54,6 @@ ArenaStack::ArenaStack(const ArenaStackOptions& options) : options_(options) {
   if (options.device == Device::cpu) {
     pinned_ = static_cast<HostResource&>(*backing_).is_pinned(arena_->base());
   }
-  MemoryResource* top = arena_.get();
-  if (options.limit != 0) {
-    limit_ = std::make_unique<LimitingAdaptor>(*top, options.limit);
-    top = limit_.get();
-  }
-  const std::size_t room = options.limit != 0 && options.limit < arena_->capacity() ? options.limit : arena_->capacity();
-  statistics_ = std::make_unique<StatisticsAdaptor>(*top, room);
 }
 
 ArenaStack::~ArenaStack() {

@@ -11,6 +11,14 @@ Statistics arena_statistics(const ArenaUsage& usage, const AllocationCounters& c
   s.largest_free = usage.largest_free;
   s.peak_reserved = usage.peak_reserved;
   s.peak_allocated = usage.peak_allocated;
+  s.page_bytes = usage.page_bytes;
+  s.address_range = usage.address_range;
+  s.mapped = usage.mapped;
+  s.physical_held = usage.physical_held;
+  s.map_calls = usage.map_calls;
+  s.unmap_calls = usage.unmap_calls;
+  s.mapped_total = usage.mapped_total;
+  s.warm = usage.warm;
   s.live = counters.live;
   s.peak_live = counters.peak_live;
   s.allocations = counters.allocations;

@@ -6,11 +6,14 @@
 #include <string>
 
 #include "latte/error.hpp"
+#include "latte/memory/detail/page_table.hpp"
 #include "latte/memory/detail/size_classes.hpp"
 
 namespace latte::memory {
 namespace {
 
+using detail::PageMapper;
+using detail::PageTable;
 using detail::SizeClassTable;
 using detail::SlabCache;
 
@@ -32,24 +35,68 @@ std::size_t checked_capacity(std::size_t capacity, std::size_t min_block) {
 }  // namespace
 
 BuddyArena::BuddyArena(MemoryResource& upstream, std::size_t capacity, ArenaOptions options)
-    : upstream_(upstream),
+    : upstream_(&upstream),
       options_(options),
       unit_shift_(checked_unit_shift(options.min_block)),
       capacity_(checked_capacity(capacity, options.min_block)),
+      span_(capacity_),
       base_(static_cast<std::byte*>(upstream.allocate(capacity_))),
-      buddy_(static_cast<std::uint32_t>(capacity_ >> unit_shift_)) {
-  if (options_.size_classes) {
-    LATTE_EXPECTS(options_.min_block <= SizeClassTable::kSlabBytes,
-                  "min_block above 64 KiB leaves no room for size-class slabs");
-    slabs_ = std::make_unique<SlabCache>(
-        base_, capacity_, [this](std::size_t bytes) { return take_block(bytes); },
-        [this](void* block) { return_block(block); });
-  }
+      buddy_(static_cast<std::uint32_t>(span_ >> unit_shift_)) {
+  make_slabs();
+}
+
+BuddyArena::BuddyArena(std::unique_ptr<PageMapper> pages, ArenaOptions options)
+    : upstream_(nullptr),
+      options_(options),
+      unit_shift_(checked_unit_shift(options.min_block)),
+      capacity_(static_cast<std::size_t>(pages->physical_pages()) * pages->page_bytes()),
+      span_(checked_capacity(static_cast<std::size_t>(pages->virtual_pages()) * pages->page_bytes(), options.min_block)),
+      base_(pages->base()),
+      buddy_(static_cast<std::uint32_t>(span_ >> unit_shift_)),
+      pages_(std::make_unique<PageTable>(std::move(pages))) {
+  LATTE_EXPECTS(pages_->mapper().page_bytes() % options_.min_block == 0, "page_bytes must be a multiple of min_block");
+  make_slabs();
+}
+
+void BuddyArena::make_slabs() {
+  if (!options_.size_classes) return;
+  LATTE_EXPECTS(options_.min_block <= SizeClassTable::kSlabBytes,
+                "min_block above 64 KiB leaves no room for size-class slabs");
+  slabs_ = std::make_unique<SlabCache>(
+      base_, span_, [this](std::size_t bytes) { return take_block(bytes); },
+      [this](void* block) { return_block(block); });
 }
 
 BuddyArena::~BuddyArena() {
   slabs_.reset();
-  upstream_.deallocate(base_, capacity_);
+  if (upstream_ != nullptr) upstream_->deallocate(base_, capacity_);
+  pages_.reset();  // the mapper unmaps its whole range
+}
+
+const char* BuddyArena::page_kind() const noexcept { return pages_ ? pages_->mapper().kind() : ""; }
+
+void* BuddyArena::block_at(std::uint32_t head) noexcept {
+  const std::size_t offset = static_cast<std::size_t>(head) << unit_shift_;
+  if (pages_) {
+    const std::size_t length = static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_;
+    if (pages_->acquire(offset, length) != PageTable::Shortage::none) {
+      short_of_pages_ = true;
+      buddy_.free(head);
+      return nullptr;
+    }
+  }
+  peak_reserved_ = std::max(peak_reserved_, pages_ ? static_cast<std::size_t>(pages_->counts().in_use) *
+                                                         pages_->mapper().page_bytes() - warm_bytes_
+                                                   : capacity_ - (static_cast<std::size_t>(buddy_.free_units()) << unit_shift_));
+  return base_ + offset;
+}
+
+void BuddyArena::free_block(std::uint32_t head) noexcept {
+  if (pages_) {
+    pages_->release(static_cast<std::size_t>(head) << unit_shift_,
+                    static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_);
+  }
+  buddy_.free(head);
 }
 
 void* BuddyArena::try_allocate(std::size_t bytes) noexcept {
@@ -59,34 +106,81 @@ void* BuddyArena::try_allocate(std::size_t bytes) noexcept {
     if (void* ptr = slabs_->allocate(bytes)) return ptr;
   }
   if (bytes > capacity_) return nullptr;
-  const std::size_t units = (bytes + options_.min_block - 1) >> unit_shift_;
+  const auto units = static_cast<std::uint32_t>((bytes + options_.min_block - 1) >> unit_shift_);
   std::lock_guard<std::mutex> lock(buddy_mutex_);
-  const std::uint32_t head = buddy_.allocate(static_cast<std::uint32_t>(units), options_.trim);
-  if (head == BuddyAllocator::npos) return nullptr;
-  large_allocated_.fetch_add(static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_,
-                             std::memory_order_relaxed);
-  peak_reserved_ = std::max(peak_reserved_, capacity_ - (static_cast<std::size_t>(buddy_.free_units()) << unit_shift_));
+  void* ptr = warm_blocks_ ? take_warm(units) : nullptr;
+  if (ptr == nullptr) ptr = take_head(units);
+  if (ptr != nullptr) {
+    const auto head = static_cast<std::uint32_t>((static_cast<std::byte*>(ptr) - base_) >> unit_shift_);
+    large_allocated_.fetch_add(static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_,
+                               std::memory_order_relaxed);
+  }
+  return ptr;
+}
+
+// A block of `units` from the buddy, its pages mapped when paged; the warm blocks go back
+// first when there is no room for it. Needs buddy_mutex_.
+void* BuddyArena::take_head(std::uint32_t units) noexcept {
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const std::uint32_t head = buddy_.allocate(units, options_.trim);
+    if (head == BuddyAllocator::npos) short_of_pages_ = false;
+    void* ptr = head == BuddyAllocator::npos ? nullptr : block_at(head);
+    if (ptr != nullptr || warm_blocks_ == 0) return ptr;
+    release_warm();
+  }
+  return nullptr;
+}
+
+void* BuddyArena::take_warm(std::uint32_t units) noexcept {
+  auto found = warm_.find(units);
+  if (found == warm_.end() || found->second.empty()) return nullptr;
+  const std::uint32_t head = found->second.back();
+  found->second.pop_back();
+  --warm_blocks_;
+  warm_bytes_ -= static_cast<std::size_t>(units) << unit_shift_;
   return base_ + (static_cast<std::size_t>(head) << unit_shift_);
+}
+
+bool BuddyArena::keep_warm(std::uint32_t head, std::uint32_t units) noexcept {
+  try {
+    warm_[units].push_back(head);
+  } catch (...) {  // no memory for the bookkeeping: the block goes back instead
+    return false;
+  }
+  ++warm_blocks_;
+  warm_bytes_ += static_cast<std::size_t>(units) << unit_shift_;
+  return true;
+}
+
+void BuddyArena::release_warm() noexcept {
+  for (auto& [units, heads] : warm_) {
+    for (std::uint32_t head : heads) free_block(head);
+    heads.clear();
+  }
+  warm_blocks_ = 0;
+  warm_bytes_ = 0;
 }
 
 void BuddyArena::release_cached() noexcept {
   if (slabs_) slabs_->release_empty_slabs();
+  if (pages_) {
+    std::lock_guard<std::mutex> lock(buddy_mutex_);
+    release_warm();
+    pages_->trim();
+  }
 }
 
 void* BuddyArena::take_block(std::size_t bytes) noexcept {
   const std::size_t units = (bytes + options_.min_block - 1) >> unit_shift_;
   if (units >= BuddyAllocator::npos) return nullptr;
   std::lock_guard<std::mutex> lock(buddy_mutex_);
-  const std::uint32_t head = buddy_.allocate(static_cast<std::uint32_t>(units), options_.trim);
-  if (head == BuddyAllocator::npos) return nullptr;
-  peak_reserved_ = std::max(peak_reserved_, capacity_ - (static_cast<std::size_t>(buddy_.free_units()) << unit_shift_));
-  return base_ + (static_cast<std::size_t>(head) << unit_shift_);
+  return take_head(static_cast<std::uint32_t>(units));
 }
 
 void BuddyArena::return_block(void* ptr) noexcept {
   const auto head = static_cast<std::uint32_t>((static_cast<std::byte*>(ptr) - base_) >> unit_shift_);
   std::lock_guard<std::mutex> lock(buddy_mutex_);
-  buddy_.free(head);
+  free_block(head);
 }
 
 void* BuddyArena::do_allocate(std::size_t bytes) {
@@ -107,14 +201,30 @@ void* BuddyArena::do_allocate(std::size_t bytes) {
     while (allocated > peak && !peak_allocated_.compare_exchange_weak(peak, allocated, std::memory_order_relaxed)) {
     }
   }
-  if (ptr == nullptr) {
-    const ArenaUsage u = usage();
-    throw out_of_memory("BuddyArena: cannot allocate " + std::to_string(bytes) +
-                        " bytes: capacity " + std::to_string(u.capacity) + ", free " +
-                        std::to_string(u.free) + ", largest free block " +
-                        std::to_string(u.largest_free) + " bytes");
-  }
+  if (ptr == nullptr) throw_out_of_memory(bytes);
   return ptr;
+}
+
+void BuddyArena::throw_out_of_memory(std::size_t bytes) const {
+  const ArenaUsage u = usage();
+  const std::string head = "BuddyArena: cannot allocate " + std::to_string(bytes) + " bytes: ";
+  if (!pages_) {
+    throw out_of_memory(head + "capacity " + std::to_string(u.capacity) + ", free " + std::to_string(u.free) +
+                        ", largest free block " + std::to_string(u.largest_free) + " bytes");
+  }
+  bool short_of_pages;
+  {
+    std::lock_guard<std::mutex> lock(buddy_mutex_);
+    short_of_pages = short_of_pages_;
+  }
+  if (short_of_pages || bytes > u.capacity) {
+    throw out_of_memory(head + "live blocks hold " + std::to_string(u.reserved) + " of the " +
+                        std::to_string(u.capacity) + "-byte capacity in pages of " + std::to_string(u.page_bytes) +
+                        " bytes, and the request's pages do not fit in the rest");
+  }
+  throw out_of_memory(head + "no free run of the " + std::to_string(u.address_range) +
+                      "-byte reserved address range holds it (the largest is " + std::to_string(u.largest_free) +
+                      " bytes; " + std::to_string(u.free) + " bytes of pages are free)");
 }
 
 void BuddyArena::do_deallocate(void* ptr, std::size_t bytes) noexcept {
@@ -128,15 +238,19 @@ void BuddyArena::do_deallocate(void* ptr, std::size_t bytes) noexcept {
     std::lock_guard<std::mutex> lock(buddy_mutex_);
 #ifdef LATTE_DEBUG_CHECKS
     // Freeing cannot report errors; a foreign or double-freed pointer stops a debug build here.
-    if (static_cast<std::byte*>(ptr) < base_ || static_cast<std::byte*>(ptr) >= base_ + capacity_ ||
+    if (static_cast<std::byte*>(ptr) < base_ || static_cast<std::byte*>(ptr) >= base_ + span_ ||
         (static_cast<std::byte*>(ptr) - base_) % options_.min_block != 0 || !buddy_.is_allocated_head(head)) {
       std::fprintf(stderr, "latte: BuddyArena::deallocate(%p): not a live block of this arena\n", ptr);
       std::abort();
     }
 #endif
-    large_allocated_.fetch_sub(static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_,
-                               std::memory_order_relaxed);
-    buddy_.free(head);
+    const std::uint32_t units = buddy_.length_of(head);
+    large_allocated_.fetch_sub(static_cast<std::size_t>(units) << unit_shift_, std::memory_order_relaxed);
+    // Paged, a block of a page or more stays whole and mapped for the next of its length.
+    const bool warm = pages_ && options_.trim &&
+                      (static_cast<std::size_t>(units) << unit_shift_) >= pages_->mapper().page_bytes() &&
+                      keep_warm(head, units);
+    if (!warm) free_block(head);
   }
 #ifdef LATTE_DEBUG_CHECKS
   check_invariants_locked();
@@ -148,7 +262,7 @@ std::size_t BuddyArena::allocated_size(const void* ptr) const noexcept {
     if (std::size_t slot = slabs_->slot_size(ptr)) return slot;
   }
   const auto* p = static_cast<const std::byte*>(ptr);
-  if (p < base_ || p >= base_ + capacity_) return 0;
+  if (p < base_ || p >= base_ + span_) return 0;
   const auto head = static_cast<std::uint32_t>((p - base_) >> unit_shift_);
   std::lock_guard<std::mutex> lock(buddy_mutex_);
   if (!buddy_.is_allocated_head(head)) return 0;
@@ -159,9 +273,24 @@ ArenaUsage BuddyArena::usage() const {
   ArenaUsage u;
   u.capacity = capacity_;
   std::lock_guard<std::mutex> lock(buddy_mutex_);
-  u.free = static_cast<std::size_t>(buddy_.free_units()) << unit_shift_;
-  u.reserved = capacity_ - u.free;
   u.largest_free = static_cast<std::size_t>(buddy_.largest_free_units()) << unit_shift_;
+  if (pages_) {
+    const detail::PageCounts c = pages_->counts();
+    u.page_bytes = c.page_bytes;
+    u.address_range = span_;
+    u.warm = warm_bytes_;
+    u.reserved = static_cast<std::size_t>(c.in_use) * c.page_bytes - warm_bytes_;
+    u.free = capacity_ - u.reserved;
+    u.largest_free = std::min(u.largest_free, u.free);  // addresses to spare; the pages bound it
+    u.mapped = static_cast<std::size_t>(c.in_use + c.idle) * c.page_bytes;
+    u.physical_held = static_cast<std::size_t>(c.held) * c.page_bytes;
+    u.map_calls = c.map_calls;
+    u.unmap_calls = c.unmap_calls;
+    u.mapped_total = static_cast<std::size_t>(c.mapped_pages) * c.page_bytes;
+  } else {
+    u.free = static_cast<std::size_t>(buddy_.free_units()) << unit_shift_;
+    u.reserved = capacity_ - u.free;
+  }
   u.allocated = large_allocated_.load(std::memory_order_relaxed) + (slabs_ ? slabs_->allocated_bytes() : 0);
   u.peak_reserved = peak_reserved_;
   u.peak_allocated = peak_allocated_.load(std::memory_order_relaxed);
@@ -172,6 +301,22 @@ void BuddyArena::check_invariants_locked() const {
   if (slabs_) slabs_->check_invariants();
   std::lock_guard<std::mutex> lock(buddy_mutex_);
   buddy_.check_invariants();
+  if (pages_) pages_->check_invariants();
+  std::size_t blocks = 0, bytes = 0;
+  for (const auto& [units, heads] : warm_) {
+    for (std::uint32_t head : heads) {
+      if (!buddy_.is_allocated_head(head) || buddy_.length_of(head) != units) {
+        throw logic_error("BuddyArena invariant broken: warm block at unit " + std::to_string(head) +
+                          " is not an allocated block of " + std::to_string(units) + " units");
+      }
+      ++blocks;
+      bytes += static_cast<std::size_t>(units) << unit_shift_;
+    }
+  }
+  if (blocks != warm_blocks_ || bytes != warm_bytes_) {
+    throw logic_error("BuddyArena invariant broken: warm blocks counted " + std::to_string(warm_blocks_) +
+                      ", found " + std::to_string(blocks));
+  }
 }
 
 void BuddyArena::check_invariants() const {

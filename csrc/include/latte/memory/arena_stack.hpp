@@ -23,6 +23,12 @@ struct ArenaStackOptions {
   std::size_t limit = 0;  // 0: no limit below the capacity
   bool prefault = true;   // host only
   bool pin = true;        // host only: cudaHostRegister when a CUDA device exists
+  // Host only: physical pages mapped under each block (BuddyArena's paged mode), so a request
+  // fails only when the bytes are not there. Where the machine cannot (no memfd), the plain
+  // buddy serves and fallback_reason() says why.
+  bool paged = false;
+  std::size_t page_bytes = 1u << 20;
+  unsigned virtual_factor = 4;
 };
 
 class ArenaStack {
@@ -35,14 +41,19 @@ class ArenaStack {
   BuddyArena& arena() noexcept { return *arena_; }
   const ArenaStackOptions& options() const noexcept { return options_; }
   bool pinned() const noexcept { return pinned_; }
+  // Why a paged arena was asked for and a plain one serves ("" when none was refused).
+  const std::string& fallback_reason() const noexcept { return fallback_reason_; }
 
  private:
+  void make_plain_arena(const ArenaStackOptions& options);
+
   ArenaStackOptions options_;
   std::unique_ptr<MemoryResource> backing_;
   std::unique_ptr<BuddyArena> arena_;
   std::unique_ptr<LimitingAdaptor> limit_;
   std::unique_ptr<StatisticsAdaptor> statistics_;
   bool pinned_ = false;
+  std::string fallback_reason_;
 };
 
 // Whether this build can place arenas in CUDA device memory.

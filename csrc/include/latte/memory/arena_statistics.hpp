@@ -31,6 +31,15 @@ struct Statistics {
   std::size_t p99_request = 0;
   std::uint64_t fragmentation_failures = 0;
   bool fragmented = false;  // free >= p99_request > largest_free
+  // Paged arenas (page_bytes 0 otherwise): see ArenaUsage.
+  std::size_t page_bytes = 0;
+  std::size_t address_range = 0;
+  std::size_t mapped = 0;
+  std::size_t physical_held = 0;
+  std::uint64_t map_calls = 0;
+  std::uint64_t unmap_calls = 0;
+  std::size_t mapped_total = 0;
+  std::size_t warm = 0;
 };
 
 Statistics arena_statistics(const ArenaUsage& usage, const AllocationCounters& counters) noexcept;

@@ -1,0 +1,104 @@
+#pragma once
+// Implementation detail of BuddyArena's paged mode. The arena's buddy carves a reserved range
+// of virtual addresses several times the capacity; physical memory comes in fixed pages,
+// mapped under a block's virtual pages when the block is taken, from any free physical page.
+// So a large block never needs contiguous physical memory, and a request fails only when the
+// pages are not there. A page stays mapped while any block touches it; when none does it is
+// kept mapped (idle) and reused without a system call, and unmapped only when another range
+// needs its physical page. Pages are counted from free lists, never searched. Not
+// thread-safe: BuddyArena serialises access.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace latte::memory::detail {
+
+// The system side: one reserved virtual range and a pool of physical pages, and the calls
+// that put a run of physical pages under a run of virtual pages and take them away.
+class PageMapper {
+ public:
+  virtual ~PageMapper() = default;
+
+  virtual std::byte* base() const noexcept = 0;
+  virtual std::size_t page_bytes() const noexcept = 0;
+  virtual std::uint32_t virtual_pages() const noexcept = 0;
+  virtual std::uint32_t physical_pages() const noexcept = 0;
+  // What backs the pages, for logs and stats ("memfd", "memfd-hugetlb", "cuda").
+  virtual const char* kind() const noexcept = 0;
+
+  // Maps physical pages [physical, physical + count) at virtual pages [first, first + count);
+  // false when the system refuses, with the range left inaccessible.
+  virtual bool map(std::uint32_t first, std::uint32_t physical, std::uint32_t count) noexcept = 0;
+  // Makes virtual pages [first, first + count) inaccessible again; the range stays reserved.
+  virtual void unmap(std::uint32_t first, std::uint32_t count) noexcept = 0;
+  // Returns physical pages [physical, physical + count), mapped nowhere, to the system.
+  virtual void discard(std::uint32_t physical, std::uint32_t count) noexcept = 0;
+};
+
+struct PageCounts {
+  std::size_t page_bytes = 0;
+  std::uint32_t physical_pages = 0;  // the capacity, in pages
+  std::uint32_t in_use = 0;          // mapped and touched by a live block
+  std::uint32_t idle = 0;            // mapped, touched by none: reused without a system call
+  std::uint32_t free = 0;            // physical pages mapped nowhere
+  std::uint32_t held = 0;            // physical pages holding memory (mapped, or touched and not discarded)
+  std::uint32_t peak_in_use = 0;
+  std::uint64_t map_calls = 0;
+  std::uint64_t unmap_calls = 0;
+  std::uint64_t mapped_pages = 0;    // pages mapped by those calls, for the cost per MiB
+};
+
+class PageTable {
+ public:
+  enum class Shortage { none, physical, mapping };
+
+  explicit PageTable(std::unique_ptr<PageMapper> mapper);
+  ~PageTable();
+  PageTable(const PageTable&) = delete;
+  PageTable& operator=(const PageTable&) = delete;
+
+  PageMapper& mapper() noexcept { return *mapper_; }
+  const PageMapper& mapper() const noexcept { return *mapper_; }
+
+  // Backs every page of [offset, offset + bytes) of the range for one more block: idle pages
+  // are reused, missing ones mapped from free physical pages, evicting the least recently
+  // idle pages of other ranges when no free one is left. Shortage::physical: the range's
+  // missing pages exceed the free and idle pages together; Shortage::mapping: the system
+  // refused a map. Either way nothing changed.
+  Shortage acquire(std::size_t offset, std::size_t bytes) noexcept;
+  // One block fewer touches each page of [offset, offset + bytes); pages no block touches
+  // become idle, still mapped.
+  void release(std::size_t offset, std::size_t bytes) noexcept;
+  // Pages [offset, offset + bytes) would take how many physical pages they do not have now.
+  std::uint32_t missing(std::size_t offset, std::size_t bytes) const noexcept;
+  // Unmaps every idle page and returns its memory to the system; returns how many.
+  std::uint32_t trim() noexcept;
+
+  PageCounts counts() const noexcept;
+  // Throws logic_error naming the first broken invariant.
+  void check_invariants() const;
+
+ private:
+  static constexpr std::uint32_t kNone = 0xFFFFFFFFu;
+  void link_idle(std::uint32_t page) noexcept;
+  void unlink_idle(std::uint32_t page) noexcept;
+  void evict(std::uint32_t page) noexcept;
+  bool map_missing(std::uint32_t first, std::uint32_t last) noexcept;
+
+  std::unique_ptr<PageMapper> mapper_;
+  unsigned page_shift_;
+  std::vector<std::uint32_t> users_;   // per virtual page: live blocks touching it
+  std::vector<std::uint32_t> frame_;   // per virtual page: its physical page, or kNone
+  std::vector<std::uint32_t> free_;    // physical pages mapped nowhere; the next taken is at the back
+  std::vector<std::uint8_t> held_;     // per physical page: holds memory (touched, not discarded)
+  std::vector<std::uint8_t> fresh_;    // per virtual page: mapped by the acquire under way (undone if it fails)
+  // Idle pages in the order they became idle (evicted oldest first): a list through the pages.
+  std::vector<std::uint32_t> prev_, next_;
+  std::uint32_t idle_head_ = kNone, idle_tail_ = kNone;
+  std::uint32_t idle_ = 0, in_use_ = 0, held_count_ = 0, peak_in_use_ = 0;
+  std::uint64_t map_calls_ = 0, unmap_calls_ = 0, mapped_pages_ = 0;
+};
+
+}  // namespace latte::memory::detail

@@ -1,0 +1,222 @@
+#include "latte/memory/detail/page_table.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "latte/error.hpp"
+
+namespace latte::memory::detail {
+namespace {
+
+unsigned checked_page_shift(std::size_t page_bytes) {
+  LATTE_EXPECTS(page_bytes != 0 && (page_bytes & (page_bytes - 1)) == 0,
+                "page_bytes must be a power of two, got " + std::to_string(page_bytes));
+  return static_cast<unsigned>(__builtin_ctzll(page_bytes));
+}
+
+void expect(bool condition, const std::string& what) {
+  if (!condition) throw logic_error("PageTable invariant broken: " + what);
+}
+
+}  // namespace
+
+PageTable::PageTable(std::unique_ptr<PageMapper> mapper)
+    : mapper_(std::move(mapper)), page_shift_(checked_page_shift(mapper_->page_bytes())) {
+  const std::uint32_t pages = mapper_->virtual_pages(), frames = mapper_->physical_pages();
+  LATTE_EXPECTS(frames > 0 && pages >= frames, "the virtual range must hold at least the physical pages");
+  users_.assign(pages, 0);
+  frame_.assign(pages, kNone);
+  fresh_.assign(pages, 0);
+  prev_.assign(pages, kNone);
+  next_.assign(pages, kNone);
+  held_.assign(frames, 0);
+  // Taken from the back: the lowest physical pages first, in order, so a fresh range maps
+  // with one call per run.
+  free_.reserve(frames);
+  for (std::uint32_t f = frames; f-- > 0;) free_.push_back(f);
+}
+
+PageTable::~PageTable() = default;
+
+void PageTable::link_idle(std::uint32_t page) noexcept {
+  prev_[page] = idle_tail_;
+  next_[page] = kNone;
+  if (idle_tail_ != kNone) next_[idle_tail_] = page; else idle_head_ = page;
+  idle_tail_ = page;
+  ++idle_;
+}
+
+void PageTable::unlink_idle(std::uint32_t page) noexcept {
+  const std::uint32_t before = prev_[page], after = next_[page];
+  if (before != kNone) next_[before] = after; else idle_head_ = after;
+  if (after != kNone) prev_[after] = before; else idle_tail_ = before;
+  prev_[page] = next_[page] = kNone;
+  --idle_;
+}
+
+void PageTable::evict(std::uint32_t page) noexcept {
+  unlink_idle(page);
+  mapper_->unmap(page, 1);
+  ++unmap_calls_;
+  free_.push_back(frame_[page]);  // never reallocates: reserved for every physical page
+  frame_[page] = kNone;
+}
+
+std::uint32_t PageTable::missing(std::size_t offset, std::size_t bytes) const noexcept {
+  if (bytes == 0) return 0;
+  const auto first = static_cast<std::uint32_t>(offset >> page_shift_);
+  const auto last = static_cast<std::uint32_t>((offset + bytes - 1) >> page_shift_);
+  std::uint32_t count = 0;
+  for (std::uint32_t p = first; p <= last; ++p) count += frame_[p] == kNone;
+  return count;
+}
+
+bool PageTable::map_missing(std::uint32_t first, std::uint32_t last) noexcept {
+  std::uint32_t p = first;
+  bool mapped = true;
+  while (p <= last && mapped) {
+    if (frame_[p] != kNone) {
+      ++p;
+      continue;
+    }
+    // One call for a run of virtual pages whose physical pages leave the free list in order.
+    const std::uint32_t start = p, physical = free_.back();
+    std::uint32_t count = 0;
+    while (p <= last && frame_[p] == kNone && !free_.empty() && free_.back() == physical + count) {
+      frame_[p] = physical + count;
+      fresh_[p] = 1;
+      free_.pop_back();
+      ++p;
+      ++count;
+    }
+    ++map_calls_;
+    mapped = mapper_->map(start, physical, count);
+    if (mapped) {
+      mapped_pages_ += count;
+      for (std::uint32_t f = physical; f < physical + count; ++f) {
+        if (!held_[f]) {
+          held_[f] = 1;
+          ++held_count_;
+        }
+      }
+    }
+  }
+  for (std::uint32_t q = first; q <= last; ++q) {
+    if (!fresh_[q]) continue;
+    fresh_[q] = 0;
+    if (mapped) continue;
+    // A refused map: every page this call mapped goes back, so nothing changed.
+    mapper_->unmap(q, 1);
+    ++unmap_calls_;
+    free_.push_back(frame_[q]);
+    frame_[q] = kNone;
+  }
+  return mapped;
+}
+
+PageTable::Shortage PageTable::acquire(std::size_t offset, std::size_t bytes) noexcept {
+  if (bytes == 0) return Shortage::none;
+  const auto first = static_cast<std::uint32_t>(offset >> page_shift_);
+  const auto last = static_cast<std::uint32_t>((offset + bytes - 1) >> page_shift_);
+  std::uint32_t need = 0, idle_here = 0;
+  for (std::uint32_t p = first; p <= last; ++p) {
+    if (frame_[p] == kNone) ++need;
+    else if (users_[p] == 0) ++idle_here;
+  }
+  if (need > free_.size() + (idle_ - idle_here)) return Shortage::physical;
+  // This range's idle pages are its own again: out of the eviction order before evicting.
+  for (std::uint32_t p = first; p <= last; ++p) {
+    if (users_[p] == 0 && frame_[p] != kNone) unlink_idle(p);
+  }
+  while (free_.size() < need) evict(idle_head_);
+  if (need > 0 && !map_missing(first, last)) {
+    for (std::uint32_t p = first; p <= last; ++p) {
+      if (users_[p] == 0 && frame_[p] != kNone) link_idle(p);
+    }
+    return Shortage::mapping;
+  }
+  for (std::uint32_t p = first; p <= last; ++p) {
+    if (users_[p]++ == 0) ++in_use_;
+  }
+  peak_in_use_ = std::max(peak_in_use_, in_use_);
+  return Shortage::none;
+}
+
+void PageTable::release(std::size_t offset, std::size_t bytes) noexcept {
+  if (bytes == 0) return;
+  const auto first = static_cast<std::uint32_t>(offset >> page_shift_);
+  const auto last = static_cast<std::uint32_t>((offset + bytes - 1) >> page_shift_);
+  for (std::uint32_t p = first; p <= last; ++p) {
+    if (--users_[p] == 0) {
+      --in_use_;
+      link_idle(p);
+    }
+  }
+}
+
+std::uint32_t PageTable::trim() noexcept {
+  while (idle_head_ != kNone) evict(idle_head_);
+  std::uint32_t discarded = 0;
+  for (std::uint32_t f : free_) {
+    if (!held_[f]) continue;
+    mapper_->discard(f, 1);
+    held_[f] = 0;
+    --held_count_;
+    ++discarded;
+  }
+  return discarded;
+}
+
+PageCounts PageTable::counts() const noexcept {
+  PageCounts c;
+  c.page_bytes = mapper_->page_bytes();
+  c.physical_pages = mapper_->physical_pages();
+  c.in_use = in_use_;
+  c.idle = idle_;
+  c.free = static_cast<std::uint32_t>(free_.size());
+  c.held = held_count_;
+  c.peak_in_use = peak_in_use_;
+  c.map_calls = map_calls_;
+  c.unmap_calls = unmap_calls_;
+  c.mapped_pages = mapped_pages_;
+  return c;
+}
+
+void PageTable::check_invariants() const {
+  const auto pages = static_cast<std::uint32_t>(users_.size());
+  std::vector<std::uint8_t> seen(held_.size(), 0);
+  std::uint32_t in_use = 0, idle = 0, held = 0;
+  for (std::uint32_t p = 0; p < pages; ++p) {
+    expect(!fresh_[p], "page " + std::to_string(p) + " still marked as mapped by an acquire under way");
+    if (users_[p] > 0) {
+      expect(frame_[p] != kNone, "page " + std::to_string(p) + " is used but has no physical page");
+      ++in_use;
+    } else if (frame_[p] != kNone) {
+      ++idle;
+    }
+    if (frame_[p] != kNone) {
+      expect(frame_[p] < held_.size() && !seen[frame_[p]], "physical page " + std::to_string(frame_[p]) +
+                                                               " is mapped twice or does not exist");
+      expect(held_[frame_[p]], "mapped physical page " + std::to_string(frame_[p]) + " is not counted as held");
+      seen[frame_[p]] = 1;
+    }
+  }
+  for (std::uint32_t f : free_) {
+    expect(f < held_.size() && !seen[f], "free physical page " + std::to_string(f) + " is also mapped or listed twice");
+    seen[f] = 1;
+  }
+  for (std::uint8_t s : seen) expect(s, "a physical page is neither mapped nor free");
+  for (std::uint8_t h : held_) held += h;
+  expect(in_use == in_use_, "pages in use: counted " + std::to_string(in_use_) + ", found " + std::to_string(in_use));
+  expect(idle == idle_, "idle pages: counted " + std::to_string(idle_) + ", found " + std::to_string(idle));
+  expect(held == held_count_, "held pages: counted " + std::to_string(held_count_) + ", found " + std::to_string(held));
+  std::uint32_t listed = 0;
+  for (std::uint32_t p = idle_head_, before = kNone; p != kNone; before = p, p = next_[p]) {
+    expect(users_[p] == 0 && frame_[p] != kNone, "idle list holds page " + std::to_string(p) + ", which is not idle");
+    expect(prev_[p] == before, "idle list broken at page " + std::to_string(p));
+    expect(++listed <= idle_, "idle list longer than the idle count");
+  }
+  expect(listed == idle_, "idle list shorter than the idle count");
+}
+
+}  // namespace latte::memory::detail

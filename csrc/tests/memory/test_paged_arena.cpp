@@ -1,0 +1,230 @@
+// BuddyArena's paged mode, as a C++ user sees it: blocks contiguous in addresses over any free
+// physical pages, failures only when the pages are not there, mappings kept and reused.
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.hpp"
+#include "stress_loop.hpp"
+#include "latte/error.hpp"
+#include "latte/memory/buddy_arena.hpp"
+#include "latte/memory/host_pages.hpp"
+#include "latte/memory/host_resource.hpp"
+
+using namespace latte::memory;
+using latte::out_of_memory;
+
+namespace {
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t Page = 64 * KiB;
+
+// Sixteen pages of 64 KiB behind a range four times that; slabs off unless asked for.
+std::unique_ptr<BuddyArena> paged_arena(std::size_t pages = 16, bool size_classes = false) {
+  return std::make_unique<BuddyArena>(std::make_unique<HostPages>(pages * Page, HostPagesOptions{Page, 4, true}),
+                                      ArenaOptions{256, size_classes, true});
+}
+
+// Every other page-sized block freed: half the memory free, in pieces of one page.
+std::vector<void*> checkerboard(BuddyArena& arena, std::size_t pages) {
+  std::vector<void*> blocks, kept;
+  for (std::size_t i = 0; i < pages; ++i) blocks.push_back(arena.allocate(Page));
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (i % 2) arena.deallocate(blocks[i], Page); else kept.push_back(blocks[i]);
+  }
+  return kept;
+}
+
+// Delegates to HostPages and refuses the map calls the test names.
+class RefusingPages final : public detail::PageMapper {
+ public:
+  explicit RefusingPages(std::size_t capacity) : pages_(capacity, HostPagesOptions{Page, 4, true}) {}
+  std::byte* base() const noexcept override { return pages_.base(); }
+  std::size_t page_bytes() const noexcept override { return pages_.page_bytes(); }
+  std::uint32_t virtual_pages() const noexcept override { return pages_.virtual_pages(); }
+  std::uint32_t physical_pages() const noexcept override { return pages_.physical_pages(); }
+  const char* kind() const noexcept override { return "refusing"; }
+  bool map(std::uint32_t first, std::uint32_t physical, std::uint32_t count) noexcept override {
+    if (refuse_) return false;
+    return pages_.map(first, physical, count);
+  }
+  void unmap(std::uint32_t first, std::uint32_t count) noexcept override { pages_.unmap(first, count); }
+  void discard(std::uint32_t physical, std::uint32_t count) noexcept override { pages_.discard(physical, count); }
+  bool* refuse() { return &refuse_; }
+
+ private:
+  HostPages pages_;
+  bool refuse_ = false;
+};
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("a large block takes any free pages: half of a checkerboarded arena is one block") {
+  auto arena = paged_arena();
+  const auto kept = checkerboard(*arena, 16);
+  // A plain buddy's largest free block here would be one page; paged, the 8 free pages serve.
+  void* large = arena->allocate(8 * Page);
+  std::memset(large, 0x5A, 8 * Page);
+  for (void* p : kept) std::memset(p, 0x11, Page);  // the neighbours' pages are their own
+  CHECK(static_cast<unsigned char*>(large)[8 * Page - 1] == 0x5A);
+  const ArenaUsage u = arena->usage();
+  CHECK(u.reserved == 16 * Page);
+  CHECK(u.free == 0);
+  arena->check_invariants();
+}
+
+TEST_CASE("a request fails only when its pages are not there, and says so") {
+  auto arena = paged_arena();
+  const auto kept = checkerboard(*arena, 16);
+  std::string message;
+  try {
+    arena->allocate(9 * Page);  // eight pages are free
+  } catch (const out_of_memory& e) {
+    message = e.what();
+  }
+  CHECK(contains(message, "live blocks hold 524288 of the 1048576-byte capacity"));
+  CHECK(contains(message, "pages do not fit"));
+  void* fits = arena->allocate(8 * Page);  // exactly the free pages
+  arena->deallocate(fits, 8 * Page);
+  arena->check_invariants();
+}
+
+TEST_CASE("a warm free and allocation of a large block maps nothing") {
+  auto arena = paged_arena();
+  void* first = arena->allocate(5 * Page);
+  const std::uint64_t maps = arena->usage().map_calls;
+  arena->deallocate(first, 5 * Page);
+  void* again = arena->allocate(5 * Page);
+  CHECK(again == first);  // the lowest free run: the same addresses, still mapped
+  CHECK(arena->usage().map_calls == maps);
+  CHECK(arena->usage().unmap_calls == 0);
+  arena->deallocate(again, 5 * Page);
+  CHECK(arena->usage().mapped == 5 * Page);  // idle, kept for the next one
+  arena->check_invariants();
+}
+
+TEST_CASE("idle pages are unmapped only when another range needs their memory") {
+  auto arena = paged_arena();
+  void* a = arena->allocate(16 * Page);
+  arena->deallocate(a, 16 * Page);
+  CHECK(arena->usage().unmap_calls == 0);
+  void* small = arena->allocate(Page);  // inside a's idle run: reuses a mapped page
+  CHECK(arena->usage().unmap_calls == 0);
+  void* big = arena->allocate(15 * Page);  // the rest of the memory, at addresses a did not cover
+  CHECK(arena->usage().unmap_calls >= 1);
+  std::memset(big, 0x7F, 15 * Page);
+  const ArenaUsage u = arena->usage();
+  CHECK(u.reserved == 16 * Page);
+  CHECK(u.physical_held <= 16 * Page);
+  arena->deallocate(small, Page);
+  arena->deallocate(big, 15 * Page);
+  arena->check_invariants();
+}
+
+TEST_CASE("release_cached unmaps idle pages and gives their memory back") {
+  auto arena = paged_arena();
+  void* a = arena->allocate(6 * Page);
+  void* b = arena->allocate(2 * Page);
+  arena->deallocate(a, 6 * Page);
+  CHECK(arena->usage().physical_held == 8 * Page);
+  arena->release_cached();
+  const ArenaUsage u = arena->usage();
+  CHECK(u.physical_held == 2 * Page);
+  CHECK(u.mapped == 2 * Page);
+  std::memset(b, 1, 2 * Page);  // the live block kept its pages
+  arena->deallocate(b, 2 * Page);
+  arena->check_invariants();
+}
+
+TEST_CASE("small blocks share pages, and a page goes idle with its last block") {
+  auto arena = paged_arena(16, true);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 200; ++i) blocks.push_back(arena->allocate(100 + i));
+  CHECK(arena->usage().reserved <= 4 * Page);  // 200 slots of four size classes: a slab, one page, each
+  for (std::size_t i = 0; i < blocks.size(); ++i) arena->deallocate(blocks[i], 100 + i);
+  arena->release_cached();
+  CHECK(arena->usage().reserved == 0);
+  arena->check_invariants();
+}
+
+TEST_CASE("a refused map leaves the arena as it was, and the next allocation maps") {
+  auto pages = std::make_unique<RefusingPages>(16 * Page);
+  bool* refuse = pages->refuse();
+  BuddyArena arena(std::move(pages), ArenaOptions{256, false, true});
+  void* kept = arena.allocate(2 * Page);
+  *refuse = true;
+  bool refused = false;
+  try {
+    arena.allocate(4 * Page);
+  } catch (const out_of_memory&) {
+    refused = true;
+  }
+  CHECK(refused);
+  arena.check_invariants();
+  CHECK(arena.usage().reserved == 2 * Page);
+  *refuse = false;
+  void* mapped = arena.allocate(4 * Page);
+  std::memset(mapped, 3, 4 * Page);
+  arena.deallocate(mapped, 4 * Page);
+  arena.deallocate(kept, 2 * Page);
+  arena.check_invariants();
+}
+
+TEST_CASE("sizes past the capacity are refused with the capacity named") {
+  auto arena = paged_arena();
+  std::string message;
+  try {
+    arena->allocate(17 * Page);
+  } catch (const out_of_memory& e) {
+    message = e.what();
+  }
+  CHECK(contains(message, "1048576-byte capacity"));
+  arena->check_invariants();
+}
+
+namespace {
+void stamp(const latte::testing::StressBlock& b) {
+  auto* words = static_cast<std::uint64_t*>(b.ptr);
+  const std::size_t count = b.bytes / 8;
+  words[0] = words[count / 2] = words[count - 1] = b.stamp;
+}
+
+bool stamp_intact(const latte::testing::StressBlock& b) {
+  const auto* words = static_cast<const std::uint64_t*>(b.ptr);
+  const std::size_t count = b.bytes / 8;
+  return words[0] == b.stamp && words[count / 2] == b.stamp && words[count - 1] == b.stamp;
+}
+}  // namespace
+
+TEST_CASE("threads hammering one paged arena never share a block, and evictions keep live pages") {
+  const unsigned seed = std::getenv("LATTE_STRESS_SEED") ? std::atoi(std::getenv("LATTE_STRESS_SEED")) : 20261126;
+  const int ops_per_thread = std::getenv("LATTE_STRESS_OPS") ? std::atoi(std::getenv("LATTE_STRESS_OPS")) : 4000;
+  std::printf("paged stress seed %u, %d ops per thread\n", seed, ops_per_thread);
+  auto arena = paged_arena(64, true);  // 4 MiB in pages of 64 KiB
+  // Blocks of 8 B to 256 KiB: small ones share pages, large ones span several.
+  const latte::testing::StressShape shape{48, 8, 512, 32768};
+  std::atomic<int> corrupted{0}, refusals{0};
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const auto counts = latte::testing::stress_thread(*arena, seed + t, t, ops_per_thread, shape, stamp, stamp_intact);
+      corrupted.fetch_add(counts.corrupted);
+      refusals.fetch_add(counts.refusals);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  CHECK(corrupted.load() == 0);
+  arena->check_invariants();
+  CHECK(arena->usage().allocated == 0);
+  CHECK(arena->usage().unmap_calls > 0);  // the run needed evictions: the case under test
+  std::printf("out-of-memory refusals: %d, map calls %llu, unmap calls %llu\n", refusals.load(),
+              static_cast<unsigned long long>(arena->usage().map_calls),
+              static_cast<unsigned long long>(arena->usage().unmap_calls));
+}
+
+int main() { return latte::testing::run_all(); }

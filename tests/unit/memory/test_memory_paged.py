@@ -1,0 +1,124 @@
+"""The paged arena: blocks contiguous in addresses over any free physical pages, so a request
+fails only when its pages are not there (docs/memory.md, "Paged arenas")."""
+
+import gc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from latte.memory import BuddyArena
+
+KiB = 1 << 10
+MiB = 1 << 20
+PAGE = 64 * KiB
+
+
+def paged(capacity=1 * MiB, **options):
+    return BuddyArena(capacity, paged=True, page_bytes=PAGE, **options)
+
+
+def checkerboard(arena, pages=16):
+    """Every other page-sized block freed: half the memory free, in pieces of one page."""
+    blocks = [arena.empty(PAGE, np.uint8) for _ in range(pages)]
+    del blocks[1::2]
+    gc.collect()
+    return blocks
+
+
+def test_half_of_a_checkerboarded_arena_is_one_block_where_the_plain_buddy_refuses():
+    plain = BuddyArena(1 * MiB, size_classes=False)
+    held = checkerboard(plain)
+    with pytest.raises(MemoryError, match="largest free block 65536 bytes"):
+        plain.empty(128 * KiB, np.uint8)
+
+    arena = paged(size_classes=False)
+    kept = checkerboard(arena)
+    block = arena.empty(8 * PAGE, np.uint8)  # all eight free pages, as one array
+    block[:] = 7
+    for piece in kept:
+        piece[:] = 1
+    assert int(block.sum()) == 7 * 8 * PAGE
+    stats = arena.stats()
+    assert stats["paged"] is True and stats["page_bytes"] == PAGE
+    assert stats["free"] == 0 and stats["fragmented"] is False
+    assert stats["fragmentation_failures"] == 0
+    arena.check_invariants()
+    del held
+
+
+def test_a_request_past_the_free_pages_is_a_memory_error_that_names_the_capacity():
+    arena = paged(size_classes=False)
+    kept = checkerboard(arena)
+    with pytest.raises(MemoryError, match=r"live blocks hold 524288 of the 1048576-byte capacity in pages of 65536"):
+        arena.empty(9 * PAGE, np.uint8)
+    with pytest.raises(MemoryError, match="1048576-byte capacity"):
+        arena.empty(2 * MiB, np.uint8)
+    arena.check_invariants()
+    del kept
+
+
+def test_a_warm_large_block_reuses_its_mapping():
+    arena = paged()
+    block = arena.empty(5 * PAGE, np.uint8)
+    maps = arena.stats()["map_calls"]
+    del block
+    again = arena.empty(5 * PAGE, np.uint8)
+    stats = arena.stats()
+    assert stats["map_calls"] == maps and stats["unmap_calls"] == 0
+    assert stats["mapped"] == 5 * PAGE
+    del again
+    arena.release_cached()  # idle pages unmapped, their memory given back
+    stats = arena.stats()
+    assert stats["mapped"] == 0 and stats["physical_held"] == 0 and stats["unmap_calls"] >= 1
+
+
+def test_bad_page_sizes_are_refused_with_the_reason():
+    with pytest.raises(ValueError, match="page_bytes must be a power of two"):
+        BuddyArena(1 * MiB, paged=True, page_bytes=3 * KiB)
+    with pytest.raises(ValueError, match="capacity must hold at least one page"):
+        BuddyArena(32 * KiB, paged=True, page_bytes=PAGE)
+
+
+CAPACITY = 1 * MiB
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("alloc"), st.one_of(st.integers(1, 4096), st.integers(4097, 400_000))),
+        st.tuples(st.just("free"), st.integers(0, 1_000)),
+    ),
+    min_size=1,
+    max_size=80,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=operations, size_classes=st.booleans())
+def test_a_paged_arena_refuses_only_what_its_free_pages_cannot_hold(ops, size_classes):
+    arena = paged(CAPACITY, size_classes=size_classes)
+    live = []
+    for kind, value in ops:
+        if kind == "alloc":
+            try:
+                block = arena.empty(value, np.uint8)
+            except MemoryError:
+                # The pages are not there: a block (its size rounded to 256 bytes) spans at most
+                # one page more than it fills.
+                assert value + 256 + PAGE > arena.stats()["free"]
+                continue
+            block[[0, -1]] = len(live) % 251
+            live.append(block)
+            del block
+        elif live:
+            live.pop(value % len(live))
+        arena.check_invariants()
+        stats = arena.stats()
+        assert stats["live"] == sum(a.nbytes for a in live)
+        assert stats["live"] <= stats["allocated"] <= stats["reserved"] <= stats["capacity"]
+        assert stats["reserved"] + stats["free"] == stats["capacity"]
+        assert stats["physical_held"] <= stats["capacity"]
+    live.clear()
+    arena.release_cached()
+    stats = arena.stats()
+    assert stats["reserved"] == 0 and stats["physical_held"] == 0
