@@ -120,6 +120,7 @@ class ServingOptions:
     session_ttl_s: float = 300.0
     max_sessions: int = 10000
     arena_bytes: int = 64 << 20
+    arena_pages: bool = False                        # a paged arena: physical pages under each block (docs/memory.md)
     warmup: bool = True
     scheduler: str = "inline"                        # "affinity" (scheduler lanes) or "inline"; see _scheduling
     pin_lanes: bool = False
@@ -161,6 +162,10 @@ def _int_param(params: Mapping[str, str], key: str, default: Optional[int], mini
     if value < minimum:
         raise ConfigError(f"parameters[{key!r}] must be >= {minimum}, got {value}")
     return value
+
+
+# The page of a paged host arena (latte.memory.BuddyArena's default page_bytes).
+ARENA_PAGE_BYTES = 1 << 20
 
 
 def _bool_param(name: str, params: Mapping[str, str], key: str, default: bool) -> bool:
@@ -429,9 +434,14 @@ def _sessions(name: str, params: Mapping[str, str], signature: ModelSignature) -
     ttl = _float_param(name, params, "session_ttl_s", DEFAULTS.session_ttl_s, what="a number of seconds")
     if ttl <= 0:
         raise ConfigError(f"model {name!r}: parameters[\"session_ttl_s\"] must be > 0")
+    arena_bytes = _int_param(params, "arena_bytes", DEFAULTS.arena_bytes, minimum=1 << 16)
+    arena_pages = _bool_param(name, params, "arena_pages", DEFAULTS.arena_pages)
+    if arena_pages and arena_bytes < ARENA_PAGE_BYTES:
+        raise ConfigError(f"model {name!r}: parameters[\"arena_bytes\"] is {arena_bytes}; a paged arena "
+                          f"(arena_pages) needs at least one page of {ARENA_PAGE_BYTES} bytes")
     return {"session_input": session_input, "session_ttl_s": ttl,
             "max_sessions": _int_param(params, "max_sessions", DEFAULTS.max_sessions),
-            "arena_bytes": _int_param(params, "arena_bytes", DEFAULTS.arena_bytes, minimum=1 << 16)}
+            "arena_bytes": arena_bytes, "arena_pages": arena_pages}
 
 
 def _scheduling(name: str, params: Mapping[str, str], lanes: int) -> Dict:

@@ -8,6 +8,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -74,7 +75,12 @@ class LatteModel:
             pb.Logger.log_warn(f"latte: {oversubscribed}")
         # Batch buffers, a graph's intermediates and session state live here, so memory stays
         # flat however shapes vary.
-        self.arena = BuddyArena(spec.serving.arena_bytes, "cpu")
+        with warnings.catch_warnings():  # the server log says why a paged arena was not had
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.arena = BuddyArena(spec.serving.arena_bytes, "cpu", paged=spec.serving.arena_pages)
+        if self.arena.fallback_reason:
+            pb.Logger.log_warn(f"latte: {spec.signature.name}: arena_pages: the plain buddy arena serves: "
+                               f"{self.arena.fallback_reason}")
         memory_resource.use(self.arena.empty)
         device_memory.use(spec.serving)  # before the model's first CUDA tensor
         self.graph = self.dispatcher = self.publisher = self._sender = None

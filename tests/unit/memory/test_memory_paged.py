@@ -122,3 +122,27 @@ def test_a_paged_arena_refuses_only_what_its_free_pages_cannot_hold(ops, size_cl
     arena.release_cached()
     stats = arena.stats()
     assert stats["reserved"] == 0 and stats["physical_held"] == 0
+
+
+def test_a_model_with_arena_pages_serves_its_batches_from_a_paged_arena(example_repo):
+    from example_models import example_model
+    from latte.backend.standin_stub import InferenceRequest
+    from latte.examples import EXAMPLES
+
+    model = example_model(example_repo, "sequence_onnx", arena_pages="true", arena_bytes=str(8 * MiB))
+    try:
+        assert model.arena.stats()["paged"] is True and model.arena.capacity == 8 * MiB
+        rng = np.random.default_rng(4)
+        responses = model.execute([InferenceRequest(EXAMPLES["sequence"].sample(1, rng)) for _ in range(6)])
+        assert not any(r.has_error() for r in responses)
+        assert model.arena.stats()["map_calls"] > 0  # the batches' buffers came from mapped pages
+    finally:
+        model.finalize()
+
+
+def test_arena_pages_needs_an_arena_of_at_least_one_page(example_repo):
+    from example_models import example_spec
+    from latte.backend.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"a paged arena \(arena_pages\) needs at least one page of 1048576 bytes"):
+        example_spec(example_repo, "sequence_onnx", arena_pages="true", arena_bytes=str(512 * KiB))
