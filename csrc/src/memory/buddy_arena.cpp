@@ -85,10 +85,15 @@ void* BuddyArena::block_at(std::uint32_t head) noexcept {
       return nullptr;
     }
   }
-  peak_reserved_ = std::max(peak_reserved_, pages_ ? static_cast<std::size_t>(pages_->counts().in_use) *
-                                                         pages_->mapper().page_bytes() - warm_bytes_
-                                                   : capacity_ - (static_cast<std::size_t>(buddy_.free_units()) << unit_shift_));
+  note_peak_reserved();
   return base_ + offset;
+}
+
+void BuddyArena::note_peak_reserved() noexcept {
+  const std::size_t reserved =
+      pages_ ? static_cast<std::size_t>(pages_->counts().in_use) * pages_->mapper().page_bytes() - warm_bytes_
+             : capacity_ - (static_cast<std::size_t>(buddy_.free_units()) << unit_shift_);
+  peak_reserved_ = std::max(peak_reserved_, reserved);
 }
 
 void BuddyArena::free_block(std::uint32_t head) noexcept {
@@ -138,6 +143,7 @@ void* BuddyArena::take_warm(std::uint32_t units) noexcept {
   found->second.pop_back();
   --warm_blocks_;
   warm_bytes_ -= static_cast<std::size_t>(units) << unit_shift_;
+  note_peak_reserved();
   return base_ + (static_cast<std::size_t>(head) << unit_shift_);
 }
 

@@ -108,6 +108,26 @@ TEST_CASE("a warm free and allocation of a large block maps nothing") {
   arena->check_invariants();
 }
 
+TEST_CASE("a freed large block is kept whole for the next of its length, and goes back when room runs out") {
+  auto arena = paged_arena();
+  void* a = arena->allocate(12 * Page);
+  arena->deallocate(a, 12 * Page);
+  ArenaUsage u = arena->usage();
+  CHECK(u.warm == 12 * Page);
+  CHECK(u.reserved == 0);  // kept, not live: its pages count as free
+  CHECK(u.free == 16 * Page);
+  void* again = arena->allocate(12 * Page);
+  CHECK(again == a);
+  CHECK(arena->usage().warm == 0);
+  CHECK(arena->usage().reserved == 12 * Page);
+  arena->deallocate(again, 12 * Page);
+  void* other = arena->allocate(8 * Page);  // four pages beside the kept block: it goes back
+  CHECK(arena->usage().warm == 0);
+  CHECK(arena->usage().reserved == 8 * Page);
+  arena->deallocate(other, 8 * Page);
+  arena->check_invariants();
+}
+
 TEST_CASE("idle pages are unmapped only when another range needs their memory") {
   auto arena = paged_arena();
   void* a = arena->allocate(16 * Page);

@@ -85,6 +85,7 @@ class BuddyArena final : public MemoryResource {
   void return_block(void* ptr) noexcept;
   void make_slabs();
   void* block_at(std::uint32_t head) noexcept;
+  void note_peak_reserved() noexcept;
   void* take_head(std::uint32_t units) noexcept;
   void free_block(std::uint32_t head) noexcept;
   void* take_warm(std::uint32_t units) noexcept;
