@@ -113,7 +113,14 @@ void* BuddyArena::try_allocate(std::size_t bytes) noexcept {
   if (bytes > capacity_) return nullptr;
   const auto units = static_cast<std::uint32_t>((bytes + options_.min_block - 1) >> unit_shift_);
   std::lock_guard<std::mutex> lock(buddy_mutex_);
-  void* ptr = warm_blocks_ ? take_warm(units) : nullptr;
+  void* ptr = nullptr;
+  if (warm_blocks_ && (static_cast<std::size_t>(units) << unit_shift_) >= pages_->mapper().page_bytes()) {
+    ptr = take_warm(units);
+    // Kept blocks of other lengths go back first: the request then lands at the lowest free
+    // addresses, whose pages are mapped still, instead of beside the kept blocks on pages that
+    // need mapping.
+    if (ptr == nullptr) release_warm();
+  }
   if (ptr == nullptr) ptr = take_head(units);
   if (ptr != nullptr) {
     const auto head = static_cast<std::uint32_t>((static_cast<std::byte*>(ptr) - base_) >> unit_shift_);

@@ -110,8 +110,8 @@ class BuddyArena final : public MemoryResource {
   bool short_of_pages_ = false;               // the last failed take lacked pages, not addresses
   // Paged: freed blocks of a page or more kept whole and mapped, by length in units, for the
   // next request of that length (no page bookkeeping, no system call), as a caching allocator
-  // keeps blocks; all go back when a take finds no room, and on release_cached. Guarded by
-  // buddy_mutex_.
+  // keeps blocks; all go back when a large request is of another length, when a take finds no
+  // room, and on release_cached. Guarded by buddy_mutex_.
   std::unordered_map<std::uint32_t, std::vector<std::uint32_t>> warm_;
   std::size_t warm_blocks_ = 0;
   std::size_t warm_bytes_ = 0;
