@@ -92,11 +92,7 @@ ReplayResult replay(const std::vector<TraceOp>& ops, std::uint64_t capacity, All
   return r;
 }
 
-ReplayResult replay_arena(const std::vector<TraceOp>& ops, std::uint64_t capacity,
-                          memory::ArenaOptions options) {
-  // The arena never touches the memory it manages, so the region need not be faulted in.
-  memory::HostResource host(memory::HostResourceOptions{false, false});
-  memory::BuddyArena arena(host, capacity, options);
+ReplayResult replay_on(const std::vector<TraceOp>& ops, memory::BuddyArena& arena) {
   std::vector<void*> ptr_of;
   return replay(
       ops, arena.capacity(),
@@ -116,27 +112,19 @@ ReplayResult replay_arena(const std::vector<TraceOp>& ops, std::uint64_t capacit
       });
 }
 
+ReplayResult replay_arena(const std::vector<TraceOp>& ops, std::uint64_t capacity,
+                          memory::ArenaOptions options) {
+  // The arena never touches the memory it manages, so the region need not be faulted in.
+  memory::HostResource host(memory::HostResourceOptions{false, false});
+  memory::BuddyArena arena(host, capacity, options);
+  return replay_on(ops, arena);
+}
+
 // Paged: the buddy carves addresses four times the capacity and pages of a memfd (1 MiB) are
 // mapped under the blocks (not written, so not faulted in: the replay counts, it does not touch).
 ReplayResult replay_paged(const std::vector<TraceOp>& ops, std::uint64_t capacity) {
   memory::BuddyArena arena(std::make_unique<memory::HostPages>(capacity, memory::HostPagesOptions{kPage, 4, false}));
-  std::vector<void*> ptr_of;
-  ReplayResult r = replay(
-      ops, arena.capacity(),
-      [&](std::uint32_t id, std::uint64_t bytes) {
-        if (id >= ptr_of.size()) ptr_of.resize(id + 1024, nullptr);
-        try {
-          ptr_of[id] = arena.allocate(bytes);
-          return true;
-        } catch (const latte::out_of_memory&) {
-          return false;
-        }
-      },
-      [&](std::uint32_t id) { arena.deallocate(ptr_of[id], 0); },
-      [&] {
-        const memory::ArenaUsage u = arena.usage();
-        return std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>{u.reserved, u.free, u.largest_free};
-      });
+  ReplayResult r = replay_on(ops, arena);
   r.map_calls = arena.usage().map_calls;
   r.unmap_calls = arena.usage().unmap_calls;
   return r;

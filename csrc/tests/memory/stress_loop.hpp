@@ -31,6 +31,19 @@ struct StressCounts {
   int refusals = 0;   // out-of-memory answers (the arena is meant to run full at times)
 };
 
+// A host block's stamp: three of its words, the first, the middle and the last.
+inline void stamp_host(const StressBlock& b) {
+  auto* words = static_cast<std::uint64_t*>(b.ptr);
+  const std::size_t count = b.bytes / 8;
+  words[0] = words[count / 2] = words[count - 1] = b.stamp;
+}
+
+inline bool host_stamp_intact(const StressBlock& b) {
+  const auto* words = static_cast<const std::uint64_t*>(b.ptr);
+  const std::size_t count = b.bytes / 8;
+  return words[0] == b.stamp && words[count / 2] == b.stamp && words[count - 1] == b.stamp;
+}
+
 template <class Stamp, class Intact>
 StressCounts stress_thread(latte::memory::BuddyArena& arena, std::uint64_t seed, std::uint64_t thread, int ops,
                            const StressShape& shape, Stamp stamp, Intact intact) {

@@ -15,23 +15,6 @@
 
 using namespace latte::memory;
 
-namespace {
-
-// Three words of the block carry its stamp: the first, the middle and the last.
-void stamp(const latte::testing::StressBlock& b) {
-  auto* words = static_cast<std::uint64_t*>(b.ptr);
-  const std::size_t count = b.bytes / 8;
-  words[0] = words[count / 2] = words[count - 1] = b.stamp;
-}
-
-bool stamp_intact(const latte::testing::StressBlock& b) {
-  const auto* words = static_cast<const std::uint64_t*>(b.ptr);
-  const std::size_t count = b.bytes / 8;
-  return words[0] == b.stamp && words[count / 2] == b.stamp && words[count - 1] == b.stamp;
-}
-
-}  // namespace
-
 TEST_CASE("threads hammering one arena never share a block") {
   const unsigned seed = std::getenv("LATTE_STRESS_SEED") ? std::atoi(std::getenv("LATTE_STRESS_SEED")) : 20261121;
   const int ops_per_thread = std::getenv("LATTE_STRESS_OPS") ? std::atoi(std::getenv("LATTE_STRESS_OPS")) : 5000;
@@ -45,7 +28,9 @@ TEST_CASE("threads hammering one arena never share a block") {
   std::vector<std::thread> threads;
   for (unsigned t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      const auto counts = latte::testing::stress_thread(arena, seed + t, t, ops_per_thread, shape, stamp, stamp_intact);
+      const auto counts = latte::testing::stress_thread(arena, seed + t, t, ops_per_thread, shape,
+                                                        latte::testing::stamp_host,
+                                                        latte::testing::host_stamp_intact);
       corrupted.fetch_add(counts.corrupted);
       failures.fetch_add(counts.refusals);
     });

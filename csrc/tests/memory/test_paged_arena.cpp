@@ -207,20 +207,6 @@ TEST_CASE("sizes past the capacity are refused with the capacity named") {
   arena->check_invariants();
 }
 
-namespace {
-void stamp(const latte::testing::StressBlock& b) {
-  auto* words = static_cast<std::uint64_t*>(b.ptr);
-  const std::size_t count = b.bytes / 8;
-  words[0] = words[count / 2] = words[count - 1] = b.stamp;
-}
-
-bool stamp_intact(const latte::testing::StressBlock& b) {
-  const auto* words = static_cast<const std::uint64_t*>(b.ptr);
-  const std::size_t count = b.bytes / 8;
-  return words[0] == b.stamp && words[count / 2] == b.stamp && words[count - 1] == b.stamp;
-}
-}  // namespace
-
 TEST_CASE("threads hammering one paged arena never share a block, and evictions keep live pages") {
   const unsigned seed = std::getenv("LATTE_STRESS_SEED") ? std::atoi(std::getenv("LATTE_STRESS_SEED")) : 20261126;
   const int ops_per_thread = std::getenv("LATTE_STRESS_OPS") ? std::atoi(std::getenv("LATTE_STRESS_OPS")) : 4000;
@@ -232,7 +218,9 @@ TEST_CASE("threads hammering one paged arena never share a block, and evictions 
   std::vector<std::thread> threads;
   for (unsigned t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
-      const auto counts = latte::testing::stress_thread(*arena, seed + t, t, ops_per_thread, shape, stamp, stamp_intact);
+      const auto counts = latte::testing::stress_thread(*arena, seed + t, t, ops_per_thread, shape,
+                                                        latte::testing::stamp_host,
+                                                        latte::testing::host_stamp_intact);
       corrupted.fetch_add(counts.corrupted);
       refusals.fetch_add(counts.refusals);
     });
