@@ -79,8 +79,10 @@ void* BuddyArena::block_at(std::uint32_t head) noexcept {
   const std::size_t offset = static_cast<std::size_t>(head) << unit_shift_;
   if (pages_) {
     const std::size_t length = static_cast<std::size_t>(buddy_.length_of(head)) << unit_shift_;
-    if (pages_->acquire(offset, length) != PageTable::Shortage::none) {
-      short_of_pages_ = true;
+    const PageTable::Shortage shortage = pages_->acquire(offset, length);
+    if (shortage != PageTable::Shortage::none) {
+      short_of_pages_ = shortage == PageTable::Shortage::physical;
+      map_refused_ = shortage == PageTable::Shortage::mapping;
       buddy_.free(head);
       return nullptr;
     }
@@ -111,10 +113,15 @@ void* BuddyArena::try_allocate(std::size_t bytes) noexcept {
     if (void* ptr = slabs_->allocate(bytes)) return ptr;
   }
   if (bytes > capacity_) return nullptr;
-  const auto units = static_cast<std::uint32_t>((bytes + options_.min_block - 1) >> unit_shift_);
+  std::size_t rounded = bytes;
+  const std::size_t page = pages_ ? pages_->mapper().page_bytes() : 0;
+  // Paged, a request of a page or more takes whole pages: its block (aligned to its power of
+  // two, at least a page) then shares no page, and a kept block holds exactly its pages.
+  if (page && bytes >= page) rounded = (bytes + page - 1) / page * page;
+  const auto units = static_cast<std::uint32_t>((rounded + options_.min_block - 1) >> unit_shift_);
   std::lock_guard<std::mutex> lock(buddy_mutex_);
   void* ptr = nullptr;
-  if (warm_blocks_ && (static_cast<std::size_t>(units) << unit_shift_) >= pages_->mapper().page_bytes()) {
+  if (warm_blocks_ && page && bytes >= page) {
     ptr = take_warm(units);
     // Kept blocks of other lengths go back first: the request then lands at the lowest free
     // addresses, whose pages are mapped still, instead of beside the kept blocks on pages that
@@ -135,7 +142,7 @@ void* BuddyArena::try_allocate(std::size_t bytes) noexcept {
 void* BuddyArena::take_head(std::uint32_t units) noexcept {
   for (int attempt = 0; attempt < 2; ++attempt) {
     const std::uint32_t head = buddy_.allocate(units, options_.trim);
-    if (head == BuddyAllocator::npos) short_of_pages_ = false;
+    if (head == BuddyAllocator::npos) short_of_pages_ = map_refused_ = false;
     void* ptr = head == BuddyAllocator::npos ? nullptr : block_at(head);
     if (ptr != nullptr || warm_blocks_ == 0) return ptr;
     release_warm();
@@ -168,8 +175,8 @@ bool BuddyArena::keep_warm(std::uint32_t head, std::uint32_t units) noexcept {
 void BuddyArena::release_warm() noexcept {
   for (auto& [units, heads] : warm_) {
     for (std::uint32_t head : heads) free_block(head);
-    heads.clear();
   }
+  warm_.clear();  // lengths seen once do not stay as keys
   warm_blocks_ = 0;
   warm_bytes_ = 0;
 }
@@ -225,10 +232,15 @@ void BuddyArena::throw_out_of_memory(std::size_t bytes) const {
     throw out_of_memory(head + "capacity " + std::to_string(u.capacity) + ", free " + std::to_string(u.free) +
                         ", largest free block " + std::to_string(u.largest_free) + " bytes");
   }
-  bool short_of_pages;
+  bool short_of_pages, map_refused;
   {
     std::lock_guard<std::mutex> lock(buddy_mutex_);
     short_of_pages = short_of_pages_;
+    map_refused = map_refused_;
+  }
+  if (map_refused) {
+    throw out_of_memory(head + "the system refused to map its pages (the process's mappings may be at "
+                        "vm.max_map_count)");
   }
   if (short_of_pages || bytes > u.capacity) {
     throw out_of_memory(head + "live blocks hold " + std::to_string(u.reserved) + " of the " +
@@ -254,6 +266,11 @@ void BuddyArena::do_deallocate(void* ptr, std::size_t bytes) noexcept {
     if (static_cast<std::byte*>(ptr) < base_ || static_cast<std::byte*>(ptr) >= base_ + span_ ||
         (static_cast<std::byte*>(ptr) - base_) % options_.min_block != 0 || !buddy_.is_allocated_head(head)) {
       std::fprintf(stderr, "latte: BuddyArena::deallocate(%p): not a live block of this arena\n", ptr);
+      std::abort();
+    }
+    if (auto kept = warm_.find(buddy_.length_of(head));
+        kept != warm_.end() && std::find(kept->second.begin(), kept->second.end(), head) != kept->second.end()) {
+      std::fprintf(stderr, "latte: BuddyArena::deallocate(%p): freed already (kept for reuse)\n", ptr);
       std::abort();
     }
 #endif
@@ -317,6 +334,11 @@ void BuddyArena::check_invariants_locked() const {
   if (pages_) pages_->check_invariants();
   std::size_t blocks = 0, bytes = 0;
   for (const auto& [units, heads] : warm_) {
+    std::vector<std::uint32_t> sorted(heads);
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      throw logic_error("BuddyArena invariant broken: a block is kept for reuse twice");
+    }
     for (std::uint32_t head : heads) {
       if (!buddy_.is_allocated_head(head) || buddy_.length_of(head) != units) {
         throw logic_error("BuddyArena invariant broken: warm block at unit " + std::to_string(head) +

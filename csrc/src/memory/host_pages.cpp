@@ -65,7 +65,9 @@ HostPages::HostPages(std::size_t capacity, HostPagesOptions options)
   LATTE_EXPECTS(page_bytes_ >= system_page && (page_bytes_ & (page_bytes_ - 1)) == 0,
                 "page_bytes must be a power of two of at least the system page (" + std::to_string(system_page) +
                     " bytes), got " + std::to_string(page_bytes_));
-  LATTE_EXPECTS(options.virtual_factor >= 1, "virtual_factor must be at least 1");
+  // Twice the capacity at least: a request of more than half of it needs an aligned run of
+  // addresses that a range of one capacity may not have free.
+  LATTE_EXPECTS(options.virtual_factor >= 2, "virtual_factor must be at least 2");
   LATTE_EXPECTS(capacity >= page_bytes_, "capacity must hold at least one page (" + std::to_string(page_bytes_) +
                                              " bytes), got " + std::to_string(capacity));
   const std::size_t physical = capacity / page_bytes_, virtual_pages = physical * options.virtual_factor;
@@ -103,6 +105,8 @@ bool HostPages::map(std::uint32_t first, std::uint32_t physical, std::uint32_t c
     unmap(first, count);  // a failed MAP_FIXED may have dropped the reservation there
     return false;
   }
+  // A shared mapping would be shared with a forked child too: the child gets none instead.
+  madvise(at, length, MADV_DONTFORK);
   return true;
 }
 

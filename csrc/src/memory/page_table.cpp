@@ -101,11 +101,12 @@ bool PageTable::map_missing(std::uint32_t first, std::uint32_t last) noexcept {
       }
     }
   }
-  for (std::uint32_t q = first; q <= last; ++q) {
+  // A refused map: every page this call mapped goes back, the highest frame first so that the
+  // free list hands the lowest out next, in order.
+  for (std::uint32_t q = last + 1; q-- > first;) {
     if (!fresh_[q]) continue;
     fresh_[q] = 0;
     if (mapped) continue;
-    // A refused map: every page this call mapped goes back, so nothing changed.
     mapper_->unmap(q, 1);
     ++unmap_calls_;
     free_.push_back(frame_[q]);

@@ -128,6 +128,21 @@ TEST_CASE("a freed large block is kept whole for the next of its length, and goe
   arena->check_invariants();
 }
 
+TEST_CASE("a request of a page and a byte takes two whole pages, which it shares with nothing") {
+  auto arena = paged_arena(16, true);
+  void* small = arena->allocate(100 * KiB);  // under a page: its own pages may be shared
+  void* large = arena->allocate(Page + 1);
+  CHECK(reinterpret_cast<std::uintptr_t>(large) % Page == 0);
+  arena->deallocate(large, Page + 1);
+  ArenaUsage u = arena->usage();
+  CHECK(u.warm == 2 * Page);  // kept: exactly its pages
+  const std::size_t reserved = u.reserved;
+  arena->release_cached();  // the kept block goes back: the pages the small block touches stay
+  CHECK(arena->usage().reserved == reserved);
+  arena->deallocate(small, 100 * KiB);
+  arena->check_invariants();
+}
+
 TEST_CASE("idle pages are unmapped only when another range needs their memory") {
   auto arena = paged_arena();
   void* a = arena->allocate(16 * Page);

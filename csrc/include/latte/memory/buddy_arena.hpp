@@ -108,6 +108,7 @@ class BuddyArena final : public MemoryResource {
   std::unique_ptr<detail::SlabCache> slabs_;
   std::unique_ptr<detail::PageTable> pages_;  // guarded by buddy_mutex_
   bool short_of_pages_ = false;               // the last failed take lacked pages, not addresses
+  bool map_refused_ = false;                  // the last failed take's map was refused by the system
   // Paged: freed blocks of a page or more kept whole and mapped, by length in units, for the
   // next request of that length (no page bookkeeping, no system call), as a caching allocator
   // keeps blocks; all go back when a large request is of another length, when a take finds no

@@ -65,8 +65,9 @@ class PageTable {
   // Backs every page of [offset, offset + bytes) of the range for one more block: idle pages
   // are reused, missing ones mapped from free physical pages, evicting the least recently
   // idle pages of other ranges when no free one is left. Shortage::physical: the range's
-  // missing pages exceed the free and idle pages together; Shortage::mapping: the system
-  // refused a map. Either way nothing changed.
+  // missing pages exceed the free and idle pages together (nothing changed); Shortage::mapping:
+  // the system refused a map (the range is as it was; idle pages of other ranges evicted for
+  // it stay unmapped, their physical pages free).
   Shortage acquire(std::size_t offset, std::size_t bytes) noexcept;
   // One block fewer touches each page of [offset, offset + bytes); pages no block touches
   // become idle, still mapped.
