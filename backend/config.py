@@ -164,7 +164,7 @@ def _int_param(params: Mapping[str, str], key: str, default: Optional[int], mini
     return value
 
 
-# The page of a paged host arena (latte.memory.BuddyArena's default page_bytes).
+# The page of a model's paged arena (arena_pages): its size and the least arena_bytes then.
 ARENA_PAGE_BYTES = 1 << 20
 
 

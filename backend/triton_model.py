@@ -14,7 +14,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from latte.backend import autocomplete, device_memory, memory_resource
-from latte.backend.config import parse_args, parse_model_config, thread_budget_warning, usable_core_ids
+from latte.backend.config import (ARENA_PAGE_BYTES, parse_args, parse_model_config, thread_budget_warning,
+                                  usable_core_ids)
 from latte.backend.engine import BatchEngine, ModelError, model_failure
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
@@ -77,7 +78,8 @@ class LatteModel:
         # flat however shapes vary.
         with warnings.catch_warnings():  # the server log says why a paged arena was not had
             warnings.simplefilter("ignore", RuntimeWarning)
-            self.arena = BuddyArena(spec.serving.arena_bytes, "cpu", paged=spec.serving.arena_pages)
+            self.arena = BuddyArena(spec.serving.arena_bytes, "cpu", paged=spec.serving.arena_pages,
+                                    page_bytes=ARENA_PAGE_BYTES)
         if self.arena.fallback_reason:
             pb.Logger.log_warn(f"latte: {spec.signature.name}: arena_pages: the plain buddy arena serves: "
                                f"{self.arena.fallback_reason}")
