@@ -22,9 +22,11 @@ from latte.backend.dtypes import is_string, to_numpy
 from latte.backend.errors import ConfigError
 from latte.backend.planning import parse_planning
 
-RUNTIMES = ("torchscript", "torch_export", "onnx", "tensorrt", "graph")
+RUNTIMES = ("torchscript", "torch_export", "onnx", "tensorrt", "graph", "stream")
 # A fused model's version folder: its graph of steps, and a folder of files per step.
 GRAPH_FILE = "graph.json"
+# A streaming model's version folder: its start and step graphs (docs/streaming.md).
+STREAM_FILE = "stream.json"
 RUNTIME_BY_EXTENSION = {".pt": "torchscript", ".ts": "torchscript", ".pt2": "torch_export",
                ".onnx": "onnx", ".plan": "tensorrt", ".engine": "tensorrt"}
 
@@ -249,6 +251,8 @@ def _with_valid_ranges(model: str, inputs: Tuple[TensorSpec, ...], params: Mappi
 def detect_runtime(path: Path) -> str:
     if Path(path).name == GRAPH_FILE:
         return "graph"
+    if Path(path).name == STREAM_FILE:
+        return "stream"
     runtime = RUNTIME_BY_EXTENSION.get(Path(path).suffix)
     if runtime is None:
         raise ConfigError(
@@ -259,10 +263,12 @@ def detect_runtime(path: Path) -> str:
 
 
 def model_files_in(version_dir: Path) -> List[Path]:
-    """The files of a version folder whose extension names a runtime, or its graph of steps."""
+    """The files of a version folder whose extension names a runtime, its graph of steps, or its
+    streaming model."""
     if not version_dir.is_dir():
         return []
-    return sorted(p for p in version_dir.iterdir() if p.suffix in RUNTIME_BY_EXTENSION or p.name == GRAPH_FILE)
+    return sorted(p for p in version_dir.iterdir()
+                  if p.suffix in RUNTIME_BY_EXTENSION or p.name in (GRAPH_FILE, STREAM_FILE))
 
 
 def find_model_file(version_dir: Path, params: Mapping[str, str]) -> Optional[Path]:

@@ -72,6 +72,9 @@ def load_model(spec: ModelSpec) -> Tuple["Graph", Optional[AccuracyReport]]:
     served at another precision than FP32: its graph.json's steps (each at its own precision,
     the config refuses another for the graph), or one model step."""
     signature, serving = spec.signature, spec.serving
+    if signature.runtime == "stream":
+        raise ConfigError(f"model {signature.name!r}: {signature.model_path.name} is a streaming model, which sends "
+                          "many responses per request; set model_transaction_policy { decoupled: true }")
     if signature.runtime == "graph":
         return Graph(signature.model_path, [t.name for t in signature.inputs], [t.name for t in signature.outputs],
                      serving.intra_op_threads, serving.inter_op_threads, serving.device), None

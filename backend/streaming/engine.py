@@ -1,0 +1,217 @@
+"""One iteration's work on the live streams: the start graph on the streams that join, the
+step graph on every stream already running, each as one batch; their state kept in the pools
+(blocks.py) between iterations. It answers with emissions, (stream, outcome, final), and calls
+nothing back: the runner decides who joins, the model sends.
+
+A batch that fails is run again stream by stream, so only the streams the model fails on end
+(with an error naming the step); the others go on.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from latte.backend.batching import Batch
+from latte.backend.dtypes import to_numpy
+from latte.backend.engine import model_failure
+from latte.backend.errors import OutOfMemory, RequestError
+from latte.backend.graph.values import stack_members, variable_axes
+from latte.backend.streaming.blocks import Allocate, BlockPool, ShortOfBlocks, StatePool
+from latte.backend.streaming.definition import StreamDefinition
+from latte.backend.streaming.options import StreamOptions
+from latte.backend.streaming.streams import Outputs, Stream
+
+Outcome = Union[Outputs, Exception, None]
+Emission = Tuple[Stream, Outcome, bool]   # what to send a stream, and whether it is its last
+
+
+class StreamEngine:
+    def __init__(self, name: str, definition: StreamDefinition, start_graph, step_graph, options: StreamOptions,
+                 outputs: Sequence[str], allocate: Allocate) -> None:
+        self.name = name
+        self.definition = definition
+        self.start_graph, self.step_graph = start_graph, step_graph
+        self.output_names = list(outputs)
+        made = {t.name: t for t in definition.start.outputs}
+        self.state = StatePool(options.max_streams, {s: (made[s].dims, to_numpy(made[s].data_type))
+                                                     for s in definition.state}, allocate)
+        cache = definition.cache
+        self.cache = None if cache is None else BlockPool(options.cache_blocks, cache.block_tokens, cache.row_dims,
+                                                          to_numpy(cache.data_type), allocate)
+        self._start_axes = {t.name: variable_axes(t.dims) for t in definition.start.inputs}
+        self._end_tokens = np.asarray(definition.end_tokens, dtype=np.int64)
+        self.live: List[Stream] = []
+
+    # -- joining ------------------------------------------------------------------------
+    def start(self, streams: Sequence[Stream]) -> List[Emission]:
+        """The start graph on the joining streams, as one batch: each gets its state and first output."""
+        try:
+            outputs, lengths = self.start_graph.run_batch(self._start_batch(streams))
+        except Exception as exc:
+            if len(streams) == 1:
+                return [self._failed(streams[0], exc)]
+            return [emission for stream in streams for emission in self.start([stream])]
+        emissions = []
+        for i, stream in enumerate(streams):
+            try:
+                self._hold(stream, outputs, lengths, i)
+            except OutOfMemory as exc:
+                emissions.append(self._failed(stream, exc))
+                continue
+            self.live.append(stream)
+            emissions.extend(self._emit(stream, outputs, i))
+        return emissions
+
+    def _start_batch(self, streams: Sequence[Stream]) -> Batch:
+        inputs, lengths = {}, None
+        for name, axes in self._start_axes.items():
+            parts = [stream.inputs[name][None] for stream in streams]
+            if axes:
+                value = stack_members(parts, axes, 0.0)
+                inputs[name] = value.array
+                found = [part.shape[axes[0]] for part in parts]
+                lengths = found if lengths is None else [max(a, b) for a, b in zip(lengths, found)]
+            else:
+                inputs[name] = np.concatenate(parts)
+        return Batch(inputs=inputs, member_rows=[1] * len(streams), lengths=lengths,
+                     padded_length=max(lengths) if lengths else None, rows=len(streams))
+
+    def _hold(self, stream: Stream, outputs, lengths, i: int) -> None:
+        """The stream's state slot and cache blocks, filled with what start made."""
+        slot = self.state.take()
+        for name, array in self.state.arrays.items():
+            array[slot] = outputs[name][i]
+        stream.slot = slot
+        cache = self.definition.cache
+        if cache is None:
+            return
+        rows = outputs[cache.name][i]
+        own = lengths.get(cache.name) if lengths else None
+        count = int(own[i]) if own is not None else rows.shape[0]
+        try:
+            stream.blocks = self.cache.take(self.cache.blocks_for(max(count, 1)))
+        except ShortOfBlocks as exc:
+            self.state.give_back(slot)
+            stream.slot = None
+            raise OutOfMemory(f"the stream's cache does not fit: {exc}; it is refused (the pool holds "
+                              f"cache_blocks={self.cache.capacity})") from None
+        self.cache.write_rows(stream.blocks, rows[:count])
+        stream.length = count
+
+    # -- stepping -----------------------------------------------------------------------
+    def step(self, streams: Sequence[Stream]) -> List[Emission]:
+        """The step graph on `streams` (live, each holding its state), as one batch."""
+        emissions: List[Emission] = []
+        ready = []
+        for stream in streams:
+            try:
+                self._room(stream)
+                ready.append(stream)
+            except OutOfMemory as exc:
+                emissions.append(self._failed(stream, exc))
+        if ready:
+            emissions.extend(self._step(ready))
+        return emissions
+
+    def _room(self, stream: Stream) -> None:
+        """A block for the stream's next cache row when its last block is full."""
+        if self.cache is not None and stream.length == len(stream.blocks) * self.cache.block_rows:
+            try:
+                stream.blocks.extend(self.cache.take(1))
+            except ShortOfBlocks as exc:
+                raise OutOfMemory(f"the stream cache ran short after {stream.length} tokens: {exc}") from None
+
+    def _step(self, streams: Sequence[Stream]) -> List[Emission]:
+        slots = np.fromiter((s.slot for s in streams), dtype=np.int64, count=len(streams))
+        try:
+            outputs, _ = self.step_graph.run_batch(self._step_batch(streams, slots))
+        except Exception as exc:
+            if len(streams) == 1:
+                return [self._failed(streams[0], exc)]
+            return [emission for stream in streams for emission in self._step([stream])]
+        definition = self.definition
+        self.state.write(slots, {name: outputs[following] for name, following in definition.state.items()})
+        cache = definition.cache
+        if cache is not None:
+            lengths = np.fromiter((s.length for s in streams), dtype=np.int64, count=len(streams))
+            size = self.cache.block_rows
+            blocks = np.fromiter((s.blocks[s.length // size] for s in streams), dtype=np.int64, count=len(streams))
+            self.cache.append(blocks, lengths % size, outputs[cache.row])
+            for stream in streams:
+                stream.length += 1
+        emissions = []
+        for i, stream in enumerate(streams):
+            emissions.extend(self._emit(stream, outputs, i, following=True))
+        return emissions
+
+    def _step_batch(self, streams: Sequence[Stream], slots: np.ndarray) -> Batch:
+        inputs = self.state.gather(slots)
+        cache = self.definition.cache
+        if cache is None:
+            return Batch(inputs=inputs, member_rows=[1] * len(streams), rows=len(streams))
+        lengths = [s.length for s in streams]
+        table = np.zeros((len(streams), max(len(s.blocks) for s in streams)), dtype=np.int64)
+        for row, stream in zip(table, streams):
+            row[:len(stream.blocks)] = stream.blocks
+        inputs[cache.name] = self.cache.gather(table)
+        inputs[cache.lengths] = np.asarray(lengths, dtype=np.int64).reshape(-1, 1)
+        return Batch(inputs=inputs, member_rows=[1] * len(streams), lengths=lengths,
+                     padded_length=inputs[cache.name].shape[1], rows=len(streams))
+
+    # -- answering ----------------------------------------------------------------------
+    def _emit(self, stream: Stream, outputs, i: int, following: bool = False) -> List[Emission]:
+        """What stream i's outputs of this batch send; the stream leaves when that is its last."""
+        definition = self.definition
+        ended = False
+        if definition.token is not None and len(self._end_tokens) and not stream.controls.ignore_eos:
+            token_name = definition.state[definition.token] if following else definition.token
+            ended = bool(np.isin(outputs[token_name][i], self._end_tokens).any())
+        last = bool(definition.done is not None and following and outputs[definition.done][i].any())
+        if definition.cache is not None and stream.length >= definition.cache.max_tokens:
+            last = True  # its cache holds no further row: the model's context is full
+        mine = None if ended else {name: outputs[name][i] for name in self.output_names}
+        taken = stream.take(mine, last)
+        if taken is None:
+            return []
+        outcome, final = taken
+        if final:
+            self.drop(stream)
+        return [(stream, outcome, final)]
+
+    def _failed(self, stream: Stream, exc: BaseException) -> Emission:
+        if isinstance(exc, (RequestError, OutOfMemory)):
+            failure = exc
+        else:
+            failure = model_failure(self.name, exc)
+        self.drop(stream)
+        return stream, failure, True
+
+    def drop(self, stream: Stream) -> None:
+        """The stream leaves: its state and cache blocks go back to the pools (idempotent)."""
+        if stream.ended:
+            return
+        stream.ended = True
+        if stream.slot is not None:
+            self.state.give_back(stream.slot)
+            stream.slot = None
+        if stream.blocks:
+            self.cache.give_back(stream.blocks)
+            stream.blocks = []
+        try:
+            self.live.remove(stream)
+        except ValueError:
+            pass  # it failed before it joined
+
+    def held(self) -> Dict[str, int]:
+        """Blocks and bytes the live streams hold, and the bytes their rows need."""
+        figures = {"live": len(self.live), "state_slots": self.state.taken, "cache_blocks": 0, "cache_rows": 0,
+                   "held_bytes": self.state.taken * self.state.row_bytes, "needed_bytes": 0}
+        figures["needed_bytes"] = figures["held_bytes"]
+        if self.cache is not None:
+            rows = sum(s.length for s in self.live)
+            figures.update(cache_blocks=self.cache.taken, cache_rows=rows, cache_capacity=self.cache.capacity)
+            figures["held_bytes"] += self.cache.taken * self.cache.block_bytes
+            figures["needed_bytes"] += sum(self.cache.blocks_for(s.length) for s in self.live) * self.cache.block_bytes
+        return figures

@@ -1,0 +1,185 @@
+"""What `model.py` delegates to for a streaming model (decoupled, its version folder holding a
+stream.json): load the two graphs and the pools, then hand each request to the iteration loop
+as a stream, and send what each iteration made through the streams' response senders."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from typing import List, Optional
+
+from latte.backend import memory_resource
+from latte.backend.config import ARENA_PAGE_BYTES, parse_args, parse_model_config, parameters_of, thread_budget_warning
+from latte.backend.dtypes import NUMPY_TO_TRITON, is_string
+from latte.backend.errors import ConfigError, RequestError
+from latte.backend.graph.graph import Graph
+from latte.backend.requests import RequestReader
+from latte.backend.responses import ResponseBuilder
+from latte.backend.streaming.controls import CONTROL_INPUTS, read_controls
+from latte.backend.streaming.definition import StreamDefinition, check_outputs, load_stream
+from latte.backend.streaming.engine import StreamEngine
+from latte.backend.streaming.options import parse_stream_options
+from latte.backend.streaming.runner import StreamRunner
+from latte.backend.streaming.scheduler import StreamScheduler
+from latte.backend.streaming.streams import Stream
+from latte.memory import BuddyArena
+
+
+def is_decoupled(config) -> bool:
+    return bool((config.get("model_transaction_policy") or {}).get("decoupled", False))
+
+
+def _graph(graph_definition, serving) -> Graph:
+    return Graph(graph_definition.path, [t.name for t in graph_definition.inputs],
+                 [t.name for t in graph_definition.outputs], serving.intra_op_threads, serving.inter_op_threads,
+                 serving.device)
+
+
+class StreamingModel:
+    def __init__(self, args, pb) -> None:
+        self.pb = pb
+        config, model_dir, version = parse_args(args)
+        from latte.backend.triton_model import instance_device
+
+        self.spec = spec = parse_model_config(config, model_dir, version, device=instance_device(args))
+        self.name = name = spec.signature.name
+        if spec.signature.runtime != "stream":
+            raise ConfigError(f"model {name!r}: a decoupled latte model streams: its version folder holds a "
+                              f"stream.json (docs/streaming.md), found {spec.signature.model_path.name}")
+        if not is_decoupled(config):
+            raise ConfigError(f"model {name!r}: a streaming model sends many responses per request; set "
+                              "model_transaction_policy { decoupled: true }")
+        warning = thread_budget_warning(spec)
+        if warning is not None:
+            pb.Logger.log_warn(f"latte: {warning}")
+        serving = spec.serving
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.arena = BuddyArena(serving.arena_bytes, "cpu", paged=serving.arena_pages, page_bytes=ARENA_PAGE_BYTES)
+        memory_resource.use(self.arena.empty)
+        self.start_graph = self.step_graph = self.runner = self._sender = None
+        try:
+            self._load(config)
+        except BaseException:
+            self._close()
+            raise
+
+    def _load(self, config) -> None:
+        spec, name, serving = self.spec, self.name, self.spec.serving
+        self.definition = definition = load_stream(spec.signature.model_path)
+        check_outputs(definition, {t.name: NUMPY_TO_TRITON[t.dtype] for t in spec.signature.outputs})
+        missing = [n for n in definition.start_inputs if n not in {t.name for t in spec.signature.inputs}]
+        if missing:
+            raise ConfigError(f"model {name!r}: {definition.start.path.name} reads {missing}, which the model "
+                              "config does not declare as inputs")
+        self.options = options = parse_stream_options(name, parameters_of(config), definition)
+        self.start_graph = _graph(definition.start, serving)
+        self.step_graph = _graph(definition.step, serving)
+        outputs = [t.name for t in spec.signature.outputs]
+        try:
+            engine = StreamEngine(name, definition, self.start_graph, self.step_graph, options, outputs,
+                                  self.arena.empty)
+        except MemoryError as exc:
+            raise ConfigError(f"model {name!r}: the stream pools do not fit arena_bytes="
+                              f"{serving.arena_bytes}: {exc}; lower max_streams or cache_blocks, or raise "
+                              "arena_bytes") from None
+        self.engine = engine
+        self.runner = StreamRunner(engine, StreamScheduler(options.max_streams, options.joins_per_iteration,
+                                                           options.max_waiting), options.cancel_check_ms / 1000.0)
+        self.reader = RequestReader(spec)
+        self.responses = ResponseBuilder(self.pb, outputs)
+        self._declares_stream = any(t.name == "stream" for t in spec.signature.inputs)
+        self._text = next((t.name for t in spec.signature.outputs if is_string(t.dtype)), None)
+        self._prompt = next((t.name for t in spec.signature.inputs
+                             if is_string(t.dtype) and t.name not in CONTROL_INPUTS), None)
+        self._sender = threading.Thread(target=self._send_loop, name=f"latte-stream-sender-{name}", daemon=True)
+        self._sender.start()
+        self.runner.start(name)
+        held = engine.held()
+        cache = definition.cache
+        self.pb.Logger.log_info(
+            f"latte: {name} ready (streaming: start {self.start_graph.describe() or 'graph'}; step "
+            f"{self.step_graph.describe() or 'graph'}; max_streams={options.max_streams}, joins_per_iteration="
+            f"{options.joins_per_iteration}, max_tokens={options.max_tokens}"
+            + (f", cache {options.cache_blocks} blocks of {cache.block_tokens} tokens "
+               f"({engine.cache.block_bytes * options.cache_blocks >> 10} KiB)" if cache else "")
+            + f", state {held['state_slots']}/{options.max_streams} slots, arena={serving.arena_bytes >> 20} MiB)")
+
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config, pb):
+        return auto_complete_model_config
+
+    # -- requests -----------------------------------------------------------------------
+    def execute(self, requests) -> None:
+        """Each request becomes a stream handed to the iteration loop; one that cannot be read
+        is answered at once with its error, as its only (final) response."""
+        now = time.monotonic()
+        streams: List[Stream] = []
+        for request, item in zip(requests, self.reader.read_all(requests)):
+            sender = request.get_response_sender()
+            try:
+                if isinstance(item, Exception):
+                    raise item
+                streams.append(self._stream(request, sender, item, now))
+            except RequestError as exc:
+                self._send(sender, self.responses.build(exc), final=True)
+        if streams:
+            self.runner.submit(streams)
+        return None
+
+    def _stream(self, request, sender, item, now: float) -> Stream:
+        controls = read_controls(item.inputs, item.parameters, self.options.max_tokens, self._declares_stream,
+                                 item.timeout_us)
+        inputs = {name: item.inputs[name] for name in self.definition.start_inputs}
+        prompt = b""
+        if self._prompt is not None and self._prompt in item.inputs:
+            raw = item.inputs[self._prompt].reshape(-1)
+            prompt = bytes(raw[0]) if raw.size else b""
+        return Stream(inputs, controls, now, sender=sender, request=request, text=self._text, prompt=prompt)
+
+    # -- responses ----------------------------------------------------------------------
+    def _send_loop(self) -> None:
+        while True:
+            emissions = self.runner.outbox.get()
+            if emissions is None:
+                return
+            for stream, outcome, final in emissions:
+                if outcome is None:  # the end: the final flag alone
+                    self._send(stream.sender, None, final=True, stream=stream)
+                else:
+                    self._send(stream.sender, self.responses.build(outcome), final, stream=stream)
+
+    def _send(self, sender, response, final: bool, stream: Optional[Stream] = None) -> None:
+        flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        try:
+            if response is None:
+                sender.send(flags=flags)
+            else:
+                sender.send(response, flags=flags)
+        except Exception as exc:  # the client is gone: the stream leaves at the next iteration
+            if stream is not None:
+                stream.cancelled = True
+            log = getattr(self.pb.Logger, "log_verbose", self.pb.Logger.log_info)
+            log(f"latte: {self.name}: could not send a response: {exc}")
+
+    def figures(self) -> dict:
+        return {**self.runner.figures, **self.engine.held(), "iterations": self.runner.iterations,
+                "waiting": self.runner.scheduler.waiting}
+
+    # -- unloading ----------------------------------------------------------------------
+    def finalize(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        for part, stop in (("iteration loop", self.runner and self.runner.close),
+                           ("response sender", self._sender and (lambda: self._sender.join(5.0))),
+                           ("start graph", self.start_graph and self.start_graph.close),
+                           ("step graph", self.step_graph and self.step_graph.close)):
+            if stop:
+                try:
+                    stop()
+                except Exception as exc:
+                    self.pb.Logger.log_error(f"latte: {self.name}: stopping the {part} failed: "
+                                             f"{type(exc).__name__}: {exc}")
+        memory_resource.release(self.arena.empty)

@@ -1,0 +1,148 @@
+"""The iteration loop of a streaming model, on a thread of its own: take the streams that
+arrived, drop those whose clients gave up, let the scheduler pick who joins, start them and
+step every stream already running; the iteration's emissions go to `outbox`, whose reader
+sends them (the model, off this thread, so the next iteration computes while they go out).
+
+Data flows one way: submit -> schedule -> start/step -> outbox. Nothing here calls back; a
+stream found cancelled by the sender is a flag on the stream, read at the next iteration.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from typing import Callable, Deque, List, Optional, Sequence
+
+from latte.backend.errors import DeadlineExceeded, Overloaded, RequestCancelled
+from latte.backend.streaming.engine import Emission, StreamEngine
+from latte.backend.streaming.scheduler import StreamScheduler
+from latte.backend.streaming.streams import Stream
+
+# Iterations whose emissions may wait for the sender: past it the loop waits, so a slow
+# client side cannot make outputs pile up in memory.
+OUTBOX_ITERATIONS = 4
+
+
+def _is_cancelled(stream: Stream) -> bool:
+    request = stream.request
+    if request is None:
+        return False
+    try:
+        return bool(request.is_cancelled())
+    except Exception:  # a stub without cancellation: the client's going shows when a send fails
+        return False
+
+
+class StreamRunner:
+    def __init__(self, engine: StreamEngine, scheduler: StreamScheduler, cancel_check_s: float = 0.1,
+                 clock: Callable[[], float] = time.monotonic,
+                 is_cancelled: Callable[[Stream], bool] = _is_cancelled) -> None:
+        self.engine = engine
+        self.scheduler = scheduler
+        self.clock = clock
+        self.is_cancelled = is_cancelled
+        self.cancel_check_s = cancel_check_s
+        self._next_check = 0.0
+        self._inbox: Deque[Stream] = collections.deque()
+        self._wake = threading.Condition()
+        self._closing = False
+        self.outbox: "queue.Queue[Optional[List[Emission]]]" = queue.Queue(maxsize=OUTBOX_ITERATIONS)
+        self.iterations = 0
+        self.figures = {"joined": 0, "finished": 0, "cancelled": 0, "expired": 0, "refused": 0, "failed": 0,
+                        "outputs": 0}
+        self._thread: Optional[threading.Thread] = None
+
+    # -- feeding ------------------------------------------------------------------------
+    def submit(self, streams: Sequence[Stream]) -> None:
+        with self._wake:
+            self._inbox.extend(streams)
+            self._wake.notify()
+
+    def start(self, name: str) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"latte-streams-{name}", daemon=True)
+        self._thread.start()
+
+    # -- one iteration ------------------------------------------------------------------
+    def run_once(self) -> List[Emission]:
+        now = self.clock()
+        emissions: List[Emission] = []
+        while self._inbox:
+            stream = self._inbox.popleft()
+            if not self.scheduler.add(stream):
+                emissions.append((stream, Overloaded(
+                    f"{self.scheduler.waiting} streams are waiting to join (max_waiting); try again later"), True))
+        if now >= self._next_check:
+            self._next_check = now + self.cancel_check_s
+            for stream in [*self.engine.live, *self.scheduler.waiting_streams()]:
+                if not stream.cancelled and self.is_cancelled(stream):
+                    stream.cancelled = True
+        for stream in [s for s in self.engine.live if s.cancelled]:
+            self.engine.drop(stream)
+            emissions.append((stream, RequestCancelled("the client cancelled the stream"), True))
+        free = self.engine.cache.free if self.engine.cache is not None else None
+        plan = self.scheduler.schedule(now, len(self.engine.live), free)
+        for stream in plan.cancelled:
+            emissions.append((stream, RequestCancelled("the client cancelled the stream before it started"), True))
+        for stream in plan.expired:
+            waited = (now - stream.arrival) * 1000
+            emissions.append((stream, DeadlineExceeded(
+                f"timed out: waited {waited:.1f} ms to start, longer than timeout_ms="
+                f"{stream.controls.options.timeout_ms:g}"), True))
+        running = list(self.engine.live)
+        if plan.joins:
+            emissions.extend(self.engine.start(plan.joins))
+        if running:
+            emissions.extend(self.engine.step(running))
+        self._count(plan, emissions)
+        self.iterations += 1
+        return emissions
+
+    def _count(self, plan, emissions: List[Emission]) -> None:
+        figures = self.figures
+        figures["joined"] += len(plan.joins)
+        for _, outcome, final in emissions:
+            if isinstance(outcome, Exception):
+                key = {RequestCancelled: "cancelled", DeadlineExceeded: "expired", Overloaded: "refused"}.get(
+                    type(outcome), "failed")
+                figures[key] += 1
+            else:
+                figures["outputs"] += outcome is not None
+                figures["finished"] += final
+
+    @property
+    def idle(self) -> bool:
+        return not self._inbox and not self.engine.live and not self.scheduler.waiting
+
+    # -- the loop -----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while self.idle and not self._closing:
+                    self._wake.wait()
+                if self._closing:
+                    break
+            emissions = self.run_once()
+            if emissions:
+                self.outbox.put(emissions)
+            elif self.engine.live or self.scheduler.waiting:
+                time.sleep(0.0005)  # streams wait for room (blocks, a slot): let the sender free some
+        self.outbox.put(self._unloading())
+        self.outbox.put(None)
+
+    def _unloading(self) -> List[Emission]:
+        """Every stream still running or waiting ends with an error: the model is unloading."""
+        emissions = []
+        for stream in [*self.engine.live, *self.scheduler.drain(), *self._inbox]:
+            self.engine.drop(stream)
+            emissions.append((stream, RequestCancelled("the model is unloading"), True))
+        self._inbox.clear()
+        return emissions
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,0 +1,77 @@
+"""Which streams join this iteration: one `schedule()` per iteration decides (as vLLM's
+scheduler does per step). Waiting streams join by priority_level, then arrival, at most
+joins_per_iteration at a time and up to max_streams running; a stream that waited past its
+timeout_ms is refused instead, and one whose client gave up leaves the queue."""
+
+from __future__ import annotations
+
+import heapq
+from typing import List, NamedTuple, Optional, Tuple
+
+from latte.backend.streaming.streams import Stream
+
+
+class Schedule(NamedTuple):
+    joins: List[Stream]
+    expired: List[Stream]     # waited past their timeout_ms
+    cancelled: List[Stream]   # their clients gave up while they waited
+
+
+class StreamScheduler:
+    def __init__(self, max_streams: int, joins_per_iteration: int, max_waiting: int) -> None:
+        self.max_streams = max_streams
+        self.joins_per_iteration = joins_per_iteration
+        self.max_waiting = max_waiting
+        self._waiting: List[Tuple[int, int, Stream]] = []   # (-priority, number, stream)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def add(self, stream: Stream) -> bool:
+        """Queue the stream; False when the queue is full (the caller refuses it)."""
+        if len(self._waiting) >= self.max_waiting:
+            return False
+        heapq.heappush(self._waiting, (-stream.priority, stream.number, stream))
+        return True
+
+    def waiting_streams(self) -> List[Stream]:
+        return [entry[2] for entry in self._waiting]
+
+    def schedule(self, now: float, running: int, free_blocks: Optional[int] = None) -> Schedule:
+        """`running` streams hold state now; `free_blocks`: the cache pool's free blocks (None
+        without a cache). A stream joins while each running one keeps a free block for its
+        next row; what its prompt needs beyond that is checked when it starts."""
+        joins: List[Stream] = []
+        expired: List[Stream] = []
+        cancelled: List[Stream] = []
+        room = min(self.joins_per_iteration, self.max_streams - running)
+        while self._waiting and len(joins) < room:
+            if free_blocks is not None and free_blocks - running - len(joins) <= 0:
+                break
+            _, _, stream = heapq.heappop(self._waiting)
+            if stream.cancelled:
+                cancelled.append(stream)
+            elif now > stream.deadline:
+                expired.append(stream)
+            else:
+                joins.append(stream)
+        if self._waiting and any(entry[2].cancelled or now > entry[2].deadline for entry in self._waiting):
+            kept = []
+            for entry in self._waiting:
+                stream = entry[2]
+                if stream.cancelled:
+                    cancelled.append(stream)
+                elif now > stream.deadline:
+                    expired.append(stream)
+                else:
+                    kept.append(entry)
+            heapq.heapify(kept)
+            self._waiting = kept
+        return Schedule(joins, expired, cancelled)
+
+    def drain(self) -> List[Stream]:
+        """Every waiting stream, taken out (the model is unloading)."""
+        streams = [entry[2] for entry in self._waiting]
+        self._waiting = []
+        return streams

@@ -1,0 +1,108 @@
+"""One stream: a decoupled request from its arrival until its final response, and what each of
+its outputs turns into (sent now, kept for the one response at the end, or the end)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from latte.backend.dtypes import is_string
+from latte.backend.streaming.controls import StreamControls
+
+_numbers = itertools.count(1)
+
+Outputs = Dict[str, np.ndarray]  # one stream's outputs of one iteration, without the batch dimension
+
+
+class Stream:
+    """`inputs`: the request's inputs the start graph reads (each without a batch dimension);
+    `sender`: where its responses go (the stub's response sender; anything with send());
+    `text`: the string output stop strings are matched in, and the prompt is put before."""
+
+    __slots__ = ("number", "inputs", "controls", "arrival", "deadline", "sender", "request", "text", "prompt",
+                 "slot", "blocks", "length", "produced", "pieces", "said", "cancelled", "ended")
+
+    def __init__(self, inputs: Dict[str, np.ndarray], controls: StreamControls, arrival: float, sender=None,
+                 request=None, text: Optional[str] = None, prompt: bytes = b"") -> None:
+        self.number = next(_numbers)
+        self.inputs = inputs
+        self.controls = controls
+        self.arrival = arrival
+        timeout = controls.options.timeout_ms
+        self.deadline = float("inf") if timeout is None else arrival + timeout / 1000.0
+        self.sender = sender
+        self.request = request
+        self.text = text
+        self.prompt = prompt
+        self.slot: Optional[int] = None    # its row of the fixed-size state
+        self.blocks: List[int] = []        # its cache blocks, in order
+        self.length = 0                    # its cache rows
+        self.produced = 0                  # outputs so far
+        self.pieces: List[Outputs] = []    # outputs kept for a response that is not streamed
+        self.said = b""                    # the text so far, where stop strings are looked for
+        self.cancelled = False             # set where its client is found gone
+        self.ended = False
+
+    @property
+    def priority(self) -> int:
+        return self.controls.options.priority
+
+    def __repr__(self) -> str:
+        return f"Stream({self.number}, produced={self.produced}, length={self.length})"
+
+    def take(self, outputs: Optional[Outputs], last: bool) -> Optional[Tuple[Optional[Outputs], bool]]:
+        """What to send for this iteration's `outputs` (None: the end token came, nothing to
+        add), `last` when the model says the stream is done: (outputs or None, final), or None
+        when nothing goes out yet (a response that is not streamed waits for the end)."""
+        final = outputs is None or last
+        if outputs is not None:
+            self.produced += 1
+            if self.controls.stop and self.text is not None:
+                outputs, stopped = self._before_stop(outputs)
+                final = final or stopped
+            final = final or self.produced >= self.controls.max_tokens
+        if self.controls.stream:
+            return outputs, final
+        if outputs is not None:
+            self.pieces.append(outputs)
+        return (self._whole(), True) if final else None
+
+    def _before_stop(self, outputs: Outputs) -> Tuple[Outputs, bool]:
+        """The outputs cut where a stop string begins, and whether one did."""
+        piece = outputs[self.text].reshape(-1)[0]
+        before = len(self.said)
+        self.said += piece
+        window = max(len(s) for s in self.controls.stop)
+        start = max(0, before - window + 1)
+        hits = [i for i in (self.said.find(s, start) for s in self.controls.stop) if i >= 0]
+        if not hits:
+            return outputs, False
+        cut = min(hits)
+        self.said = self.said[:cut]
+        kept = np.empty_like(outputs[self.text])
+        kept.reshape(-1)[0] = piece[:max(0, cut - before)]
+        return {**outputs, self.text: kept}, True
+
+    def _whole(self) -> Outputs:
+        """Every output kept, joined: strings into one, the rest along their first dimension."""
+        if not self.pieces:  # the end token came first: the prompt alone, or nothing
+            if self.text is None:
+                return {}
+            text = np.empty(1, dtype=object)
+            text[0] = self.prompt if self.controls.prepend_input else b""
+            return {self.text: text}
+        joined = {}
+        for name, first in self.pieces[0].items():
+            parts = [piece[name] for piece in self.pieces]
+            if is_string(first.dtype):
+                text = b"".join(bytes(p.reshape(-1)[0]) for p in parts)
+                if self.controls.prepend_input and name == self.text:
+                    text = self.prompt + text
+                array = np.empty(first.shape, dtype=object)
+                array.reshape(-1)[0] = text
+                joined[name] = array
+            else:
+                joined[name] = np.concatenate(parts)
+        return joined
