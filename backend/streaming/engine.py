@@ -155,10 +155,11 @@ class StreamEngine:
         table = np.zeros((len(streams), max(len(s.blocks) for s in streams)), dtype=np.int64)
         for row, stream in zip(table, streams):
             row[:len(stream.blocks)] = stream.blocks
+        # Whole blocks, past each stream's length (at least the row its next token takes: _room),
+        # read with `lengths`; handed on as gathered (one copy, contiguous: nothing trims it again).
         inputs[cache.name] = self.cache.gather(table)
         inputs[cache.lengths] = np.asarray(lengths, dtype=np.int64).reshape(-1, 1)
-        return Batch(inputs=inputs, member_rows=[1] * len(streams), lengths=lengths,
-                     padded_length=inputs[cache.name].shape[1], rows=len(streams))
+        return Batch(inputs=inputs, member_rows=[1] * len(streams), rows=len(streams))
 
     # -- answering ----------------------------------------------------------------------
     def _emit(self, stream: Stream, outputs, i: int, following: bool = False) -> List[Emission]:

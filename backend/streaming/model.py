@@ -58,7 +58,8 @@ class StreamingModel:
             warnings.simplefilter("ignore", RuntimeWarning)
             self.arena = BuddyArena(serving.arena_bytes, "cpu", paged=serving.arena_pages, page_bytes=ARENA_PAGE_BYTES)
         memory_resource.use(self.arena.empty)
-        self.start_graph = self.step_graph = self.runner = self._sender = None
+        self.start_graph = self.step_graph = self.runner = None
+        self._senders = []
         try:
             self._load(config)
         except BaseException:
@@ -86,15 +87,18 @@ class StreamingModel:
                               "arena_bytes") from None
         self.engine = engine
         self.runner = StreamRunner(engine, StreamScheduler(options.max_streams, options.joins_per_iteration,
-                                                           options.max_waiting), options.cancel_check_ms / 1000.0)
+                                                           options.max_waiting), options.cancel_check_ms / 1000.0,
+                                   outboxes=options.response_threads)
         self.reader = RequestReader(spec)
         self.responses = ResponseBuilder(self.pb, outputs)
         self._declares_stream = any(t.name == "stream" for t in spec.signature.inputs)
         self._text = next((t.name for t in spec.signature.outputs if is_string(t.dtype)), None)
         self._prompt = next((t.name for t in spec.signature.inputs
                              if is_string(t.dtype) and t.name not in CONTROL_INPUTS), None)
-        self._sender = threading.Thread(target=self._send_loop, name=f"latte-stream-sender-{name}", daemon=True)
-        self._sender.start()
+        self._senders = [threading.Thread(target=self._send_loop, args=(outbox,), name=f"latte-stream-sender-{name}",
+                                          daemon=True) for outbox in self.runner.outboxes]
+        for sender in self._senders:
+            sender.start()
         self.runner.start(name)
         held = engine.held()
         cache = definition.cache
@@ -139,9 +143,9 @@ class StreamingModel:
         return Stream(inputs, controls, now, sender=sender, request=request, text=self._text, prompt=prompt)
 
     # -- responses ----------------------------------------------------------------------
-    def _send_loop(self) -> None:
+    def _send_loop(self, outbox) -> None:
         while True:
-            emissions = self.runner.outbox.get()
+            emissions = outbox.get()
             if emissions is None:
                 return
             for stream, outcome, final in emissions:
@@ -168,12 +172,16 @@ class StreamingModel:
                 "waiting": self.runner.scheduler.waiting}
 
     # -- unloading ----------------------------------------------------------------------
+    def _join_senders(self) -> None:
+        for sender in self._senders:
+            sender.join(5.0)
+
     def finalize(self) -> None:
         self._close()
 
     def _close(self) -> None:
         for part, stop in (("iteration loop", self.runner and self.runner.close),
-                           ("response sender", self._sender and (lambda: self._sender.join(5.0))),
+                           ("response senders", self._senders and self._join_senders),
                            ("start graph", self.start_graph and self.start_graph.close),
                            ("step graph", self.step_graph and self.step_graph.close)):
             if stop:

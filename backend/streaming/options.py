@@ -8,6 +8,8 @@
                          each filling the model's context)
     max_waiting          streams waiting to join; past it a request is refused as overloaded
     cancel_check_ms      how often each running stream asks Triton whether its client gave up
+    response_threads     threads sending responses: each send waits for the server's answer,
+                         so several keep several in flight
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class StreamOptions:
     cache_blocks: int = 0
     max_waiting: int = 4096
     cancel_check_ms: int = 100
+    response_threads: int = 4
 
 
 DEFAULTS = StreamOptions()
@@ -40,6 +43,7 @@ def parse_stream_options(name: str, params: Mapping[str, str], definition: Strea
         max_tokens = _int_param(params, "max_tokens", DEFAULTS.max_tokens)
         max_waiting = _int_param(params, "max_waiting", DEFAULTS.max_waiting)
         cancel_ms = _int_param(params, "cancel_check_ms", DEFAULTS.cancel_check_ms)
+        senders = _int_param(params, "response_threads", DEFAULTS.response_threads)
         cache = definition.cache
         whole: Optional[int] = None if cache is None else max_streams * -(-cache.max_tokens // cache.block_tokens)
         blocks = _int_param(params, "cache_blocks", whole) if cache is not None else 0
@@ -49,4 +53,5 @@ def parse_stream_options(name: str, params: Mapping[str, str], definition: Strea
         raise ConfigError(f"model {name!r}: parameters[\"cache_blocks\"] is set, but {definition.path.name} "
                           "declares no cache")
     return StreamOptions(max_streams=max_streams, joins_per_iteration=joins, max_tokens=max_tokens,
-                         cache_blocks=blocks or 0, max_waiting=max_waiting, cancel_check_ms=cancel_ms)
+                         cache_blocks=blocks or 0, max_waiting=max_waiting, cancel_check_ms=cancel_ms,
+                         response_threads=senders)

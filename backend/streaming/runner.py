@@ -1,7 +1,10 @@
 """The iteration loop of a streaming model, on a thread of its own: take the streams that
 arrived, drop those whose clients gave up, let the scheduler pick who joins, start them and
-step every stream already running; the iteration's emissions go to `outbox`, whose reader
-sends them (the model, off this thread, so the next iteration computes while they go out).
+step every stream already running; the iteration's emissions go to the outboxes, whose
+readers send them (the model's sender threads, so the next iteration computes while they go
+out). Each send is a round trip to the server that waits for its answer: several senders
+keep several in flight, as a thread per request does. A stream's emissions all go to one
+outbox (by its number), so they leave in order.
 
 Data flows one way: submit -> schedule -> start/step -> outbox. Nothing here calls back; a
 stream found cancelled by the sender is a flag on the stream, read at the next iteration.
@@ -38,7 +41,7 @@ def _is_cancelled(stream: Stream) -> bool:
 class StreamRunner:
     def __init__(self, engine: StreamEngine, scheduler: StreamScheduler, cancel_check_s: float = 0.1,
                  clock: Callable[[], float] = time.monotonic,
-                 is_cancelled: Callable[[Stream], bool] = _is_cancelled) -> None:
+                 is_cancelled: Callable[[Stream], bool] = _is_cancelled, outboxes: int = 1) -> None:
         self.engine = engine
         self.scheduler = scheduler
         self.clock = clock
@@ -48,7 +51,8 @@ class StreamRunner:
         self._inbox: Deque[Stream] = collections.deque()
         self._wake = threading.Condition()
         self._closing = False
-        self.outbox: "queue.Queue[Optional[List[Emission]]]" = queue.Queue(maxsize=OUTBOX_ITERATIONS)
+        self.outboxes: List["queue.Queue[Optional[List[Emission]]]"] = [queue.Queue(maxsize=OUTBOX_ITERATIONS)
+                                                                          for _ in range(outboxes)]
         self.iterations = 0
         self.figures = {"joined": 0, "finished": 0, "cancelled": 0, "expired": 0, "refused": 0, "failed": 0,
                         "outputs": 0}
@@ -125,11 +129,25 @@ class StreamRunner:
                     break
             emissions = self.run_once()
             if emissions:
-                self.outbox.put(emissions)
+                self._post(emissions)
             elif self.engine.live or self.scheduler.waiting:
                 time.sleep(0.0005)  # streams wait for room (blocks, a slot): let the sender free some
-        self.outbox.put(self._unloading())
-        self.outbox.put(None)
+        self._post(self._unloading())
+        for outbox in self.outboxes:
+            outbox.put(None)
+
+    def _post(self, emissions: List[Emission]) -> None:
+        """The emissions to the outboxes, each stream's to its own."""
+        count = len(self.outboxes)
+        if count == 1:
+            self.outboxes[0].put(emissions)
+            return
+        shares: List[List[Emission]] = [[] for _ in range(count)]
+        for emission in emissions:
+            shares[emission[0].number % count].append(emission)
+        for outbox, share in zip(self.outboxes, shares):
+            if share:
+                outbox.put(share)
 
     def _unloading(self) -> List[Emission]:
         """Every stream still running or waiting ends with an error: the model is unloading."""

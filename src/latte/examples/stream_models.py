@@ -22,6 +22,7 @@ from typing import Tuple
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 VOCAB = 96           # 0: the end token; 1..95: chr(31 + id)
 END_TOKEN = 0
@@ -115,8 +116,10 @@ class GptPrefill(nn.Module):
 
 
 class GptDecode(nn.Module):
-    """token [B, 1], cache [B, T, layers, 2, heads, head_dim] (padded), cache_lengths [B, 1]
-    -> next token [B, 1], the new token's cache row [B, layers, 2, heads, head_dim]."""
+    """token [B, 1], cache [B, T, layers, 2, heads, head_dim] (past each stream's length, with
+    room for one more row), cache_lengths [B, 1] -> next token [B, 1], the new token's cache
+    row [B, layers, 2, heads, head_dim]. The new row is written into the gathered cache at each
+    stream's length (a copy the caller made for this call), so attention reads one tensor."""
 
     def __init__(self, gpt: "TinyGpt") -> None:
         super().__init__()
@@ -126,20 +129,23 @@ class GptDecode(nn.Module):
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
         gpt = self.gpt
         lengths = cache_lengths.reshape(-1)
+        batch, width = cache.shape[0], cache.shape[1]
         position = lengths.clamp(max=gpt.pos.num_embeddings - 1)
         x = (gpt.tok(token.reshape(-1)) + gpt.pos(position)).unsqueeze(1)  # [B, 1, W]
-        width = cache.shape[1]
-        # The past up to each stream's length, and the new token itself (the last key).
-        past = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)      # [B, T]
-        allowed = torch.cat([past, torch.ones_like(past[:, :1])], dim=1).unsqueeze(1)
-        rows = []
+        rows = torch.arange(batch)
+        # The past up to each stream's length, and the new token at it.
+        allowed = (torch.arange(width).unsqueeze(0) <= lengths.unsqueeze(1)).reshape(batch, 1, 1, width)
+        made = []
         for index, block in enumerate(gpt.blocks):
             q, k, v = block.split(x)
-            rows.append(torch.stack([k[:, 0], v[:, 0]], dim=1))            # [B, 2, H, D]
-            keys = torch.cat([cache[:, :, index, 0], k], dim=1)
-            values = torch.cat([cache[:, :, index, 1], v], dim=1)
-            x = block.finish(x, _attend(q, keys, values, allowed))
-        return _greedy(gpt.logits(x[:, 0])), torch.stack(rows, dim=1)
+            row = torch.stack([k[:, 0], v[:, 0]], dim=1)                   # [B, 2, H, D]
+            made.append(row)
+            cache[rows, lengths, index] = row
+            keys = cache[:, :, index, 0].transpose(1, 2)                  # [B, H, T, D]
+            values = cache[:, :, index, 1].transpose(1, 2)
+            attended = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=allowed)
+            x = block.finish(x, attended.transpose(1, 2))
+        return _greedy(gpt.logits(x[:, 0])), torch.stack(made, dim=1)
 
 
 class TinyGpt(nn.Module):

@@ -73,8 +73,11 @@ class TritonPythonModel:
                     elif last:
                         break
                     if self.kind == "gpt":
-                        token, row = self.decode(token, state, torch.tensor([[length]]))
-                        state = torch.cat([state, row[:, None]], dim=1)
+                        # The cache grows in blocks, as the latte model's does: the decoder writes
+                        # the new row into the room past the length.
+                        if length == state.shape[1]:
+                            state = torch.cat([state, torch.zeros_like(state[:, :16])], dim=1)
+                        token, _ = self.decode(token, state, torch.tensor([[length]]))
                         length += 1
                     else:
                         token, state = self.decode(token, state)

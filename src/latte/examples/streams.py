@@ -237,7 +237,8 @@ def generate_alone(folder: Path, prompt: bytes, max_tokens: int, ignore_eos: boo
             if len(out) >= max_tokens or (gpt and length >= CONTEXT):
                 break
             if gpt:
-                token, row = decode(token, state, torch.tensor([[length]]))
+                room = torch.cat([state, torch.zeros_like(state[:, :1])], dim=1)
+                token, row = decode(token, room, torch.tensor([[length]]))
                 state = torch.cat([state, row[:, None]], dim=1)
                 length += 1
             else:
