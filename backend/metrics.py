@@ -179,6 +179,13 @@ _DESCRIPTIONS = {
     "latte_step_us_total": "Time spent in each step of a fused model's graph",
     "latte_step_rows_total": "Rows each step of a fused model's graph has run",
     "latte_step_calls_total": "Batches each step of a fused model's graph has run",
+    "latte_streams": "A streaming model's streams by state (live: stepped each iteration; waiting: to join)",
+    "latte_streams_total": "Streams a streaming model ended, by outcome (finished, cancelled, expired, refused, failed)",
+    "latte_stream_outputs_total": "Outputs a streaming model sent (one response each when streamed)",
+    "latte_stream_iterations_total": "Iterations of a streaming model's loop (one step of every live stream each)",
+    "latte_stream_state_bytes": "Stream state held in the pools (held) and what the live streams' rows need at "
+                                "block granularity (needed)",
+    "latte_stream_cache_blocks": "A streaming model's cache blocks, taken and in the pool (capacity)",
     "latte_thread_budget": "Threads the model's instances compute on (instances x lanes x intra_op_threads), "
                            "by state: within the usable cores or oversubscribed",
 }
@@ -289,6 +296,7 @@ class BackendMetrics:
         self._priority_keys: Dict[int, Tuple[str, Labels]] = {}
         self._plain_calls = self.aggregate.alike(_fold_plain_calls)
         self._steps_seen: Dict[str, Tuple[float, float, float]] = {}
+        self._streams_seen: Dict[str, float] = {}
 
     def requests(self, counts: Mapping[Tuple[str, int], int], seconds: float) -> None:
         """Requests answered together: (outcome, priority) -> how many."""
@@ -372,6 +380,29 @@ class BackendMetrics:
             self.aggregate.set("latte_device_memory_bytes", {"state": state}, value)
         if arena_failures is not None:
             self.aggregate.set("latte_device_arena_failures", {}, arena_failures)
+
+    def streams(self, figures: Mapping[str, float]) -> None:
+        """A streaming model's figures (StreamingModel.figures): gauges as they are, running
+        totals counted as what was added since the last reading."""
+        gauge = self.aggregate.set
+        gauge("latte_streams", {"state": "live"}, figures["live"])
+        gauge("latte_streams", {"state": "waiting"}, figures["waiting"])
+        gauge("latte_stream_state_bytes", {"state": "held"}, figures["held_bytes"])
+        gauge("latte_stream_state_bytes", {"state": "needed"}, figures["needed_bytes"])
+        if "cache_capacity" in figures:
+            gauge("latte_stream_cache_blocks", {"state": "taken"}, figures["cache_blocks"])
+            gauge("latte_stream_cache_blocks", {"state": "capacity"}, figures["cache_capacity"])
+        increments = []
+        for name, label, key in [*(("latte_streams_total", outcome, outcome) for outcome in
+                                   ("finished", "cancelled", "expired", "refused", "failed")),
+                                 ("latte_stream_outputs_total", None, "outputs"),
+                                 ("latte_stream_iterations_total", None, "iterations")]:
+            labels = (("outcome", label),) if label else ()
+            before = self._streams_seen.get(key, 0.0)
+            if figures[key] > before:
+                increments.append(((name, labels), figures[key] - before))
+                self._streams_seen[key] = figures[key]
+        self.aggregate.add_all(increments)
 
     def sessions(self, live: int, started: int, ended: int, expired: int) -> None:
         for state, value in (("live", live), ("started", started), ("ended", ended), ("expired", expired)):

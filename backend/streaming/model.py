@@ -4,6 +4,7 @@ as a stream, and send what each iteration made through the streams' response sen
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -14,6 +15,7 @@ from latte.backend.config import ARENA_PAGE_BYTES, parse_args, parse_model_confi
 from latte.backend.dtypes import NUMPY_TO_TRITON, is_string
 from latte.backend.errors import ConfigError, RequestError
 from latte.backend.graph.graph import Graph
+from latte.backend.metrics import BackendMetrics, TritonPublisher
 from latte.backend.requests import RequestReader
 from latte.backend.responses import ResponseBuilder
 from latte.backend.streaming.controls import CONTROL_INPUTS, read_controls
@@ -23,6 +25,7 @@ from latte.backend.streaming.options import parse_stream_options
 from latte.backend.streaming.runner import StreamRunner
 from latte.backend.streaming.scheduler import StreamScheduler
 from latte.backend.streaming.streams import Stream
+from latte.bench.procmem import rss_bytes
 from latte.memory import BuddyArena
 
 
@@ -39,6 +42,7 @@ def _graph(graph_definition, serving) -> Graph:
 class StreamingModel:
     def __init__(self, args, pb) -> None:
         self.pb = pb
+        self._instance = args.get("model_instance_name", "")
         config, model_dir, version = parse_args(args)
         from latte.backend.triton_model import instance_device
 
@@ -58,7 +62,7 @@ class StreamingModel:
             warnings.simplefilter("ignore", RuntimeWarning)
             self.arena = BuddyArena(serving.arena_bytes, "cpu", paged=serving.arena_pages, page_bytes=ARENA_PAGE_BYTES)
         memory_resource.use(self.arena.empty)
-        self.start_graph = self.step_graph = self.runner = None
+        self.start_graph = self.step_graph = self.runner = self.publisher = None
         self._senders = []
         try:
             self._load(config)
@@ -100,6 +104,10 @@ class StreamingModel:
         for sender in self._senders:
             sender.start()
         self.runner.start(name)
+        self.metrics = BackendMetrics()
+        self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
+        self.publisher = TritonPublisher(self.pb, self.metrics.aggregate, name, refresh=self._refresh_gauges,
+                                         instance=self._instance)
         held = engine.held()
         cache = definition.cache
         self.pb.Logger.log_info(
@@ -168,8 +176,14 @@ class StreamingModel:
             log(f"latte: {self.name}: could not send a response: {exc}")
 
     def figures(self) -> dict:
+        """The loop's running totals, what the live streams hold, and the streams waiting."""
         return {**self.runner.figures, **self.engine.held(), "iterations": self.runner.iterations,
                 "waiting": self.runner.scheduler.waiting}
+
+    def _refresh_gauges(self) -> None:
+        self.metrics.streams(self.figures())
+        self.metrics.arena(self.arena.stats())
+        self.metrics.resident_memory(rss_bytes(os.getpid()))
 
     # -- unloading ----------------------------------------------------------------------
     def _join_senders(self) -> None:
@@ -180,7 +194,8 @@ class StreamingModel:
         self._close()
 
     def _close(self) -> None:
-        for part, stop in (("iteration loop", self.runner and self.runner.close),
+        for part, stop in (("metrics publisher", self.publisher and self.publisher.close),
+                           ("iteration loop", self.runner and self.runner.close),
                            ("response senders", self._senders and self._join_senders),
                            ("start graph", self.start_graph and self.start_graph.close),
                            ("step graph", self.step_graph and self.step_graph.close)):

@@ -1,0 +1,208 @@
+"""The streaming engine on a small counting model (counting_stream.py), driven an iteration at
+a time: streams join and leave mid-batch, fail alone, are cancelled, run short of cache, and
+give back every block."""
+
+import numpy as np
+import pytest
+
+from counting_stream import counting_runner, write_counting_stream
+from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestCancelled, RequestError
+from latte.backend.options import RequestOptions
+from latte.backend.streaming.controls import StreamControls
+from latte.backend.streaming.streams import Stream
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return write_counting_stream(tmp_path_factory.mktemp("counting"), max_tokens=256)
+
+
+def stream(x, max_tokens=8, arrival=0.0, stream=True, **options):
+    controls = StreamControls(stream=stream, max_tokens=max_tokens, options=RequestOptions(**options))
+    return Stream({"x": np.array([x], dtype=np.int64)}, controls, arrival)
+
+
+def run(runner, limit=1000):
+    """Iterations until nothing is left: each stream's (ys, totals, error), by stream."""
+    seen = {}
+    for _ in range(limit):
+        for s, outcome, final in runner.run_once():
+            ys, totals, error = seen.setdefault(s, ([], [], []))
+            if isinstance(outcome, Exception):
+                error.append(outcome)
+            elif outcome is not None:
+                ys.append(int(outcome["y"][0]))
+                totals.append(float(outcome["total"][0]))
+        if runner.idle:
+            return seen
+    raise AssertionError("the streams did not end")
+
+
+def alone(model_path, x, max_tokens):
+    runner = counting_runner(model_path, np.empty)
+    s = stream(x, max_tokens)
+    runner.submit([s])
+    return run(runner)[s]
+
+
+def test_streams_joining_mid_batch_get_what_each_gets_alone(model_path):
+    runner = counting_runner(model_path, np.empty)
+    first = stream(2, max_tokens=10)
+    runner.submit([first])
+    seen = {}
+    for _ in range(3):
+        for s, outcome, _ in runner.run_once():
+            seen.setdefault(s, ([], [], []))[0].append(int(outcome["y"][0]))
+    later = [stream(20, max_tokens=5), stream(14, max_tokens=12)]
+    runner.submit(later)
+    rest = run(runner)
+    assert seen[first][0] + rest[first][0] == list(range(2, 12))
+    for s, x, n in zip(later, (20, 14), (5, 12)):
+        assert rest[s][0] == list(range(x, x + n))
+        assert rest[s][:2] == alone(model_path, x, n)[:2]
+    # the cache read back through the blocks: x rows of x, then one row per token since
+    assert rest[later[1]][1][:4] == [0.0, 196.0, 196.0 + 15, 196.0 + 15 + 16]
+
+
+def test_at_most_joins_per_iteration_start_and_max_streams_run(model_path):
+    runner = counting_runner(model_path, np.empty, max_streams=6, joins_per_iteration=4)
+    runner.submit([stream(1 + i, max_tokens=3) for i in range(10)])
+    live = []
+    for _ in range(4):
+        runner.run_once()
+        live.append(len(runner.engine.live))
+    assert live[:2] == [4, 6]          # 4 join, then 2 more (max_streams) while the first step
+    assert max(live) <= 6
+    assert runner.scheduler.waiting + len(runner.engine.live) <= 10
+
+
+def test_a_failing_stream_ends_naming_the_step_and_its_neighbours_go_on(model_path):
+    runner = counting_runner(model_path, np.empty)
+    unlucky, healthy = stream(11, max_tokens=10), stream(20, max_tokens=10)
+    runner.submit([unlucky, healthy])
+    seen = run(runner)
+    assert seen[unlucky][0] == [11, 12, 13]
+    (error,) = seen[unlucky][2]
+    assert isinstance(error, ModelError)
+    assert "step 'count' failed: RuntimeError: unlucky thirteen" in str(error)
+    assert seen[healthy][0] == list(range(20, 30)) and not seen[healthy][2]
+
+
+def test_bad_input_ends_only_its_own_stream(model_path):
+    runner = counting_runner(model_path, np.empty)
+    bad, good = stream(0), stream(5, max_tokens=3)
+    runner.submit([bad, good])
+    seen = run(runner)
+    (error,) = seen[bad][2]
+    assert isinstance(error, RequestError) and "x must be at least 1" in str(error)
+    assert seen[good][0] == [5, 6, 7]
+
+
+def test_a_cancelled_stream_gives_its_blocks_back_within_one_iteration(model_path):
+    gone = set()
+    runner = counting_runner(model_path, np.empty, is_cancelled=lambda s: s in gone)
+    leaving, staying = stream(9, max_tokens=50), stream(3, max_tokens=50)
+    runner.submit([leaving, staying])
+    for _ in range(3):
+        runner.run_once()
+    held = runner.engine.cache.taken
+    blocks = len(leaving.blocks)
+    gone.add(leaving)
+    emissions = runner.run_once()
+    assert [(s, type(o)) for s, o, final in emissions if s is leaving] == [(leaving, RequestCancelled)]
+    assert leaving not in runner.engine.live and leaving.blocks == []
+    assert runner.engine.cache.taken <= held - blocks + 1  # the staying stream may have taken one more
+
+
+def test_a_stream_whose_cache_does_not_fit_is_refused_saying_so(model_path):
+    runner = counting_runner(model_path, np.empty, cache_blocks=6)
+    huge, small = stream(30), stream(2, max_tokens=3)   # 30 rows: 8 blocks of 4
+    runner.submit([huge, small])
+    seen = run(runner)
+    (error,) = seen[huge][2]
+    assert isinstance(error, OutOfMemory)
+    assert "the stream's cache does not fit" in str(error) and "cache_blocks=6" in str(error)
+    assert seen[small][0] == [2, 3, 4]
+    assert runner.engine.cache.taken == 0
+
+
+def test_a_stream_that_outgrows_the_cache_ends_saying_so(model_path):
+    runner = counting_runner(model_path, np.empty, cache_blocks=6)
+    growing = stream(20, max_tokens=40)  # 20 rows fill 5 blocks of 4; the 6th holds 4 more
+    runner.submit([growing])
+    seen = run(runner)
+    (error,) = seen[growing][2]
+    assert isinstance(error, OutOfMemory)
+    assert "the stream cache ran short after 24 tokens" in str(error)
+    assert seen[growing][0] == [20, 21, 22, 23, 24] and runner.engine.cache.taken == 0
+
+
+def test_the_end_token_ends_without_an_output_and_done_with_its_output(model_path):
+    runner = counting_runner(model_path, np.empty)
+    ending, done = stream(97, max_tokens=20), stream(46, max_tokens=20)
+    runner.submit([ending, done])
+    seen = run(runner)
+    assert seen[ending][0] == [97, 98, 99]     # 100 is the end token: not sent
+    assert seen[done][0] == [46, 47, 48, 49, 50]  # 50 says done: sent, and the last
+
+
+def test_a_response_not_streamed_is_one_joined_response(model_path):
+    runner = counting_runner(model_path, np.empty)
+    whole = stream(3, max_tokens=4, stream=False)
+    runner.submit([whole])
+    emissions = []
+    while not runner.idle:
+        emissions += runner.run_once()
+    ((s, outcome, final),) = emissions
+    assert final and outcome["y"].tolist() == [3, 4, 5, 6]
+
+
+def test_a_stream_waiting_past_its_timeout_is_refused(model_path):
+    clock = [0.0]
+    runner = counting_runner(model_path, np.empty, max_streams=1)
+    runner.clock = lambda: clock[0]
+    running, waiting = stream(1, max_tokens=30), stream(2, timeout_ms=5.0)
+    runner.submit([running, waiting])
+    runner.run_once()
+    clock[0] = 0.010
+    expired = [o for s, o, _ in runner.run_once() if s is waiting]
+    assert len(expired) == 1 and isinstance(expired[0], DeadlineExceeded)
+    assert "waited 10.0 ms to start, longer than timeout_ms=5" in str(expired[0])
+
+
+def test_higher_priority_joins_first(model_path):
+    runner = counting_runner(model_path, np.empty, max_streams=1, joins_per_iteration=1)
+    low, high = stream(1, max_tokens=1), stream(2, max_tokens=1, priority=3)
+    runner.submit([low, high])
+    first = runner.run_once()
+    assert [s for s, _, _ in first] == [high]
+
+
+def test_held_state_is_what_the_live_streams_need_and_all_of_it_returns(model_path):
+    """Seeded: streams of random lengths join and leave, a quarter cancelled mid-way; at every
+    iteration the blocks held are what the live streams' rows need, and at the end none."""
+    rng = np.random.default_rng(7)
+    gone = set()
+    runner = counting_runner(model_path, np.empty, max_streams=8, cache_blocks=200,
+                             is_cancelled=lambda s: s in gone)
+    streams = [stream(int(rng.integers(1, 12)), max_tokens=int(rng.integers(1, 30))) for _ in range(400)]
+    cancel_at = {s: int(rng.integers(1, 10)) for s in streams if rng.random() < 0.25}
+    submitted = 0
+    outputs = {s: 0 for s in streams}
+    for _ in range(20000):
+        if submitted < len(streams) and runner.scheduler.waiting < 4:
+            runner.submit(streams[submitted:submitted + 4])
+            submitted += 4
+        for s, outcome, _ in runner.run_once():
+            if isinstance(outcome, dict):
+                outputs[s] += 1
+                if cancel_at.get(s) == outputs[s]:
+                    gone.add(s)
+        held = runner.engine.held()
+        assert held["held_bytes"] == held["needed_bytes"]
+        if submitted >= len(streams) and runner.idle:
+            break
+    assert runner.idle
+    assert runner.engine.cache.taken == 0 and runner.engine.state.taken == 0
+    assert runner.figures["cancelled"] > 50
+    assert runner.figures["cancelled"] + runner.figures["finished"] + runner.figures["failed"] == len(streams)

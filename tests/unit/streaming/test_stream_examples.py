@@ -1,0 +1,111 @@
+"""The example text generators served in process (the stub stood in for): every stream's text
+equals the same model run alone, however streams join; bad prompts end only their own."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from latte.backend.standin_stub import InferenceRequest, StandinStub
+from latte.examples.streams import generate_alone, write_stream_model
+
+PROMPTS = [b"hello world", b"The quick brown fox", b"a", b"streams join and leave", b"0123456789" * 5]
+
+
+def served(kind, tmp_path, **parameters):
+    from latte.backend.streaming.model import StreamingModel
+
+    folder = write_stream_model(tmp_path, f"textgen_{kind}", kind)
+    config = {"name": f"textgen_{kind}", "backend": "latte", "max_batch_size": 0,
+              "model_transaction_policy": {"decoupled": True},
+              "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
+                        {"name": "stream", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
+                        {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True}],
+              "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]}],
+              "parameters": {k: {"string_value": str(v)} for k, v in parameters.items()}}
+    args = {"model_config": json.dumps(config), "model_repository": str(folder), "model_version": "1"}
+    return StreamingModel(args, StandinStub), folder
+
+
+def request(prompt, max_tokens, stream=True):
+    return InferenceRequest({"text_input": np.array([prompt], dtype=object), "stream": np.array([stream]),
+                             "sampling_parameters": np.array([json.dumps({"max_tokens": max_tokens}).encode()],
+                                                             dtype=object)})
+
+
+def wait_final(requests, timeout=60.0):
+    ends = time.monotonic() + timeout
+    while time.monotonic() < ends:
+        if all(r.get_response_sender().sent and r.get_response_sender().sent[-1][1] for r in requests):
+            return
+        time.sleep(0.01)
+    raise AssertionError("some streams got no final response")
+
+
+def texts(request):
+    sent = request.get_response_sender().sent
+    pieces = [r.output_tensors()[0].as_numpy()[0] for r, _ in sent if r is not None and not r.has_error()]
+    errors = [r.error().message() for r, _ in sent if r is not None and r.has_error()]
+    return b"".join(pieces), errors, sum(1 for _, flags in sent if flags)
+
+
+@pytest.mark.parametrize("kind", ["gpt", "gru"])
+def test_every_stream_equals_its_model_run_alone_however_streams_join(kind, tmp_path):
+    model, folder = served(kind, tmp_path, max_streams=4, joins_per_iteration=2)
+    try:
+        first = [request(p, 6 + 9 * i) for i, p in enumerate(PROMPTS)]
+        model.execute(first[:2])
+        time.sleep(0.05)            # the first two are running when the others arrive
+        model.execute(first[2:])
+        wait_final(first)
+        for i, (prompt, r) in enumerate(zip(PROMPTS, first)):
+            text, errors, finals = texts(r)
+            assert not errors and finals == 1
+            assert text == generate_alone(folder, prompt, 6 + 9 * i)
+    finally:
+        model.finalize()
+    figures = model.figures()
+    assert figures["live"] == 0 and figures["held_bytes"] == 0 and figures["finished"] == len(PROMPTS)
+
+
+def test_bad_prompts_end_only_their_own_stream_with_the_step_named(tmp_path):
+    model, folder = served("gpt", tmp_path)
+    try:
+        calls = [request(b"", 5), request(b"x" * 300, 5), request(b"fine", 5), request(b"fine", 0)]
+        model.execute(calls)
+        wait_final(calls)
+        assert texts(calls[0])[1] == ["step 'tokenize': the prompt is empty"]
+        assert texts(calls[1])[1] == ["step 'tokenize': the prompt has 300 characters; at most 192 are read"]
+        assert texts(calls[2])[0] == generate_alone(folder, b"fine", 5)
+        assert texts(calls[3])[1] == ["'max_tokens' must be an integer >= 1, got 0"]
+        error = calls[0].get_response_sender().sent[-1][0].error()
+        assert error.code() == StandinStub.TritonError.INVALID_ARG
+    finally:
+        model.finalize()
+
+
+def test_a_response_not_streamed_is_the_prompt_and_the_text(tmp_path):
+    model, folder = served("gru", tmp_path)
+    try:
+        call = request(b"once upon", 12, stream=False)
+        model.execute([call])
+        wait_final([call])
+        (response, flags), = call.get_response_sender().sent
+        assert flags and response.output_tensors()[0].as_numpy().tolist() == [
+            b"once upon" + generate_alone(folder, b"once upon", 12)]
+    finally:
+        model.finalize()
+
+
+def test_a_stream_model_that_is_not_decoupled_is_refused_saying_how_to_fix_it(tmp_path):
+    from latte.backend.errors import ConfigError
+    from latte.backend.graph.graph import load_model
+    from latte.backend.config import parse_model_config
+
+    folder = write_stream_model(tmp_path, "plain", "gru")
+    config = {"name": "plain", "backend": "latte", "max_batch_size": 0,
+              "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]}],
+              "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]}]}
+    with pytest.raises(ConfigError, match=r"set model_transaction_policy \{ decoupled: true \}"):
+        load_model(parse_model_config(config, folder, "1"))
