@@ -30,6 +30,7 @@ SCHEMA = 1
 AREAS: Tuple[Tuple[str, str], ...] = (
     ("serving", "Serving: latte against Triton's stock Python backend"),
     ("pipelines", "Pipelines: fused against Triton's ensemble"),
+    ("streaming", "Streaming: continuous batching against a stock decoupled model"),
     ("generator", "Generator: derived settings against Model Analyzer"),
     ("allocator", "Allocator"),
     ("gpu", "GPU"),

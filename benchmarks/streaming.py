@@ -1,0 +1,186 @@
+"""Streaming models batched continuously: latte's decoupled model against a stock Python-backend
+decoupled model that runs the same programs a thread per request, in one tritonserver, over the
+same gRPC streaming clients.
+
+    .venv/bin/python benchmarks/streaming.py --rounds 3
+
+For each example (the transformer, `gpt`, and the recurrent decoder, `gru`) and each number
+of concurrent streams, interleaved rounds measure tokens/s, time to first token and
+inter-token latency of latte, the stock model and the echo (a decoupled model that only sends
+as many responses: their cost alone). The bound is H = 1 / (1/echo + 1/in-process), the
+in-process rate being latte's own loop on the same streams in this process with nothing sent.
+Every request asks for --max-tokens outputs (ignore_eos), so both contenders stream alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+HERE = Path(__file__).resolve().parent
+
+from latte.bench.quiet import wait_until_quiet  # noqa: E402
+from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary  # noqa: E402
+from latte.bench.streams import harmonic_bound, in_process_model, in_process_tokens_per_s, stream_figures  # noqa: E402
+
+PROMPTS = [b"Once upon a time", b"The quick brown fox jumps", b"hello", b"Streams join and leave between steps",
+           b"a b c d e f g", b"Triton serves models", b"what comes next?", b"0123456789"]
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def measure(url: str, model: str, concurrency: int, seconds: float, max_tokens: int) -> Dict:
+    from latte.triton.streams import run_streams
+
+    warm = 1.0
+    started = time.perf_counter()
+    records = run_streams(url, model, PROMPTS, concurrency=concurrency, max_tokens=max_tokens,
+                          duration_s=seconds + warm, ignore_eos=True)
+    return stream_figures(records, started + warm, started + warm + seconds).as_dict()
+
+
+def run(args) -> Dict:
+    from latte.examples.streams import write_echo_model, write_stock_model, write_stream_model
+    from latte.triton import TritonServer
+
+    kinds = args.models.split(",")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    repo = Path(tempfile.mkdtemp(prefix="latte-streaming-")) / "repository"
+    repo.mkdir(parents=True)
+    for kind in kinds:
+        write_stream_model(repo, f"latte_{kind}", kind, max_streams=max(levels), max_tokens=args.max_tokens)
+        write_stock_model(repo, f"stock_{kind}", kind, max_tokens=args.max_tokens)
+    write_echo_model(repo, "echo")
+    load = wait_until_quiet(log=lambda line: print(f"  {line}", flush=True))
+    print(f"load average at start: {load:.2f}", flush=True)
+    bound: Dict[str, Dict[int, List[float]]] = {kind: {c: [] for c in levels} for kind in kinds}
+    for kind in kinds:  # before the server starts: the machine is this loop's alone
+        model = in_process_model(repo / f"latte_{kind}")
+        try:
+            for _ in range(args.rounds):
+                for c in levels:
+                    bound[kind][c].append(in_process_tokens_per_s(model, PROMPTS, c, args.max_tokens,
+                                                                  args.in_process_s))
+        finally:
+            model.finalize()
+        print(f"in process, {kind}: " + ", ".join(f"{c} streams {_median(bound[kind][c]):.0f} tokens/s"
+                                                   for c in levels), flush=True)
+    served: Dict[str, Dict[int, List[Dict]]] = {}
+    contenders = [f"{side}_{kind}" for kind in kinds for side in ("latte", "stock")] + ["echo"]
+    with TritonServer(repo, log_path=repo.parent / "tritonserver.log") as server:
+        for name in contenders:
+            measure(server.grpc_url, name, 4, 1.0, args.max_tokens)  # warm
+        for r in range(args.rounds):
+            order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
+            for c in levels:
+                for name in order:
+                    figures = measure(server.grpc_url, name, c, args.seconds, args.max_tokens)
+                    served.setdefault(name, {}).setdefault(c, []).append(figures)
+                    print(f"round {r + 1}, {c:>3} streams, {name:<12} {figures['tokens_per_s']:8.0f} tokens/s  "
+                          f"TTFT P50 {figures['ttft_p50_ms'] or 0:6.1f} ms P99 {figures['ttft_p99_ms'] or 0:6.1f} ms"
+                          f"  ITL P50 {figures['itl_p50_ms'] or 0:5.2f} ms  errors {figures['errors']}", flush=True)
+    return {"load_average_at_start": load, "levels": levels, "kinds": kinds, "max_tokens": args.max_tokens,
+            "seconds": args.seconds, "in_process": bound, "served": served}
+
+
+def _med(runs: List[Dict], key: str):
+    return _median([run[key] for run in runs])
+
+
+def summarize(result: Dict) -> Dict:
+    levels, kinds, served = result["levels"], result["kinds"], result["served"]
+    rows, targets, charts = [], [], []
+    ratio_at: Dict = {}
+    for kind in kinds:
+        latte, stock = served[f"latte_{kind}"], served[f"stock_{kind}"]
+        points = {"latte": [], "stock": [], "bound H": []}
+        for c in levels:
+            ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(latte[c], stock[c]) if b["tokens_per_s"]]
+            echo = _med(served["echo"][c], "tokens_per_s")
+            inproc = _median(result["in_process"][kind][c])
+            h = harmonic_bound(echo, inproc)
+            ours = _med(latte[c], "tokens_per_s")
+            ratio_at[(kind, c)] = (_median(ratios), ours / h if h else None, ours)
+            ttft = (_med(latte[c], "ttft_p99_ms"), _med(stock[c], "ttft_p99_ms"))
+            rows.append([kind, str(c), f"{ours:.0f}", f"{_med(stock[c], 'tokens_per_s'):.0f}",
+                         f"{_median(ratios):.2f}x", f"{echo:.0f}", f"{inproc:.0f}", f"{h:.0f}",
+                         f"{100 * ours / h:.0f} %",
+                         f"{_med(latte[c], 'ttft_p50_ms'):.1f} / {ttft[0]:.1f}",
+                         f"{_med(stock[c], 'ttft_p50_ms'):.1f} / {ttft[1]:.1f}",
+                         f"{_med(latte[c], 'itl_p50_ms'):.2f} / {_med(latte[c], 'itl_p99_ms'):.2f}",
+                         f"{_med(stock[c], 'itl_p50_ms'):.2f} / {_med(stock[c], 'itl_p99_ms'):.2f}",
+                         f"{_med(latte[c], 'in_flight'):.1f}"])
+            points["latte"].append((c, ours))
+            points["stock"].append((c, _med(stock[c], "tokens_per_s")))
+            points["bound H"].append((c, h))
+        charts.append(Chart(f"streaming-{kind}", f"Tokens/s against concurrent streams ({kind})", "concurrent streams",
+                            "tokens/s", [Series(label, pts) for label, pts in points.items()], log_x=True))
+    if "gpt" in kinds and 16 in levels:
+        ratio, share, ours16 = ratio_at[("gpt", 16)]
+        targets.append(Target("Tokens/s at 16 streams >= 4x the stock decoupled model (transformer)",
+                              f"{ratio:.2f}x", "yes" if ratio >= 4 else "no",
+                              "" if ratio >= 4 else f"the bound H at 16 streams allows {ours16 / share:.0f} tokens/s"))
+        if 64 in levels:
+            ours64 = ratio_at[("gpt", 64)][2]
+            targets.append(Target("Tokens/s at 64 streams above 16 (transformer)", f"{ours64:.0f} vs {ours16:.0f}",
+                                  "yes" if ours64 > ours16 else "no"))
+        ttft = (_med(served["latte_gpt"][16], "ttft_p99_ms"), _med(served["stock_gpt"][16], "ttft_p99_ms"))
+        targets.append(Target("TTFT P99 at 16 streams <= 0.5x the stock model's (transformer)",
+                              f"{ttft[0] / ttft[1]:.2f}x", "yes" if ttft[0] <= 0.5 * ttft[1] else "no"))
+    for kind in kinds:
+        shares = [ratio_at[(kind, c)][1] for c in levels if c > 1]
+        worst = min(shares) if shares else None
+        if worst is not None:
+            targets.append(Target(f"At least 80 % of the bound H ({kind}, every level above one stream)",
+                                  f"{100 * worst:.0f} % at worst", "yes" if worst >= 0.8 else "no"))
+    if 1 in levels and "gpt" in kinds:
+        one = [(_med(served["latte_gpt"][1], k), _med(served["stock_gpt"][1], k)) for k in ("ttft_p50_ms", "itl_p50_ms")]
+        within = all(a <= 1.1 * b for a, b in one)
+        targets.append(Target("One stream: TTFT and inter-token P50 within 10 % of the stock model's (transformer)",
+                              f"TTFT {one[0][0] / one[0][1]:.2f}x, inter-token {one[1][0] / one[1][1]:.2f}x",
+                              "yes" if within else "no"))
+    table = Table("Per example and concurrent streams (medians of the rounds); TTFT and inter-token latency (ITL) "
+                  "in ms, P50 / P99", ["example", "streams", "latte tokens/s", "stock tokens/s", "latte / stock",
+                                       "echo tokens/s", "in-process tokens/s", "bound H", "latte / H",
+                                       "latte TTFT", "stock TTFT", "latte ITL", "stock ITL", "latte in flight"], rows)
+    best = max(ratio_at.items(), key=lambda item: item[1][0])
+    summary = (f"latte streams {best[1][0]:.2f}x the stock decoupled model's tokens/s at best ({best[0][0]}, "
+               f"{best[0][1]} streams); every output is one response through the stub, whose cost (the echo) "
+               "bounds both.")
+    notes = [f"Each request asks for {result['max_tokens']} outputs (ignore_eos); each measurement runs "
+             f"{result['seconds']:g} s after a 1 s warm-up, over gRPC streams (tritonclient's asyncio client), "
+             "one stream per client, the next request sent when the last one's final response is in.",
+             "The in-process rate is latte's own iteration loop on the same programs and streams in this process, "
+             "nothing sent; the echo is a stock decoupled model that only sends as many responses."]
+    return {"summary": summary, "targets": targets, "tables": [table], "charts": charts, "notes": notes}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="gpt,gru", help="examples to run (default: %(default)s)")
+    parser.add_argument("--concurrency", default="1,16,64", help="concurrent streams (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default: %(default)s)")
+    parser.add_argument("--seconds", type=float, default=6.0, help="each measurement (default: %(default)s)")
+    parser.add_argument("--in-process-s", type=float, default=3.0, help="each in-process measurement")
+    parser.add_argument("--max-tokens", type=int, default=64, help="outputs per request (default: %(default)s)")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    started = new_results("streaming", "streaming", "Streaming: continuous batching against a stock decoupled model",
+                          command_line("benchmarks/streaming.py", argv if argv is not None else sys.argv[1:]), None,
+                          HERE.parent)
+    result = run(args)
+    started.load_at_start = round(result["load_average_at_start"], 2)
+    print(f"wrote {write_summary(started, summarize(result), args.results_dir, result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

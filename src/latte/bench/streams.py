@@ -1,0 +1,106 @@
+"""Figures of streaming runs: tokens/s, time to first token, inter-token latency, streams in
+flight; and the in-process batched loop, the bound a served streaming model is measured
+against (with the cost of the responses alone, the echo)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from latte.triton.streams import StreamRecord
+
+
+@dataclass
+class StreamFigures:
+    tokens_per_s: float
+    ttft_p50_ms: Optional[float]
+    ttft_p99_ms: Optional[float]
+    itl_p50_ms: Optional[float]
+    itl_p99_ms: Optional[float]
+    streams: int            # streams that began in the window
+    in_flight: float        # streams open at once, on average over the window
+    errors: int
+
+    def as_dict(self) -> Dict:
+        return dict(self.__dict__)
+
+
+def _ms(values: Sequence[float], q: float) -> Optional[float]:
+    return float(np.percentile(values, q) * 1000) if len(values) else None
+
+
+def stream_figures(records: Sequence[StreamRecord], start: float, end: float) -> StreamFigures:
+    """What the records show between `start` and `end` (perf_counter seconds): tokens that
+    arrived in the window per second; TTFT and inter-token gaps of streams sent in it."""
+    window = max(end - start, 1e-9)
+    tokens = sum(1 for r in records for t in r.arrivals if start <= t <= end)
+    inside = [r for r in records if start <= r.sent <= end]
+    ttft = [r.ttft for r in inside if r.ttft is not None]
+    gaps = [g for r in inside for g in r.inter_token()]
+    open_s = sum(max(0.0, min(end, r.arrivals[-1] if r.arrivals else r.sent) - max(start, r.sent)) for r in records)
+    return StreamFigures(tokens / window, _ms(ttft, 50), _ms(ttft, 99), _ms(gaps, 50), _ms(gaps, 99), len(inside),
+                         open_s / window, sum(1 for r in records if r.error))
+
+
+def in_process_model(folder: Path):
+    """The latte streaming model at `folder` loaded in this process (the stub stood in for),
+    its loop stopped: the caller drives `model.runner.run_once()`."""
+    from google.protobuf import json_format
+
+    from latte.backend.standin_stub import StandinStub
+    from latte.backend.streaming.model import StreamingModel
+    from latte.generator.validate import parse_config
+
+    config = json_format.MessageToDict(parse_config((Path(folder) / "config.pbtxt").read_text()),
+                                       preserving_proto_field_name=True)
+    args = {"model_config": json.dumps(config), "model_repository": str(folder), "model_version": "1"}
+    model = StreamingModel(args, StandinStub)
+    model.runner.close()
+    return model
+
+
+def in_process_tokens_per_s(model, prompts: Sequence[bytes], concurrency: int, max_tokens: int,
+                            seconds: float = 3.0) -> float:
+    """Tokens/s of the model's own loop in this process, `concurrency` streams kept live (a new
+    one joins as one ends), nothing sent: the batched loop the served model is bounded by."""
+    from latte.backend.streaming.controls import read_controls
+    from latte.backend.streaming.streams import Stream
+
+    runner = model.runner
+    controls = read_controls({}, {"max_tokens": max_tokens, "ignore_eos": True}, max_tokens, False)
+    count = [0]
+
+    def new_stream() -> Stream:
+        prompt = prompts[count[0] % len(prompts)]
+        count[0] += 1
+        return Stream({"text_input": np.array([prompt], dtype=object)}, controls, time.monotonic())
+
+    runner.submit([new_stream() for _ in range(concurrency)])
+    tokens, started, warm = 0, None, time.perf_counter() + min(1.0, seconds / 3)
+    while True:
+        emissions = runner.run_once()
+        now = time.perf_counter()
+        if started is None and now >= warm:
+            started, tokens = now, 0
+        tokens += sum(1 for _, outcome, _ in emissions if isinstance(outcome, dict))
+        ended = sum(1 for _, _, final in emissions if final)
+        if ended:
+            runner.submit([new_stream() for _ in range(ended)])
+        if started is not None and now - started >= seconds:
+            break
+    while not runner.idle:  # the streams still running end, so the next measurement starts empty
+        for stream in list(runner.engine.live):
+            stream.cancelled = True
+        runner.run_once()
+    return tokens / (time.perf_counter() - started) if started else 0.0
+
+
+def harmonic_bound(echo: float, in_process: float) -> float:
+    """H = 1 / (1/echo + 1/in-process): each token pays its response (the echo's rate) and its
+    share of the batched loop (the in-process rate), one after the other."""
+    return 1.0 / (1.0 / echo + 1.0 / in_process) if echo > 0 and in_process > 0 else 0.0

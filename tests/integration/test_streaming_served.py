@@ -1,0 +1,110 @@
+"""The example text generators under a real tritonserver: streamed over gRPC as Triton's vLLM
+backend's clients stream, through the HTTP generate endpoints, cancelled mid-way, and beside
+the stock thread-per-request model running the same programs."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = [b"hello world", b"The quick brown fox", b"streams join and leave", b"a", b"0123456789" * 3]
+
+
+@pytest.fixture(scope="module")
+def streaming_server(tmp_path_factory):
+    from latte.examples.streams import write_stock_model, write_stream_model
+    from latte.triton import TritonServer
+
+    work = tmp_path_factory.mktemp("streaming")
+    repo = work / "repository"
+    repo.mkdir()
+    write_stream_model(repo, "textgen", "gpt", max_streams=8, joins_per_iteration=2)
+    write_stream_model(repo, "textgen_gru", "gru", max_streams=8)
+    write_stock_model(repo, "textgen_stock", "gpt")
+    with TritonServer(repo, log_path=work / "tritonserver.log") as running:
+        running.repo = repo
+        yield running
+
+
+def metric(server, name, **labels):
+    import urllib.request
+
+    text = urllib.request.urlopen(server.metrics_url).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()) \
+                and 'model="textgen"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+@pytest.mark.parametrize("model", ["textgen", "textgen_gru"])
+def test_concurrent_streams_each_equal_the_model_run_alone(streaming_server, model):
+    from latte.examples.streams import generate_alone
+    from latte.triton.streams import run_streams
+
+    records = run_streams(streaming_server.grpc_url, model, PROMPTS, concurrency=len(PROMPTS), max_tokens=24)
+    assert len(records) == len(PROMPTS)
+    for record in records:
+        assert record.error is None
+        assert record.text == generate_alone(streaming_server.repo / model, record.prompt, 24)
+        assert len(record.pieces) == len(record.text)  # one response per token
+
+
+def test_the_stock_model_says_the_same_so_the_benchmark_compares_like_with_like(streaming_server):
+    from latte.triton.streams import generate
+
+    ours = generate(streaming_server.grpc_url, "textgen", b"compare me", max_tokens=20)
+    stock = generate(streaming_server.grpc_url, "textgen_stock", b"compare me", max_tokens=20)
+    assert ours.text == stock.text and len(ours.pieces) == len(stock.pieces) == 20
+
+
+def test_http_generate_answers_as_for_the_vllm_backend(streaming_server):
+    import urllib.request
+
+    from latte.examples.streams import generate_alone
+
+    body = json.dumps({"text_input": "hello", "max_tokens": 8}).encode()
+    answer = urllib.request.urlopen(urllib.request.Request(
+        f"http://{streaming_server.http_url}/v2/models/textgen/generate", data=body,
+        headers={"Content-Type": "application/json"}), timeout=30).read()
+    assert json.loads(answer)["text_output"] == "hello" + generate_alone(streaming_server.repo / "textgen",
+                                                                         b"hello", 8).decode()
+    body = json.dumps({"text_input": "hello", "max_tokens": 5, "stream": True}).encode()
+    events = urllib.request.urlopen(urllib.request.Request(
+        f"http://{streaming_server.http_url}/v2/models/textgen/generate_stream", data=body,
+        headers={"Content-Type": "application/json"}), timeout=30).read().decode()
+    pieces = [json.loads(line[len("data: "):])["text_output"] for line in events.splitlines()
+              if line.startswith("data: ")]
+    assert "".join(pieces) == generate_alone(streaming_server.repo / "textgen", b"hello", 5).decode()
+
+
+def test_a_bad_prompt_gets_one_clear_error_and_the_next_stream_succeeds(streaming_server):
+    from latte.triton.streams import generate
+
+    bad = generate(streaming_server.grpc_url, "textgen", b"", max_tokens=5)
+    assert "step 'tokenize': the prompt is empty" in bad.error and not bad.pieces
+    wrong = generate(streaming_server.grpc_url, "textgen", b"ok", max_tokens=-3)
+    assert "'max_tokens' must be an integer >= 1, got -3" in wrong.error
+    good = generate(streaming_server.grpc_url, "textgen", b"ok", max_tokens=5)
+    assert good.error is None and len(good.pieces) == 5
+
+
+def test_cancelled_streams_give_their_state_back(streaming_server):
+    from latte.triton.streams import run_streams
+
+    records = run_streams(streaming_server.grpc_url, "textgen", PROMPTS, concurrency=4, max_tokens=200,
+                          cancel_after=lambda client: 3 if client % 2 == 0 else None, ignore_eos=True)
+    assert sum(r.cancelled for r in records) == 2
+    assert all(len(r.pieces) == 200 for r in records if not r.cancelled)
+    # within the cancellation check (100 ms) and a publication of the figures (1 s)
+    for _ in range(50):
+        time.sleep(0.2)
+        if metric(streaming_server, "latte_streams", state="live") == 0 and \
+                (metric(streaming_server, "latte_streams_total", outcome="cancelled") or 0) >= 2:
+            break
+    assert metric(streaming_server, "latte_streams", state="live") == 0
+    assert metric(streaming_server, "latte_stream_cache_blocks", state="taken") == 0
+    assert metric(streaming_server, "latte_streams_total", outcome="cancelled") >= 2
