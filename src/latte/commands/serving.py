@@ -59,11 +59,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Build small example models locally (no downloads), export each to "
                                    "TorchScript and ONNX, and write a model repository serving them with "
                                    "backend: \"latte\". With --pipeline, write the example pipeline spec "
-                                   "(tokenizer -> encoder -> normalizer) that docs/generator.md walks through instead.")
+                                   "(tokenizer -> encoder -> normalizer) that docs/generator.md walks through instead; "
+                                   "with --streaming, a repository of the streaming text generators (docs/streaming.md).")
     p.add_argument("dir", help="output folder for the model repository (or the pipeline's files)")
     p.add_argument("--pipeline", nargs="?", const="text", choices=["text", "image", "branching"],
                    help="write an example pipeline's DIR/pipeline.yaml and its files, for `latte generate "
                         "DIR/pipeline.yaml -o REPO`: text (the default), image or branching (docs/pipelines.md)")
+    p.add_argument("--streaming", action="store_true",
+                   help="write the streaming text generators instead: textgen (a transformer), textgen_gru (a "
+                        "recurrent decoder) and textgen_stock (the transformer in a stock decoupled Python model)")
     p.set_defaults(handler=_examples)
 
     p = sub.add_parser("demo", help="run Latte end to end: examples, server, requests, a short benchmark",
@@ -167,6 +171,16 @@ def _examples(args) -> int:
         spec = write_pipeline(Path(args.dir), name=args.pipeline)
         print(f"example {args.pipeline} pipeline written to {spec}")
         print(f"  next: latte generate {spec} -o REPO")
+        return 0
+    if args.streaming:
+        from latte.examples.streams import write_stock_model, write_stream_model
+
+        repo = Path(args.dir)
+        write_stream_model(repo, "textgen", "gpt")
+        write_stream_model(repo, "textgen_gru", "gru")
+        write_stock_model(repo, "textgen_stock", "gpt")
+        print(f"streaming examples written to {repo}: textgen, textgen_gru, textgen_stock")
+        print(f"  next: latte serve {repo}")
         return 0
     repo = build_examples(Path(args.dir))
     print(f"example repository written to {repo}")
