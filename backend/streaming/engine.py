@@ -41,7 +41,7 @@ class StreamEngine:
         self.cache = None if cache is None else BlockPool(options.cache_blocks, cache.block_tokens, cache.row_dims,
                                                           to_numpy(cache.data_type), allocate)
         self._start_axes = {t.name: variable_axes(t.dims) for t in definition.start.inputs}
-        self._end_tokens = np.asarray(definition.end_tokens, dtype=np.int64)
+        self._end_tokens = frozenset(definition.end_tokens) if definition.token is not None else frozenset()
         self.live: List[Stream] = []
 
     # -- joining ------------------------------------------------------------------------
@@ -166,9 +166,9 @@ class StreamEngine:
         """What stream i's outputs of this batch send; the stream leaves when that is its last."""
         definition = self.definition
         ended = False
-        if definition.token is not None and len(self._end_tokens) and not stream.controls.ignore_eos:
+        if self._end_tokens and not stream.controls.ignore_eos:
             token_name = definition.state[definition.token] if following else definition.token
-            ended = bool(np.isin(outputs[token_name][i], self._end_tokens).any())
+            ended = int(outputs[token_name][i].reshape(-1)[0]) in self._end_tokens
         last = bool(definition.done is not None and following and outputs[definition.done][i].any())
         if definition.cache is not None and stream.length >= definition.cache.max_tokens:
             last = True  # its cache holds no further row: the model's context is full

@@ -78,9 +78,12 @@ class StreamRunner:
                 emissions.append((stream, Overloaded(
                     f"{self.scheduler.waiting} streams are waiting to join (max_waiting); try again later"), True))
         if now >= self._next_check:
+            # Streams that arrived since the last check are not asked yet: each question is a
+            # round trip to the server, and a new stream's would delay its first output.
+            since = now - self.cancel_check_s
             self._next_check = now + self.cancel_check_s
             for stream in [*self.engine.live, *self.scheduler.waiting_streams()]:
-                if not stream.cancelled and self.is_cancelled(stream):
+                if not stream.cancelled and stream.arrival <= since and self.is_cancelled(stream):
                     stream.cancelled = True
         for stream in [s for s in self.engine.live if s.cancelled]:
             self.engine.drop(stream)
