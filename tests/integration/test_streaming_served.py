@@ -108,3 +108,21 @@ def test_cancelled_streams_give_their_state_back(streaming_server):
     assert metric(streaming_server, "latte_streams", state="live") == 0
     assert metric(streaming_server, "latte_stream_cache_blocks", state="taken") == 0
     assert metric(streaming_server, "latte_streams_total", outcome="cancelled") >= 2
+
+
+def test_latte_bench_measures_a_decoupled_model_as_streams(streaming_server, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    latte = Path(sys.executable).parent / "latte"
+    done = subprocess.run([str(latte), "bench", "--url", streaming_server.http_url, "--grpc-url",
+                           streaming_server.grpc_url, "--metrics-url", streaming_server.metrics_url, "--model", "textgen",
+                           "--concurrency", "1,4", "--seconds", "1", "--max-tokens", "6", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "textgen" / "streams.json").read_text())
+    assert [p["concurrent"] for p in result["points"]] == [1, 4]
+    for point in result["points"]:
+        assert point["tokens_per_s"] > 0 and point["errors"] == 0 and point["ttft_p50_ms"] > 0
+        assert point["in_flight"] == pytest.approx(point["concurrent"], rel=0.5) and point["started"] > 0

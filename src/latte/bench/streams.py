@@ -22,7 +22,7 @@ class StreamFigures:
     ttft_p99_ms: Optional[float]
     itl_p50_ms: Optional[float]
     itl_p99_ms: Optional[float]
-    streams: int            # streams that began in the window
+    started: int            # streams that began in the window
     in_flight: float        # streams open at once, on average over the window
     errors: int
 
@@ -104,3 +104,34 @@ def harmonic_bound(echo: float, in_process: float) -> float:
     """H = 1 / (1/echo + 1/in-process): each token pays its response (the echo's rate) and its
     share of the batched loop (the in-process rate), one after the other."""
     return 1.0 / (1.0 / echo + 1.0 / in_process) if echo > 0 and in_process > 0 else 0.0
+
+
+# What `latte bench` sends a streaming model: prompts of several lengths.
+BENCH_PROMPTS = [b"Once upon a time", b"The quick brown fox jumps", b"hello", b"Streams join and leave between steps",
+                 b"a b c d e f g", b"Triton serves models", b"what comes next?", b"0123456789"]
+
+
+def is_decoupled(grpc_url: str, model: str) -> bool:
+    """Whether the served model streams (its config says decoupled)."""
+    import tritonclient.grpc as grpcclient
+
+    config = grpcclient.InferenceServerClient(grpc_url).get_model_config(model, as_json=True)["config"]
+    return bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def run_stream_bench(grpc_url: str, model: str, levels: Sequence[int], seconds: float, max_tokens: int,
+                     prompts: Sequence[bytes] = BENCH_PROMPTS, on_level=lambda level, figures: None) -> Dict:
+    """Each level of concurrent streams for `seconds` (after a second's warm-up): tokens/s, TTFT,
+    inter-token latency, streams in flight; every request asks for `max_tokens` outputs."""
+    from latte.triton.streams import run_streams
+
+    run_streams(grpc_url, model, list(prompts), concurrency=2, max_tokens=4)  # warm
+    points = []
+    for level in levels:
+        started = time.perf_counter()
+        records = run_streams(grpc_url, model, list(prompts), concurrency=level, max_tokens=max_tokens,
+                              duration_s=seconds + 1.0, ignore_eos=True)
+        figures = stream_figures(records, started + 1.0, started + 1.0 + seconds).as_dict()
+        points.append({"concurrent": level, **figures})
+        on_level(level, figures)
+    return {"model": model, "kind": "streams", "max_tokens": max_tokens, "seconds": seconds, "points": points}

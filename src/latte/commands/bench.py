@@ -77,6 +77,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report-from", metavar="RESULTS_JSON", nargs="+",
                    help="only re-render report.html beside existing results.json files (no server, no load); "
                         "with several, also the index.html one folder up")
+    p.add_argument("--streams", action="store_true",
+                   help="measure streams instead of perf_analyzer sweeps (chosen by itself for a decoupled model): "
+                        "each --concurrency level as concurrent gRPC streams, for tokens/s, time to first token, "
+                        "inter-token latency and streams in flight (docs/streaming.md)")
+    p.add_argument("--max-tokens", type=int, default=64, help="streams: outputs each request asks for")
+    p.add_argument("--seconds", type=float, default=6.0, help="streams: how long each level runs")
     p.add_argument("--soak", metavar="N|DURATION",
                    help="run a soak instead: a request count (20000, 1M) or a duration (90s, 10min, 2h)")
     p.add_argument("--in-flight", type=int, default=4, help="soak: requests in flight at once")
@@ -136,6 +142,14 @@ def _bench(args) -> int:
                       + ("" if target.started_here else " (running elsewhere)"))
         if args.soak:
             return _soak(args, target, models, console, out)
+        from latte.bench.streams import is_decoupled
+
+        streaming = [m for m in models if args.streams or is_decoupled(target.grpc_url, m)]
+        if streaming:
+            status = _streams(args, target, streaming, console, out)
+            models = [m for m in models if m not in streaming]
+            if not models:
+                return status
         from latte.bench.report import write_bench_report, write_index
         from latte.bench.runner import BenchSettings, run_bench, write_results
 
@@ -171,6 +185,31 @@ def _bench(args) -> int:
         if len(all_results) > 1:
             console.print(f"index: {write_index(all_results, out)}")
         return 0 if all(r["summary"]["failed_points"] == 0 for r in all_results) else 1
+
+
+def _streams(args, target, models, console, out: Path) -> int:
+    """Streaming models: concurrent gRPC streams at each level; a table each, OUT/<model>/streams.json."""
+    from rich.table import Table
+
+    from latte.bench.streams import run_stream_bench
+
+    failed = 0
+    for model in models:
+        table = Table("streams", "tokens/s", "TTFT p50 ms", "TTFT p99 ms", "inter-token p50 ms", "inter-token p99 ms",
+                      "in flight", "errors", title=f"{model}: {args.max_tokens} outputs a request")
+        result = run_stream_bench(target.grpc_url, model, args.concurrency, args.seconds, args.max_tokens)
+        for point in result["points"]:
+            table.add_row(str(point["concurrent"]), f"{point['tokens_per_s']:.0f}", *(
+                "-" if point[k] is None else f"{point[k]:.2f}"
+                for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")),
+                f"{point['in_flight']:.1f}", str(point["errors"]))
+            failed += point["errors"]
+        console.print(table)
+        path = out / model / "streams.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        console.print(f"{model}: {path}")
+    return 0 if failed == 0 else 1
 
 
 def _soak(args, target, models, console, out: Path) -> int:

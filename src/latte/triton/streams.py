@@ -69,23 +69,29 @@ def _piece(result) -> Optional[bytes]:
 async def _client(url: str, model: str, prompts: Iterable[bytes], sampling: Dict, stream: bool,
                   records: List[StreamRecord], until: float, cancel_after: Optional[int] = None,
                   parameters: Optional[Dict] = None) -> None:
+    """One client: its prompts one after another on one gRPC stream; with `cancel_after`, each
+    request is cancelled once that many outputs are in (the stream is cancelled, as a client that
+    goes away cancels it, and the next request opens a new one)."""
     import tritonclient.grpc.aio as aioclient
 
     client = aioclient.InferenceServerClient(url)
-    outgoing: asyncio.Queue = asyncio.Queue()
+    outgoing: Optional[asyncio.Queue] = None
+    responses = None
 
-    async def requests():
+    async def requests(queue: asyncio.Queue):
         while True:
-            item = await outgoing.get()
+            item = await queue.get()
             if item is None:
                 return
             yield item
 
-    responses = client.stream_infer(requests())
     try:
         for number, prompt in enumerate(prompts):
             if time.perf_counter() >= until:
                 break
+            if responses is None:
+                outgoing = asyncio.Queue()
+                responses = client.stream_infer(requests(outgoing))
             record = StreamRecord(prompt, time.perf_counter())
             records.append(record)
             await outgoing.put({"model_name": model, "inputs": request_inputs(prompt, stream, **sampling),
@@ -105,9 +111,12 @@ async def _client(url: str, model: str, prompts: Iterable[bytes], sampling: Dict
                 if cancel_after is not None and len(record.pieces) >= cancel_after:
                     record.cancelled = True
                     responses.cancel()
-                    return
+                    await outgoing.put(None)
+                    responses = None
+                    break
     finally:
-        await outgoing.put(None)
+        if outgoing is not None:
+            await outgoing.put(None)
         await client.close()
 
 

@@ -1,0 +1,137 @@
+"""A long streaming run under tritonserver: many streams of the example transformer, a quarter
+of them cancelled mid-way by their clients; whether the state pools and the arena are back to
+their baseline at the end, how the stub's resident memory grew, and whether latency drifted.
+
+    .venv/bin/python benchmarks/streaming_soak.py --streams 100000
+
+32 clients each send one request after another over gRPC (8 outputs each, ignore_eos); the
+clients 0, 4, 8, ... cancel every request after its third output (their gRPC stream is
+cancelled, as a client that goes away cancels it). The run is cut into windows; after a
+warm-up the first window's figures are the baseline, compared with the last window's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+from latte.bench.quiet import wait_until_quiet  # noqa: E402
+from latte.bench.results import Table, Target, command_line, new_results, write_summary  # noqa: E402
+
+PROMPTS = [b"Once upon a time", b"The quick brown fox jumps", b"hello", b"Streams join and leave between steps",
+           b"a b c d e f g", b"Triton serves models", b"what comes next?", b"0123456789"]
+CLIENTS = 32
+OUTPUTS = 8
+
+
+def _figures(metrics_url: str):
+    from latte.bench.prometheus_scrape import scrape, total
+
+    values = scrape(metrics_url)
+    return {"live": total(values, "latte_streams", state="live"),
+            "held_bytes": total(values, "latte_stream_state_bytes", state="held"),
+            "cache_blocks": total(values, "latte_stream_cache_blocks", state="taken"),
+            "arena_live": total(values, "latte_arena_bytes", state="live"),
+            "cancelled": total(values, "latte_streams_total", outcome="cancelled"),
+            "finished": total(values, "latte_streams_total", outcome="finished"),
+            "failed": total(values, "latte_streams_total", outcome="failed")}
+
+
+def run(args):
+    from latte.bench.procmem import rss_bytes, stub_pids
+    from latte.examples.streams import write_stream_model
+    from latte.triton import TritonServer
+    from latte.triton.streams import run_streams
+
+    repo = Path(tempfile.mkdtemp(prefix="latte-streaming-soak-")) / "repository"
+    write_stream_model(repo, "textgen", "gpt", max_streams=64)
+    load = wait_until_quiet(log=lambda line: print(f"  {line}", flush=True))
+    print(f"load average at start: {load:.2f}", flush=True)
+    per_window = max(CLIENTS, args.streams // args.windows) // CLIENTS
+    windows = []
+    with TritonServer(repo, log_path=repo.parent / "tritonserver.log") as server:
+        (stub,) = stub_pids(server.process.pid)
+        run_streams(server.grpc_url, "textgen", PROMPTS, concurrency=CLIENTS, max_tokens=OUTPUTS,
+                    per_client=args.warmup // CLIENTS, cancel_after=lambda c: 3 if c % 4 == 0 else None,
+                    ignore_eos=True)
+        time.sleep(2.0)
+        baseline = {"rss": rss_bytes(stub), **_figures(server.metrics_url)}
+        started = time.perf_counter()
+        for window in range(args.windows):
+            t0 = time.perf_counter()
+            records = run_streams(server.grpc_url, "textgen", PROMPTS, concurrency=CLIENTS, max_tokens=OUTPUTS,
+                                  per_client=per_window, cancel_after=lambda c: 3 if c % 4 == 0 else None,
+                                  ignore_eos=True)
+            seconds = time.perf_counter() - t0
+            ttft = sorted(r.ttft for r in records if r.ttft is not None)
+            whole = [r for r in records if not r.cancelled and r.error is None]
+            windows.append({"window": window + 1, "streams": len(records), "seconds": seconds,
+                            "cancelled": sum(r.cancelled for r in records),
+                            "errors": sum(1 for r in records if r.error),
+                            "short": sum(1 for r in whole if len(r.pieces) != OUTPUTS),
+                            "tokens_per_s": sum(len(r.pieces) for r in records) / seconds,
+                            "ttft_p50_ms": 1000 * ttft[len(ttft) // 2], "ttft_p99_ms": 1000 * ttft[int(len(ttft) * 0.99)],
+                            "rss": rss_bytes(stub)})
+            w = windows[-1]
+            print(f"window {w['window']:>2}: {w['streams']} streams ({w['cancelled']} cancelled), "
+                  f"{w['tokens_per_s']:.0f} tokens/s, TTFT P99 {w['ttft_p99_ms']:.1f} ms, stub RSS "
+                  f"{w['rss'] / 2**20:.1f} MiB, errors {w['errors']}", flush=True)
+        time.sleep(2.0)  # the cancellation check and a publication of the figures
+        end = {"rss": rss_bytes(stub), **_figures(server.metrics_url)}
+    return {"load_average_at_start": load, "streams": sum(w["streams"] for w in windows), "baseline": baseline,
+            "end": end, "windows": windows, "seconds": time.perf_counter() - started}
+
+
+def summarize(result):
+    windows, baseline, end = result["windows"], result["baseline"], result["end"]
+    first, last = windows[0], windows[-1]
+    rss_growth = last["rss"] / first["rss"] - 1
+    drift = last["ttft_p99_ms"] / first["ttft_p99_ms"]
+    cancelled = sum(w["cancelled"] for w in windows)
+    errors = sum(w["errors"] + w["short"] for w in windows)
+    back = end["live"] == 0 and end["held_bytes"] == 0 and end["cache_blocks"] == 0 \
+        and end["arena_live"] == baseline["arena_live"]
+    targets = [
+        Target(f"After {result['streams']:,} streams, a quarter cancelled mid-way: the pools and the arena back to "
+               "their baseline", f"live streams {end['live']:.0f}, state held {end['held_bytes']:.0f} B, cache blocks "
+               f"{end['cache_blocks']:.0f}, arena live {end['arena_live']:.0f} B (baseline {baseline['arena_live']:.0f})",
+               "yes" if back else "no"),
+        Target("Stub RSS growth from the first window to the last <= 2 %", f"{100 * rss_growth:+.2f} %",
+               "yes" if rss_growth <= 0.02 else "no"),
+        Target("Every stream answered: whole, or cancelled by its client", f"{errors} errors or short streams, "
+               f"{cancelled:,} cancelled", "yes" if errors == 0 else "no"),
+    ]
+    table = Table("Windows", ["window", "streams", "cancelled", "tokens/s", "TTFT P50 ms", "TTFT P99 ms", "stub RSS MiB"],
+                  [[str(w["window"]), str(w["streams"]), str(w["cancelled"]), f"{w['tokens_per_s']:.0f}",
+                    f"{w['ttft_p50_ms']:.1f}", f"{w['ttft_p99_ms']:.1f}", f"{w['rss'] / 2**20:.1f}"] for w in windows])
+    summary = (f"{result['streams']:,} streams in {result['seconds'] / 60:.1f} min, {cancelled:,} cancelled mid-way: "
+               f"state and arena back to baseline {'yes' if back else 'no'}, stub RSS {100 * rss_growth:+.2f} % "
+               f"first to last window, TTFT P99 {drift:.2f}x.")
+    notes = [f"{CLIENTS} clients, {OUTPUTS} outputs a request; clients 0, 4, 8, ... cancel each request after its "
+             "third output. Windows after a warm-up; the pools' and the arena's figures are the model's own metrics."]
+    return {"summary": summary, "targets": targets, "tables": [table], "notes": notes}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, default=100000, help="streams in all (default: %(default)s)")
+    parser.add_argument("--windows", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2048, help="streams before the first window")
+    parser.add_argument("--results-dir", type=Path, default=HERE / "results")
+    args = parser.parse_args(argv)
+    started = new_results("streaming-soak", "streaming", "Streaming: a long run with cancellations",
+                          command_line("benchmarks/streaming_soak.py", argv if argv is not None else sys.argv[1:]),
+                          None, HERE.parent)
+    result = run(args)
+    started.load_at_start = round(result["load_average_at_start"], 2)
+    print(f"wrote {write_summary(started, summarize(result), args.results_dir, result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
