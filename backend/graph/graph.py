@@ -41,6 +41,8 @@ CHECK_LENGTHS = (3, 9, 5)
 # each way, interleaved), that takes at most this share of the time one after the other takes.
 BRANCH_TRIALS = 15
 BRANCH_GAIN = 0.9
+# Batches whose per-step times wait to be counted, at most (step_figures folds them).
+UNFOLDED_BATCHES = 4096
 
 
 def _type_text(dtype: np.dtype) -> str:
@@ -350,8 +352,11 @@ class Graph:
             del produced  # what the level made is in `values` now, and nowhere else
             for tensor in frees:
                 values.pop(tensor, None)
-        # Counted when the figures are read (step_figures): one append here, atomic under the GIL.
+        # Counted when the figures are read (step_figures): one append here, atomic under the GIL;
+        # folded here past a bound, so a graph whose figures nobody reads stays the same size.
         self._unfolded.append((spent, batch.rows))
+        if len(self._unfolded) >= UNFOLDED_BATCHES:
+            self.step_figures()
         return self._graph_outputs(values, check)
 
     def _graph_outputs(self, values: Dict[str, Value], check: bool

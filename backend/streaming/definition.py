@@ -29,7 +29,6 @@ from latte.backend.errors import ConfigError
 from latte.backend.graph.definition import GraphDefinition, TensorDeclaration, load_graph
 
 STREAM_FORMAT = "latte-stream/1"
-from latte.backend.config import STREAM_FILE
 
 
 @dataclass(frozen=True)

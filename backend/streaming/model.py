@@ -182,6 +182,10 @@ class StreamingModel:
 
     def _refresh_gauges(self) -> None:
         self.metrics.streams(self.figures())
+        # Each graph's per-step times, by program (reading them also folds what each batch recorded).
+        self.metrics.steps({f"{program}.{step}": figures
+                            for program, graph in (("start", self.start_graph), ("step", self.step_graph))
+                            for step, figures in graph.step_figures().items()})
         self.metrics.arena(self.arena.stats())
         self.metrics.resident_memory(rss_bytes(os.getpid()))
 

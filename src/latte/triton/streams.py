@@ -151,3 +151,44 @@ def run_streams(url: str, model: str, prompts: List[bytes], concurrency: int = 1
 def generate(url: str, model: str, prompt: bytes, **kwargs) -> StreamRecord:
     """One prompt's stream (run_streams' options)."""
     return run_streams(url, model, [prompt], **kwargs)[0]
+
+
+def http_stream(http_url: str, model: str, prompt: bytes, max_tokens: int, cancel_after: Optional[int] = None,
+                timeout: float = 60.0, **sampling) -> StreamRecord:
+    """One prompt through Triton's HTTP generate_stream endpoint (server-sent events); with
+    `cancel_after`, the connection is closed once that many outputs are in, as a client that
+    goes away closes it."""
+    import http.client
+
+    host, _, port = http_url.rpartition(":")
+    body = json.dumps({"text_input": prompt.decode(errors="replace"), "stream": True, "max_tokens": max_tokens,
+                       **sampling})
+    record = StreamRecord(prompt, time.perf_counter())
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        connection.request("POST", f"/v2/models/{model}/generate_stream", body=body,
+                           headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            record.error = response.read().decode(errors="replace")
+            return record
+        while True:
+            line = response.readline()  # the body's lines, chunked encoding undone; b"" at its end
+            if not line:
+                break
+            if not line.startswith(b"data:"):
+                continue
+            event = json.loads(line[5:])
+            if "error" in event:
+                record.error = str(event["error"])
+                break
+            record.arrivals.append(time.perf_counter())
+            record.pieces.append(str(event.get("text_output", "")).encode())
+            if cancel_after is not None and len(record.pieces) >= cancel_after:
+                record.cancelled = True
+                break
+    finally:
+        if connection.sock is not None:
+            connection.sock.close()
+        connection.close()
+    return record

@@ -206,3 +206,16 @@ def test_held_state_is_what_the_live_streams_need_and_all_of_it_returns(model_pa
     assert runner.engine.cache.taken == 0 and runner.engine.state.taken == 0
     assert runner.figures["cancelled"] > 50
     assert runner.figures["cancelled"] + runner.figures["finished"] + runner.figures["failed"] == len(streams)
+
+
+def test_the_graphs_count_every_batch_without_growing_when_nobody_reads_their_figures(model_path, monkeypatch):
+    from latte.backend.graph import graph as graph_module
+
+    monkeypatch.setattr(graph_module, "UNFOLDED_BATCHES", 8)
+    runner = counting_runner(model_path, np.empty)
+    runner.submit([stream(51, max_tokens=40), stream(60, max_tokens=30)])
+    seen = run(runner)
+    assert [len(ys) for ys, _, _ in seen.values()] == [40, 30]
+    step_graph = runner.engine.step_graph
+    assert len(step_graph._unfolded) < 8
+    assert step_graph.step_figures()["count"]["calls"] == 39  # one batch an iteration after the first
