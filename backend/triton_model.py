@@ -59,6 +59,18 @@ def lane_cpus(spec) -> Optional[List[List[int]]]:
     return [cores[i * per:(i + 1) * per] for i in range(spec.serving.lanes)]
 
 
+def stop_parts(pb, model: str, parts) -> None:
+    """Stop what a model started, (part, stop or None) the last started first; a part that
+    fails to stop is logged and the others still stop (after a failed load, its error stays
+    the one told)."""
+    for part, stop in parts:
+        if stop:
+            try:
+                stop()
+            except Exception as exc:
+                pb.Logger.log_error(f"latte: {model}: stopping the {part} failed: {type(exc).__name__}: {exc}")
+
+
 def instance_device(args) -> str:
     if str(args.get("model_instance_kind", "CPU")).upper() == "GPU":
         return f"cuda:{int(args.get('model_instance_device_id', 0))}"
@@ -389,18 +401,11 @@ class LatteModel:
         self._close()
 
     def _close(self) -> None:
-        """Stop what the model started, the last started first; a part that fails to stop is
-        logged and the others still stop (after a failed load, its error stays the one told)."""
-        for part, stop in (("metrics publisher", self.publisher and self.publisher.close),
-                           ("scheduler lanes", self.dispatcher and self.dispatcher.close),
-                           ("response sender", self._sender and self._stop_sender),
-                           ("model", self.graph and self.graph.close)):
-            if stop:
-                try:
-                    stop()
-                except Exception as exc:
-                    self.pb.Logger.log_error(f"latte: {self.spec.signature.name}: stopping the {part} failed: "
-                                             f"{type(exc).__name__}: {exc}")
+        stop_parts(self.pb, self.spec.signature.name,
+                   (("metrics publisher", self.publisher and self.publisher.close),
+                    ("scheduler lanes", self.dispatcher and self.dispatcher.close),
+                    ("response sender", self._sender and self._stop_sender),
+                    ("model", self.graph and self.graph.close)))
         memory_resource.release(self.arena.empty)
 
     def _stop_sender(self) -> None:

@@ -143,15 +143,22 @@ def _order(steps: List[StepDefinition], inputs: Tuple[TensorDeclaration, ...], p
     return ordered
 
 
+def read_declaration(path: Path, expected_format: str, what: str) -> dict:
+    """The JSON object a latte declaration file holds (a graph, a streaming model), checked to
+    be of `expected_format`; ConfigError naming the file otherwise."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: cannot read the {what}: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("format") != expected_format:
+        raise ConfigError(f"{path}: not a latte {what} (expected \"format\": \"{expected_format}\")")
+    return raw
+
+
 def load_graph(path: Path) -> GraphDefinition:
     """Read and check a graph.json; raises ConfigError naming the file and the step."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: cannot read the graph: {exc}") from None
-    if not isinstance(raw, dict) or raw.get("format") != GRAPH_FORMAT:
-        raise ConfigError(f"{path}: not a latte graph (expected \"format\": \"{GRAPH_FORMAT}\")")
+    raw = read_declaration(path, GRAPH_FORMAT, "graph")
     inputs = _tensors(raw.get("inputs"), path, "inputs")
     outputs = _tensors(raw.get("outputs"), path, "outputs")
     if not isinstance(raw.get("steps"), list) or not raw["steps"]:

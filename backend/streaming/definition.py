@@ -20,13 +20,12 @@ or Python functions.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Tuple
 
 from latte.backend.errors import ConfigError
-from latte.backend.graph.definition import GraphDefinition, TensorDeclaration, load_graph
+from latte.backend.graph.definition import GraphDefinition, TensorDeclaration, load_graph, read_declaration
 
 STREAM_FORMAT = "latte-stream/1"
 
@@ -128,12 +127,7 @@ def check_outputs(definition: StreamDefinition, outputs: Mapping[str, str]) -> N
 def load_stream(path: Path) -> StreamDefinition:
     """Read and check a stream.json and its two graphs; raises ConfigError naming the file."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path}: cannot read the streaming model: {exc}") from None
-    if not isinstance(raw, dict) or raw.get("format") != STREAM_FORMAT:
-        raise ConfigError(f"{path}: not a latte streaming model (expected \"format\": \"{STREAM_FORMAT}\")")
+    raw = read_declaration(path, STREAM_FORMAT, "streaming model")
     graphs = {}
     for key in ("start", "step"):
         if not isinstance(raw.get(key), str):

@@ -9,7 +9,7 @@ A batch that fails is run again stream by stream, so only the streams the model 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 

@@ -19,12 +19,13 @@ from latte.backend.metrics import BackendMetrics, TritonPublisher
 from latte.backend.requests import RequestReader
 from latte.backend.responses import ResponseBuilder
 from latte.backend.streaming.controls import CONTROL_INPUTS, read_controls
-from latte.backend.streaming.definition import StreamDefinition, check_outputs, load_stream
+from latte.backend.streaming.definition import check_outputs, load_stream
 from latte.backend.streaming.engine import StreamEngine
 from latte.backend.streaming.options import parse_stream_options
 from latte.backend.streaming.runner import StreamRunner
 from latte.backend.streaming.scheduler import StreamScheduler
 from latte.backend.streaming.streams import Stream
+from latte.backend.triton_model import instance_device, stop_parts
 from latte.bench.procmem import rss_bytes
 from latte.memory import BuddyArena
 
@@ -44,8 +45,6 @@ class StreamingModel:
         self.pb = pb
         self._instance = args.get("model_instance_name", "")
         config, model_dir, version = parse_args(args)
-        from latte.backend.triton_model import instance_device
-
         self.spec = spec = parse_model_config(config, model_dir, version, device=instance_device(args))
         self.name = name = spec.signature.name
         if spec.signature.runtime != "stream":
@@ -198,15 +197,9 @@ class StreamingModel:
         self._close()
 
     def _close(self) -> None:
-        for part, stop in (("metrics publisher", self.publisher and self.publisher.close),
-                           ("iteration loop", self.runner and self.runner.close),
-                           ("response senders", self._senders and self._join_senders),
-                           ("start graph", self.start_graph and self.start_graph.close),
-                           ("step graph", self.step_graph and self.step_graph.close)):
-            if stop:
-                try:
-                    stop()
-                except Exception as exc:
-                    self.pb.Logger.log_error(f"latte: {self.name}: stopping the {part} failed: "
-                                             f"{type(exc).__name__}: {exc}")
+        stop_parts(self.pb, self.name, (("metrics publisher", self.publisher and self.publisher.close),
+                                        ("iteration loop", self.runner and self.runner.close),
+                                        ("response senders", self._senders and self._join_senders),
+                                        ("start graph", self.start_graph and self.start_graph.close),
+                                        ("step graph", self.step_graph and self.step_graph.close)))
         memory_resource.release(self.arena.empty)

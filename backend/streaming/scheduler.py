@@ -17,6 +17,18 @@ class Schedule(NamedTuple):
     cancelled: List[Stream]   # their clients gave up while they waited
 
 
+def _left(stream: Stream, now: float, expired: List[Stream], cancelled: List[Stream]) -> bool:
+    """Whether a waiting stream leaves the queue without joining (its client gave up, or it
+    waited past its timeout), added to the list that says which."""
+    if stream.cancelled:
+        cancelled.append(stream)
+    elif now > stream.deadline:
+        expired.append(stream)
+    else:
+        return False
+    return True
+
+
 class StreamScheduler:
     def __init__(self, max_streams: int, joins_per_iteration: int, max_waiting: int) -> None:
         self.max_streams = max_streams
@@ -50,22 +62,10 @@ class StreamScheduler:
             if free_blocks is not None and free_blocks - running - len(joins) <= 0:
                 break
             _, _, stream = heapq.heappop(self._waiting)
-            if stream.cancelled:
-                cancelled.append(stream)
-            elif now > stream.deadline:
-                expired.append(stream)
-            else:
+            if not _left(stream, now, expired, cancelled):
                 joins.append(stream)
         if self._waiting and any(entry[2].cancelled or now > entry[2].deadline for entry in self._waiting):
-            kept = []
-            for entry in self._waiting:
-                stream = entry[2]
-                if stream.cancelled:
-                    cancelled.append(stream)
-                elif now > stream.deadline:
-                    expired.append(stream)
-                else:
-                    kept.append(entry)
+            kept = [entry for entry in self._waiting if not _left(entry[2], now, expired, cancelled)]
             heapq.heapify(kept)
             self._waiting = kept
         return Schedule(joins, expired, cancelled)
