@@ -295,8 +295,7 @@ class BackendMetrics:
         self._outcome_keys: Dict[str, Tuple[str, Labels]] = {}
         self._priority_keys: Dict[int, Tuple[str, Labels]] = {}
         self._plain_calls = self.aggregate.alike(_fold_plain_calls)
-        self._steps_seen: Dict[str, Tuple[float, float, float]] = {}
-        self._streams_seen: Dict[str, float] = {}
+        self._totals_seen: Dict[Tuple[str, Labels], float] = {}  # running totals last read, by counter
 
     def requests(self, counts: Mapping[Tuple[str, int], int], seconds: float) -> None:
         """Requests answered together: (outcome, priority) -> how many."""
@@ -392,17 +391,10 @@ class BackendMetrics:
         if "cache_capacity" in figures:
             gauge("latte_stream_cache_blocks", {"state": "taken"}, figures["cache_blocks"])
             gauge("latte_stream_cache_blocks", {"state": "capacity"}, figures["cache_capacity"])
-        increments = []
-        for name, label, key in [*(("latte_streams_total", outcome, outcome) for outcome in
-                                   ("finished", "cancelled", "expired", "refused", "failed")),
-                                 ("latte_stream_outputs_total", None, "outputs"),
-                                 ("latte_stream_iterations_total", None, "iterations")]:
-            labels = (("outcome", label),) if label else ()
-            before = self._streams_seen.get(key, 0.0)
-            if figures[key] > before:
-                increments.append(((name, labels), figures[key] - before))
-                self._streams_seen[key] = figures[key]
-        self.aggregate.add_all(increments)
+        self._running_totals([(("latte_streams_total", (("outcome", outcome),)), figures[outcome])
+                              for outcome in ("finished", "cancelled", "expired", "refused", "failed")]
+                             + [(("latte_stream_outputs_total", ()), figures["outputs"]),
+                                (("latte_stream_iterations_total", ()), figures["iterations"])])
 
     def sessions(self, live: int, started: int, ended: int, expired: int) -> None:
         for state, value in (("live", live), ("started", started), ("ended", ended), ("expired", expired)):
@@ -411,15 +403,18 @@ class BackendMetrics:
     def steps(self, figures: Mapping[str, Mapping[str, float]]) -> None:
         """A graph's steps, from the runtime's running totals: time inside each, and the rows
         and batches it has run (counted as what was added since the last reading)."""
+        self._running_totals([((name, (("step", step),)), value) for step, f in figures.items()
+                              for name, value in zip(_STEP_SERIES, (f["seconds"] * 1e6, f["rows"], f["calls"]))])
+
+    def _running_totals(self, totals) -> None:
+        """Counters from running totals [((name, label pairs), total)]: each increased by what its
+        total added since the last reading."""
         increments = []
-        for step, f in figures.items():
-            labels = (("step", step),)
-            seen = self._steps_seen.get(step, (0.0, 0.0, 0.0))
-            now = (f["seconds"] * 1e6, float(f["rows"]), float(f["calls"]))
-            for name, value, before in zip(_STEP_SERIES, now, seen):
-                if value > before:
-                    increments.append(((name, labels), value - before))
-            self._steps_seen[step] = now
+        for key, total in totals:
+            before = self._totals_seen.get(key, 0.0)
+            if total > before:
+                increments.append((key, total - before))
+                self._totals_seen[key] = total
         if increments:
             self.aggregate.add_all(increments)
 

@@ -419,6 +419,11 @@ class Graph:
                     dims = [length if d == -1 else d for d in spec.dims]
                     request[name] = sample_values(spec.dtype, [1, *dims], rng)
             requests.append(request)
+        return self.batch_of(requests)
+
+    def batch_of(self, requests: Sequence[Mapping[str, np.ndarray]]) -> Batch:
+        """One batch of requests that bring one row each (every graph input, rows first): variable
+        dimensions padded to the longest, each row's length kept where any is variable."""
         inputs, lengths = {}, [None] * len(requests)
         for name in self._inputs:
             axes = self._input_axes[name]

@@ -17,7 +17,6 @@ from latte.backend.batching import Batch
 from latte.backend.dtypes import to_numpy
 from latte.backend.engine import model_failure
 from latte.backend.errors import OutOfMemory, RequestError
-from latte.backend.graph.values import stack_members, variable_axes
 from latte.backend.streaming.blocks import Allocate, BlockPool, ShortOfBlocks, StatePool
 from latte.backend.streaming.definition import StreamDefinition
 from latte.backend.streaming.options import StreamOptions
@@ -40,7 +39,7 @@ class StreamEngine:
         cache = definition.cache
         self.cache = None if cache is None else BlockPool(options.cache_blocks, cache.block_tokens, cache.row_dims,
                                                           to_numpy(cache.data_type), allocate)
-        self._start_axes = {t.name: variable_axes(t.dims) for t in definition.start.inputs}
+        self._start_inputs = definition.start_inputs
         self._end_tokens = frozenset(definition.end_tokens) if definition.token is not None else frozenset()
         self.live: List[Stream] = []
 
@@ -65,18 +64,8 @@ class StreamEngine:
         return emissions
 
     def _start_batch(self, streams: Sequence[Stream]) -> Batch:
-        inputs, lengths = {}, None
-        for name, axes in self._start_axes.items():
-            parts = [stream.inputs[name][None] for stream in streams]
-            if axes:
-                value = stack_members(parts, axes, 0.0)
-                inputs[name] = value.array
-                found = [part.shape[axes[0]] for part in parts]
-                lengths = found if lengths is None else [max(a, b) for a, b in zip(lengths, found)]
-            else:
-                inputs[name] = np.concatenate(parts)
-        return Batch(inputs=inputs, member_rows=[1] * len(streams), lengths=lengths,
-                     padded_length=max(lengths) if lengths else None, rows=len(streams))
+        return self.start_graph.batch_of([{name: stream.inputs[name][None] for name in self._start_inputs}
+                                          for stream in streams])
 
     def _hold(self, stream: Stream, outputs, lengths, i: int) -> None:
         """The stream's state slot and cache blocks, filled with what start made."""

@@ -26,6 +26,8 @@ from latte.backend.streaming.streams import Stream
 # Iterations whose emissions may wait for the sender: past it the loop waits, so a slow
 # client side cannot make outputs pile up in memory.
 OUTBOX_ITERATIONS = 4
+# How a stream that ended with an error is counted; any other error is the model's failure.
+_ENDED_BY = {RequestCancelled: "cancelled", DeadlineExceeded: "expired", Overloaded: "refused"}
 
 
 def _is_cancelled(stream: Stream) -> bool:
@@ -111,9 +113,7 @@ class StreamRunner:
         figures["joined"] += len(plan.joins)
         for _, outcome, final in emissions:
             if isinstance(outcome, Exception):
-                key = {RequestCancelled: "cancelled", DeadlineExceeded: "expired", Overloaded: "refused"}.get(
-                    type(outcome), "failed")
-                figures[key] += 1
+                figures[_ENDED_BY.get(type(outcome), "failed")] += 1
             else:
                 figures["outputs"] += outcome is not None
                 figures["finished"] += final
