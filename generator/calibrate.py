@@ -216,31 +216,41 @@ def machine_key(install) -> dict:
             "tritonserver_bytes": stat.st_size if stat else 0, "latte": __version__}
 
 
-def machine_serving_cost(install=None, log: Callable[[str], None] = lambda line: None,
-                         refresh: bool = False, cache_dir: Optional[Path] = None) -> ServingCost:
-    """This machine's serving cost: the kept calibration when one matches the machine and
-    is under a week old (unless `refresh`), else a new one (`calibrate`), kept for next time."""
+def kept_per_machine(filename: str, measure: Callable, to_json: Callable, from_json: Callable, install=None,
+                     log: Callable[[str], None] = lambda line: None, refresh: bool = False,
+                     cache_dir: Optional[Path] = None, describe: Callable = str):
+    """A measurement of this machine: the one kept in the cache folder under `filename` when it
+    matches the machine and is under a week old (unless `refresh`), else `measure(install, log)`,
+    kept for next time."""
     from latte.triton import find_triton
 
     install = install or find_triton()
     key = machine_key(install)
-    path = (cache_dir or calibration_cache_dir()) / "serving-cost.json"
+    path = (cache_dir or calibration_cache_dir()) / filename
     if not refresh:
         try:
             kept = json.loads(path.read_text())
             age = time.time() - float(kept["measured_at"])
             if kept["machine"] == key and 0 <= age < CACHE_MAX_AGE_S:
-                cost = ServingCost.from_json(kept["cost"])
-                log(f"{cost.describe()} (kept from {age / 3600:.1f} h ago in {path}; --recalibrate measures again)")
-                return cost
+                value = from_json(kept["cost"])
+                log(f"{describe(value)} (kept from {age / 3600:.1f} h ago in {path}; --recalibrate measures again)")
+                return value
         except (OSError, ValueError, KeyError, TypeError):
             pass  # none kept, unreadable, or of another format: measure
-    cost = calibrate(install, log)
+    value = measure(install, log)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"machine": key, "measured_at": time.time(), "cost": cost.to_json()}, indent=2))
+        tmp.write_text(json.dumps({"machine": key, "measured_at": time.time(), "cost": to_json(value)}, indent=2))
         tmp.replace(path)
     except OSError as exc:  # a read-only home still gets its calibration, just not kept
         log(f"could not keep the calibration in {path}: {exc}")
-    return cost
+    return value
+
+
+def machine_serving_cost(install=None, log: Callable[[str], None] = lambda line: None,
+                         refresh: bool = False, cache_dir: Optional[Path] = None) -> ServingCost:
+    """This machine's serving cost: the kept calibration when one matches the machine and
+    is under a week old (unless `refresh`), else a new one (`calibrate`), kept for next time."""
+    return kept_per_machine("serving-cost.json", calibrate, ServingCost.to_json, ServingCost.from_json, install, log,
+                            refresh, cache_dir, ServingCost.describe)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -22,7 +22,13 @@ from latte.generator.operating_point import OperatingPoint, plan_operating_point
 from latte.generator.profile_data import Profile, latency_ceiling_ms
 from latte.generator.model_folder import render_model_config, write_ensemble, write_model
 from latte.generator.spec import EnsembleEntry, ModelEntry, PipelineSpec, Tensor, load_spec
+from latte.generator.stream_cost import machine_response_cost
+from latte.generator.stream_plan import load_or_profile_stream, plan_stream_model
 from latte.generator.validate import InvalidConfig, batcher_stall, parse_config, validate_repository
+
+if TYPE_CHECKING:
+    from latte.generator.derive_streams import StreamDerivation
+    from latte.generator.stream_profile import StreamProfile
 
 # Requests of an ensemble's samples a fused model keeps: it checks its steps with them at load,
 # and generate profiles it on them.
@@ -41,6 +47,8 @@ class ModelPlan:
     warmup_files: Dict[str, bytes] = field(default_factory=dict)
     derivation: Optional[Derivation] = None
     profile: Optional[Profile] = None
+    stream_derivation: Optional["StreamDerivation"] = None   # a streaming model's settings
+    stream_profile: Optional["StreamProfile"] = None
     # version number -> files of that version folder; empty means `files` in folder 1.
     version_files: Dict[int, Dict[str, Path]] = field(default_factory=dict)
 
@@ -369,16 +377,25 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
     repo = Path(repo)
     profiles_dir = Path(profiles_dir) if profiles_dir else spec.directory / "profiles"
     calibrated: List[ServingCost] = []
+    response_costs: List = []
 
     def serving_cost() -> ServingCost:
         if not calibrated:
             calibrated.append(machine_serving_cost(install, log, refresh=recalibrate))
         return calibrated[0]
 
+    def response_cost():
+        if not response_costs:
+            response_costs.append(machine_response_cost(install, log, refresh=recalibrate))
+        return response_costs[0]
+
     plans = []
     for model in spec.models:
         if model.backend == "python":
             plans.append(plan_python_model(model))
+        elif model.stream is not None:
+            plans.append(plan_stream_model(spec, model, load_or_profile_stream(model, profiles_dir, log,
+                                                                               response_cost)))
         else:
             profile = load_or_profile(model, profiles_dir, log, serving_cost,
                                       profile_device(spec.gpus, model.runtime, model.name, log))

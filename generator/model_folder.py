@@ -18,6 +18,14 @@ def render_model_config(context: Mapping, templates: Optional[Path] = None) -> s
     return text
 
 
+def _copy(source: Path, target: Path) -> None:
+    """A model file, or a folder (a streaming model's step folders), into a version folder."""
+    if source.is_dir():
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        shutil.copy2(source, target)
+
+
 def _fresh_model_dir(repo: Path, name: str, versions) -> Path:
     # A file left from an earlier write (another model file, old warm-up data) would be served too.
     model_dir = Path(repo) / name
@@ -40,7 +48,7 @@ def write_model(repo: Path, context: Mapping, files: Mapping[str, Path], version
     (model_dir / "config.pbtxt").write_text(text)
     for number, version_files in by_version.items():
         for name, source in version_files.items():
-            shutil.copy2(source, model_dir / str(number) / name)
+            _copy(Path(source), model_dir / str(number) / name)
     if warmup_files:
         (model_dir / "warmup").mkdir()
         for name, data in warmup_files.items():

@@ -25,6 +25,11 @@ class OperatingPoint:
     rate: float                   # requests/s the settings are for
     rate_source: str              # "arrival_rate" or "derived"
     profile: Optional[str] = None  # the profile the settings came from
+    # A streaming model's: slo_ms is its inter-token SLO; verify drives `streams` concurrent
+    # streams of `max_tokens` outputs and holds TTFT to ttft_ms.
+    ttft_ms: Optional[float] = None
+    streams: Optional[int] = None
+    max_tokens: Optional[int] = None
 
 
 def plan_operating_points(spec, plans: List, profiles_dir: Path) -> Dict[str, OperatingPoint]:
@@ -39,6 +44,14 @@ def plan_operating_points(spec, plans: List, profiles_dir: Path) -> Dict[str, Op
     by_name = {p.name: p for p in plans}
     points: Dict[str, OperatingPoint] = {}
     for plan in plans:
+        streaming = plan.stream_derivation
+        if streaming is not None:
+            entry = spec.model(plan.name)
+            profile = entry.profile if entry.profile is not None else Path(profiles_dir) / f"{plan.name}.json"
+            points[plan.name] = OperatingPoint(
+                slo_ms=streaming.itl_slo_ms, rate=entry.arrival_rate or TARGET_UTILISATION * streaming.streams_per_s,
+                rate_source="arrival_rate" if entry.arrival_rate else "derived", profile=str(profile),
+                ttft_ms=streaming.ttft_slo_ms, streams=streaming.max_streams, max_tokens=streaming.max_tokens)
         if plan.derivation is None:
             continue
         entry = spec.model(plan.name)

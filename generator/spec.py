@@ -22,6 +22,14 @@
           - {version: 2, file: models/sequence_v2.onnx}
         version_policy: {latest: 2}         # optional; Triton's: {latest: N}, {specific: [1, 2]} or all
         response_cache: true                # optional; Triton answers repeated requests from its cache
+      - name: textgen                       # a streaming model (docs/streaming.md), decoupled
+        stream: textgen/1/stream.json       # its stream.json; the files beside it go with it
+        ttft_ms: 200                        # P99 time to first token
+        inter_token_ms: 50                  # P99 time between tokens
+        max_tokens: 32                      # optional: outputs a request asks for (default 16)
+        arrival_rate: 20                    # optional, streams/s
+        profile: profiles/textgen.json      # optional; profiled during generate when absent
+        overrides: {parameters: {max_waiting: 256}}   # optional
     ensembles:
       - name: embed_text
         samples: texts.json                 # optional; requests to check a fused model with at load
@@ -46,6 +54,7 @@ from typing import Any, Dict, List, Optional
 # The backend's own tables: a file the generator accepts is one the backend can serve.
 from latte.backend.config import RUNTIME_BY_EXTENSION, RUNTIMES, usable_cores
 from latte.backend.dtypes import TRITON_TYPES
+from latte.backend.streaming.options import DEFAULTS as STREAM_DEFAULTS
 # A step of a spec is the wiring the DAG check verifies, so both use one type.
 from latte.generator.dag import StepWiring as Step
 from latte.generator.derive import DEFAULT_PRIORITY_QUEUE, PRIORITY_QUEUES
@@ -57,6 +66,8 @@ PYTHON_DEFAULT_MAX_BATCH = 16
 MODEL_KEYS = {"name", "file", "function", "backend", "runtime", "slo_ms", "arrival_rate", "priority_levels", "priority_queue", "profile",
               "overrides", "inputs", "outputs", "max_batch_size", "instance_count", "intra_op_threads",
               "backend_overhead_ms", "versions", "version_policy", "response_cache"}
+STREAM_MODEL_KEYS = {"name", "stream", "ttft_ms", "inter_token_ms", "max_tokens", "arrival_rate", "profile",
+                     "intra_op_threads", "overrides"}
 VERSION_KEYS = {"version", "file"}
 # Triton's ModelVersionPolicy: `all`, `latest: N` or `specific: [versions]`.
 VERSION_POLICIES = ("all", "latest", "specific")
@@ -102,6 +113,14 @@ class ModelEntry:
     version_policy: Optional[Dict[str, Any]] = None   # {"all": {}}, {"latest": N} or {"specific": [..]}
     response_cache: bool = False
     function: Optional[str] = None       # python models: a plain function on batch arrays a fused model calls
+    stream: Optional["StreamSLO"] = None  # a streaming model: its SLOs (file is its stream.json)
+
+
+@dataclass(frozen=True)
+class StreamSLO:
+    ttft_ms: float                       # P99 time to first token
+    inter_token_ms: float                # P99 time between tokens
+    max_tokens: int = STREAM_DEFAULTS.max_tokens   # outputs a request asks for (the config's default)
 
 
 @dataclass
@@ -210,8 +229,48 @@ class _Reader:
         return dict(mapping)
 
 
+def _stream_model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
+    """A streaming model: its stream.json, checked as the backend loads it, and its two SLOs."""
+    from latte.backend.errors import ConfigError
+    from latte.backend.streaming.definition import load_stream
+
+    doc = reader.doc
+    raw = reader.mapping(path, STREAM_MODEL_KEYS)
+    for key in ("name", "ttft_ms", "inter_token_ms"):
+        if key not in raw:
+            raise doc.error(path + (key,), "missing; a streaming model needs name, stream, ttft_ms (P99 time to "
+                            "first token) and inter_token_ms (P99 time between tokens)")
+    file = directory / reader.string(path + ("stream",))
+    if not file.is_file():
+        raise doc.error(path + ("stream",), f"file {file} does not exist")
+    try:
+        load_stream(file)
+    except ConfigError as exc:
+        raise doc.error(path + ("stream",), str(exc)) from None
+    slo = StreamSLO(ttft_ms=float(reader.number(path + ("ttft_ms",), minimum=0.001)),
+                    inter_token_ms=float(reader.number(path + ("inter_token_ms",), minimum=0.001)),
+                    max_tokens=int(reader.optional(raw, path, "max_tokens", reader.number, integer=True, minimum=1)
+                                   or STREAM_DEFAULTS.max_tokens))
+    entry = ModelEntry(name=reader.string(path + ("name",)), backend="latte", file=file, path=path, runtime="stream",
+                       stream=slo)
+    rate = reader.optional(raw, path, "arrival_rate", reader.number, minimum=0.001)
+    entry.arrival_rate = float(rate) if rate is not None else None
+    entry.intra_op_threads = reader.optional(raw, path, "intra_op_threads", reader.number, integer=True,
+                                             minimum=1) or 1
+    if "profile" in raw:
+        entry.profile = directory / reader.string(path + ("profile",))
+        if not entry.profile.exists():
+            raise doc.error(path + ("profile",), f"profile {entry.profile} does not exist; run `latte profile "
+                            f"{file}` or drop the key to profile during generate")
+    if "overrides" in raw:
+        entry.overrides = dict(reader.mapping(path + ("overrides",), {"parameters"}))
+    return entry
+
+
 def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
     doc = reader.doc
+    if isinstance(reader.get(path), dict) and "stream" in reader.get(path):
+        return _stream_model(reader, directory, path)
     raw = reader.mapping(path, MODEL_KEYS)
     if "name" not in raw:
         raise doc.error(path + ("name",), "missing; every model needs a name")

@@ -214,9 +214,12 @@ def request_samples(config, length: int = 16, lengths=None, seed: int = 0) -> Li
 
 def verify(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, concurrency: Optional[int] = None,
            length: int = 16, measurement_ms: int = 3000, url: Optional[str] = None,
-           rate: Optional[float] = None, lengths=None) -> VerifyReport:
+           rate: Optional[float] = None, lengths=None, ttft_ms: Optional[float] = None,
+           itl_ms: Optional[float] = None):
     """Measure MODEL in REPO with perf_analyzer (starting tritonserver unless url is given);
-    variable dimensions at `length`, or drawn from the LengthDistribution `lengths`."""
+    variable dimensions at `length`, or drawn from the LengthDistribution `lengths`. A
+    streaming (decoupled) model is measured as concurrent streams against its TTFT and
+    inter-token SLOs instead (verify_streams.py)."""
     from latte.backend.config import usable_cores
     from latte.triton.perf import PerfAnalyzerError, run_perf_analyzer, write_input_data
 
@@ -224,6 +227,13 @@ def verify(repo: Path, model: str, slo_ms: Optional[float] = None, install=None,
     if model not in configs:
         raise VerifyError(f"model {model!r} is not in {repo} (models: {', '.join(sorted(configs))})")
     config = configs[model]
+    if config.model_transaction_policy.decoupled:
+        from latte.generator.verify_streams import verify_streams
+
+        if rate is not None:
+            raise VerifyError(f"{model} streams: it is verified with --concurrency streams, not a --rate")
+        return verify_streams(Path(repo), config, ttft_ms, itl_ms if itl_ms is not None else slo_ms, concurrency,
+                              measurement_ms, url, install)
     batching = batching_config(configs, model)
     load, slo_ms = intended_load(Path(repo), batching, slo_ms, rate, concurrency, model)
     with tempfile.TemporaryDirectory(prefix="latte-verify-") as tmp:

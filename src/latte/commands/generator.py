@@ -31,13 +31,22 @@ and OUT/profile.png (latency and throughput against batch size).
 
 Input shapes come from, in order: --input flags, a config.pbtxt next to the file (or one
 folder up, as in a model repository), or the ONNX graph. A -1 dimension is variable: it is
-measured at several lengths (--lengths) so that latte's bucket edges can be derived.""",
+measured at several lengths (--lengths) so that latte's bucket edges can be derived.
+
+A streaming model's stream.json (docs/streaming.md) is profiled against the number of live
+streams instead (--streams): at each level the streams join in one iteration, then step
+together for --max-tokens outputs; the start and step times per iteration go to
+OUT/profile.json, with this machine's cost of a streamed response (an echo model on
+tritonserver, kept a week). With --ttft-ms and --inter-token-ms it also prints the
+max_streams and joins_per_iteration that keep both SLOs.""",
         epilog="""\
 examples:
   latte profile model.onnx
   latte profile model.pt --input image:FP32:3,32,32 --intra-op-threads 2 -o prof/
-  latte profile encoder.onnx --lengths 16,64,128 --slo-ms 20   # also prints derived settings""")
-    p.add_argument("model_file", help="a .onnx, .pt (TorchScript) or .pt2 (torch.export) file")
+  latte profile encoder.onnx --lengths 16,64,128 --slo-ms 20   # also prints derived settings
+  latte profile textgen/1/stream.json --max-tokens 32 --ttft-ms 100 --inter-token-ms 25""")
+    p.add_argument("model_file", help="a .onnx, .pt (TorchScript) or .pt2 (torch.export) file, or a streaming "
+                   "model's stream.json")
     p.add_argument("--runtime", choices=["onnx", "torchscript", "torch_export"],
                    help="override the runtime detected from the extension")
     p.add_argument("--input", action="append", metavar="NAME:DTYPE:DIMS", dest="inputs",
@@ -60,6 +69,12 @@ examples:
                         "tritonserver, latte version)")
     p.add_argument("--backend-overhead-ms", type=float,
                    help="per-batch serving cost to derive with instead of the calibrated one")
+    p.add_argument("--streams", help="a streaming model: comma-separated levels of live streams "
+                   "(default 1,2,4,8,16,32,64)")
+    p.add_argument("--max-tokens", type=int, help="a streaming model: outputs per stream (default 16)")
+    p.add_argument("--ttft-ms", type=float, help="a streaming model: also derive settings for this P99 time to "
+                   "first token (with --inter-token-ms)")
+    p.add_argument("--inter-token-ms", type=float, help="a streaming model: the P99 inter-token SLO")
     p.add_argument("-o", "--out", default=".", help="output folder (default: current folder)")
     p.set_defaults(handler=_profile)
 
@@ -152,15 +167,26 @@ for: Poisson arrivals at the rate `latte generate` planned (the spec's arrival_r
 of the throughput the derivation promised at the SLO; kept in REPO/latte_plan.json), or
 --rate, or a closed loop of --concurrency clients. Report P99 latency and throughput against
 the SLO and, when it does not hold, suggest the one setting to change, from where the time
-went (server queue vs compute).""",
-        epilog="examples:\n  latte verify repo/ --model encoder\n  latte verify repo/ --model embed_text --slo-ms 50 --rate 200")
+went (server queue vs compute).
+
+A streaming (decoupled) model is driven instead by as many concurrent streams as its
+max_streams (each client sends its next prompt when its stream ends), and held to its time
+to first token and inter-token SLOs at P99 (the plan's, or --ttft-ms and --inter-token-ms).""",
+        epilog="examples:\n  latte verify repo/ --model encoder\n  latte verify repo/ --model embed_text --slo-ms 50 --rate 200\n"
+               "  latte verify repo/ --model textgen --ttft-ms 100 --inter-token-ms 25")
     p.add_argument("repo", help="model repository folder")
     p.add_argument("--model", required=True, help="model (or ensemble) to load")
     p.add_argument("--slo-ms", type=float, help="the P99 latency SLO in milliseconds (default: the planned one)")
     p.add_argument("--rate", type=float, help="Poisson arrivals per second (default: the planned rate)")
-    p.add_argument("--concurrency", type=int, help="closed loop: requests in flight (instead of a rate)")
+    p.add_argument("--concurrency", type=int, help="closed loop: requests in flight (instead of a rate); for a "
+                   "streaming model, concurrent streams")
+    p.add_argument("--ttft-ms", type=float, help="a streaming model's P99 time to first token SLO (default: the "
+                   "planned one)")
+    p.add_argument("--inter-token-ms", type=float, help="a streaming model's P99 inter-token SLO (default: the "
+                   "planned one)")
     _add_length_flags(p)
-    p.add_argument("--measurement-ms", type=int, default=3000, help="perf_analyzer measurement window")
+    p.add_argument("--measurement-ms", type=int, default=3000, help="measurement window (perf_analyzer's, or the "
+                   "streams')")
     p.add_argument("--url", metavar="HOST:PORT", help="gRPC endpoint of a tritonserver already serving REPO "
                    "(default: start one)")
     p.add_argument("--tritonserver", metavar="PATH", help="tritonserver binary or install root")
@@ -214,18 +240,50 @@ def _add_length_flags(p) -> None:
                               f"as the model will be served, e.g. {EXAMPLES_TEXT.split(', ')[2]}")
 
 
+def _integers(flag: str, text: str):
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated integers, e.g. 16,64,128") from None
+
+
+def _profile_stream(args) -> int:
+    from latte.generator.derive_streams import derive_streams
+    from latte.generator.stream_profile import DEFAULT_LEVELS, DEFAULT_MAX_TOKENS, profile_stream
+
+    if (args.ttft_ms is None) != (args.inter_token_ms is None):
+        raise ValueError("give both --ttft-ms and --inter-token-ms to derive a streaming model's settings")
+    levels = _integers("--streams", args.streams) if args.streams else DEFAULT_LEVELS
+    profile = profile_stream(Path(args.model_file), levels, args.max_tokens or DEFAULT_MAX_TOKENS,
+                             args.intra_op_threads, log=print)
+    if not args.no_calibrate:
+        from latte.generator.stream_cost import machine_response_cost
+
+        profile.responses = machine_response_cost(log=print, refresh=args.recalibrate)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = profile.save(out / "profile.json")
+    print(f"wrote {path} ({profile.wall_s:.1f} s; {profile.stop_reason})")
+    if args.ttft_ms is not None:
+        print(derive_streams(profile, args.ttft_ms, args.inter_token_ms).report(Path(args.model_file).parent.parent.name
+                                                                               or "model"))
+    return 0
+
+
 def _profile(args) -> int:
+    from latte.backend.config import STREAM_FILE
+
+    if Path(args.model_file).name == STREAM_FILE:
+        return _profile_stream(args)
+    for flag in ("streams", "max_tokens", "ttft_ms", "inter_token_ms"):
+        if getattr(args, flag) is not None:
+            raise ValueError(f"--{flag.replace('_', '-')} is for a streaming model's {STREAM_FILE}")
     from latte.generator.plot import plot_profile
     from latte.generator.profile import ProfileOptions, profile_model
     from latte.generator.shapes import parse_input_flag
 
     inputs = [parse_input_flag(text) for text in args.inputs or []]
-    lengths = None
-    if args.lengths:
-        try:
-            lengths = [int(x) for x in args.lengths.split(",")]
-        except ValueError:
-            raise ValueError(f"--lengths {args.lengths!r}: expected comma-separated integers, e.g. 16,64,128") from None
+    lengths = _integers("--lengths", args.lengths) if args.lengths else None
     opts = ProfileOptions(runtime=args.runtime, intra_op_threads=args.intra_op_threads, inputs=inputs or None,
                           max_batch_size=args.max_batch_size, lengths=lengths, max_length=args.max_length,
                           max_latency_ms=args.max_latency_ms, slo_ms=args.slo_ms, min_seconds=args.min_seconds)
@@ -281,6 +339,8 @@ def _generate(args) -> int:
     for plan in plans:
         if plan.derivation is not None:
             print(derivation_report(plan.name, plan.derivation))
+        if plan.stream_derivation is not None:
+            print(plan.stream_derivation.report(plan.name))
     print(f"wrote {len(plans)} model(s) to {args.out}; validated")
     return 0
 
@@ -322,7 +382,7 @@ def _verify(args) -> int:
     install = None if args.url else find_triton(args.tritonserver, args.backend_directory)
     report = verify(Path(args.repo), args.model, args.slo_ms, install=install, concurrency=args.concurrency,
                     length=args.length, measurement_ms=args.measurement_ms, url=args.url, rate=args.rate,
-                    lengths=args.lengths)
+                    lengths=args.lengths, ttft_ms=args.ttft_ms, itl_ms=args.inter_token_ms)
     print(report.text())
     return 0 if report.slo_met else 1
 

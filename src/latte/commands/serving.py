@@ -67,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "DIR/pipeline.yaml -o REPO`: text (the default), image or branching (docs/pipelines.md)")
     p.add_argument("--streaming", action="store_true",
                    help="write the streaming text generators instead: textgen (a transformer), textgen_gru (a "
-                        "recurrent decoder) and textgen_stock (the transformer in a stock decoupled Python model)")
+                        "recurrent decoder) and textgen_stock (the transformer in a stock decoupled Python model), "
+                        "and DIR/streams.yaml, a spec of the first two with their SLOs for `latte generate`")
     p.set_defaults(handler=_examples)
 
     p = sub.add_parser("demo", help="run Latte end to end: examples, server, requests, a short benchmark",
@@ -173,14 +174,15 @@ def _examples(args) -> int:
         print(f"  next: latte generate {spec} -o REPO")
         return 0
     if args.streaming:
-        from latte.examples.streams import write_stock_model, write_stream_model
+        from latte.examples.streams import write_stock_model, write_stream_model, write_stream_spec
 
         repo = Path(args.dir)
         write_stream_model(repo, "textgen", "gpt")
         write_stream_model(repo, "textgen_gru", "gru")
         write_stock_model(repo, "textgen_stock", "gpt")
-        print(f"streaming examples written to {repo}: textgen, textgen_gru, textgen_stock")
-        print(f"  next: latte serve {repo}")
+        spec = write_stream_spec(repo)
+        print(f"streaming examples written to {repo}: textgen, textgen_gru, textgen_stock, and their spec {spec}")
+        print(f"  next: latte serve {repo}, or latte generate {spec} -o REPO to derive their settings from SLOs")
         return 0
     repo = build_examples(Path(args.dir))
     print(f"example repository written to {repo}")

@@ -210,6 +210,30 @@ def write_echo_model(repo: Path, name: str = "echo_stream") -> Path:
     return folder
 
 
+STREAM_SPEC = """\
+# The streaming examples with their SLOs: `latte generate` profiles each against the number of
+# live streams and derives max_streams and joins_per_iteration (docs/streaming.md).
+models:
+  - name: textgen
+    stream: textgen/1/stream.json
+    ttft_ms: 200            # P99 time to first token
+    inter_token_ms: 40      # P99 time between tokens
+    max_tokens: 32
+  - name: textgen_gru
+    stream: textgen_gru/1/stream.json
+    ttft_ms: 100
+    inter_token_ms: 25
+    max_tokens: 32
+"""
+
+
+def write_stream_spec(repo: Path) -> Path:
+    """repo/streams.yaml: a spec of the examples textgen and textgen_gru written in repo."""
+    path = Path(repo) / "streams.yaml"
+    path.write_text(STREAM_SPEC)
+    return path
+
+
 def generate_alone(folder: Path, prompt: bytes, max_tokens: int, ignore_eos: bool = False) -> bytes:
     """The text the example at `folder` (a latte streaming model) makes for `prompt` run alone,
     without Triton: its programs called one token at a time, as the stock model calls them."""
