@@ -1,5 +1,8 @@
 #include "latte/memory/arena_stack.hpp"
 
+#include <new>
+#include <string>
+
 #include "latte/error.hpp"
 #include "latte/memory/host_pages.hpp"
 #include "latte/memory/host_resource.hpp"
@@ -26,6 +29,9 @@ ArenaStack::ArenaStack(const ArenaStackOptions& options) : options_(options) {
           options.arena);
     } catch (const bad_alloc& refused) {  // the machine cannot map pages: the plain buddy serves
       fallback_reason_ = refused.what();
+    } catch (const std::bad_alloc&) {     // no memory for the page table of so many pages
+      fallback_reason_ = "paged arena: no memory for the page table of " +
+                         std::to_string(options.capacity / options.page_bytes) + " pages; raise page_bytes";
     }
   } else if (options.paged) {
     fallback_reason_ = "paged device memory is not built yet: the plain buddy serves";

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "latte/error.hpp"
 
@@ -31,6 +32,21 @@ std::size_t free_huge_pages(std::size_t bytes) {
   }
   std::fclose(file);
   return size_kib * 1024 == bytes ? free : 0;
+}
+
+// The system's limit on a process's mappings, and how many it has now (0, 0 when unknown).
+std::pair<std::size_t, std::size_t> mapping_limit() {
+  std::size_t limit = 0, in_use = 0;
+  if (std::FILE* file = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+    unsigned long value = 0;
+    if (std::fscanf(file, "%lu", &value) == 1) limit = value;
+    std::fclose(file);
+  }
+  if (std::FILE* file = std::fopen("/proc/self/maps", "r")) {
+    for (int c; (c = std::fgetc(file)) != EOF;) in_use += c == '\n';
+    std::fclose(file);
+  }
+  return {limit, in_use};
 }
 
 int create_memfd(std::size_t capacity, std::size_t page_bytes, bool& hugetlb) {
@@ -74,6 +90,15 @@ HostPages::HostPages(std::size_t capacity, HostPagesOptions options)
   LATTE_EXPECTS(virtual_pages < 0xFFFFFFFFu, "too many pages: raise page_bytes");
   physical_pages_ = static_cast<std::uint32_t>(physical);
   virtual_pages_ = static_cast<std::uint32_t>(virtual_pages);
+  // At worst every mapped page is a mapping of its own between reserved ones: past the
+  // system's limit a map would fail with the capacity free, so the arena is refused up front.
+  const auto [limit, in_use] = mapping_limit();
+  if (limit != 0 && in_use + 2 * physical + 1 > limit) {
+    throw bad_alloc("paged arena: " + std::to_string(physical) + " pages of " + std::to_string(page_bytes_) +
+                    " bytes may need up to " + std::to_string(2 * physical + 1) + " mappings, and vm.max_map_count "
+                    "is " + std::to_string(limit) + " with " + std::to_string(in_use) +
+                    " in use; raise page_bytes or vm.max_map_count");
+  }
   fd_ = create_memfd(physical * page_bytes_, page_bytes_, hugetlb_);
   // Reserved, inaccessible, aligned to a page so every mapped page lands on its own boundary.
   const std::size_t span = virtual_pages * page_bytes_;
@@ -110,10 +135,11 @@ bool HostPages::map(std::uint32_t first, std::uint32_t physical, std::uint32_t c
   return true;
 }
 
-void HostPages::unmap(std::uint32_t first, std::uint32_t count) noexcept {
+bool HostPages::unmap(std::uint32_t first, std::uint32_t count) noexcept {
   // A fresh inaccessible mapping replaces the pages in one call and keeps the range reserved.
-  mmap(base_ + static_cast<std::size_t>(first) * page_bytes_, static_cast<std::size_t>(count) * page_bytes_,
-       PROT_NONE, kReserve | MAP_FIXED, -1, 0);
+  // (munmap would leave a hole another mmap of the process could land in.)
+  return mmap(base_ + static_cast<std::size_t>(first) * page_bytes_, static_cast<std::size_t>(count) * page_bytes_,
+              PROT_NONE, kReserve | MAP_FIXED, -1, 0) != MAP_FAILED;
 }
 
 void HostPages::discard(std::uint32_t physical, std::uint32_t count) noexcept {

@@ -54,12 +54,16 @@ void PageTable::unlink_idle(std::uint32_t page) noexcept {
   --idle_;
 }
 
-void PageTable::evict(std::uint32_t page) noexcept {
+bool PageTable::evict(std::uint32_t page) noexcept {
   unlink_idle(page);
-  mapper_->unmap(page, 1);
   ++unmap_calls_;
+  if (!mapper_->unmap(page, 1)) {  // still mapped: its physical page must not be handed out again
+    link_idle(page);
+    return false;
+  }
   free_.push_back(frame_[page]);  // never reallocates: reserved for every physical page
   frame_[page] = kNone;
+  return true;
 }
 
 std::uint32_t PageTable::missing(std::size_t offset, std::size_t bytes) const noexcept {
@@ -72,7 +76,7 @@ std::uint32_t PageTable::missing(std::size_t offset, std::size_t bytes) const no
 }
 
 bool PageTable::map_missing(std::uint32_t first, std::uint32_t last) noexcept {
-  std::uint32_t p = first;
+  std::uint32_t p = first, refused_start = kNone, refused_count = 0;
   bool mapped = true;
   while (p <= last && mapped) {
     if (frame_[p] != kNone) {
@@ -91,7 +95,10 @@ bool PageTable::map_missing(std::uint32_t first, std::uint32_t last) noexcept {
     }
     ++map_calls_;
     mapped = mapper_->map(start, physical, count);
-    if (mapped) {
+    if (!mapped) {  // the mapper left these inaccessible: nothing to unmap
+      refused_start = start;
+      refused_count = count;
+    } else {
       mapped_pages_ += count;
       for (std::uint32_t f = physical; f < physical + count; ++f) {
         if (!held_[f]) {
@@ -102,13 +109,20 @@ bool PageTable::map_missing(std::uint32_t first, std::uint32_t last) noexcept {
     }
   }
   // A refused map: every page this call mapped goes back, the highest frame first so that the
-  // free list hands the lowest out next, in order.
+  // free list hands the lowest out next, in order. One whose unmap is refused too stays mapped,
+  // idle, so that its physical page is never mapped twice.
   for (std::uint32_t q = last + 1; q-- > first;) {
     if (!fresh_[q]) continue;
     fresh_[q] = 0;
     if (mapped) continue;
-    mapper_->unmap(q, 1);
-    ++unmap_calls_;
+    const bool refused_here = q >= refused_start && q - refused_start < refused_count;
+    if (!refused_here) {
+      ++unmap_calls_;
+      if (!mapper_->unmap(q, 1)) {
+        link_idle(q);
+        continue;
+      }
+    }
     free_.push_back(frame_[q]);
     frame_[q] = kNone;
   }
@@ -129,8 +143,9 @@ PageTable::Shortage PageTable::acquire(std::size_t offset, std::size_t bytes) no
   for (std::uint32_t p = first; p <= last; ++p) {
     if (users_[p] == 0 && frame_[p] != kNone) unlink_idle(p);
   }
-  while (free_.size() < need) evict(idle_head_);
-  if (need > 0 && !map_missing(first, last)) {
+  bool room = true;
+  for (std::uint32_t tries = idle_; room && free_.size() < need && tries > 0; --tries) room = evict(idle_head_);
+  if (need > 0 && (free_.size() < need || !map_missing(first, last))) {
     for (std::uint32_t p = first; p <= last; ++p) {
       if (users_[p] == 0 && frame_[p] != kNone) link_idle(p);
     }
@@ -156,7 +171,9 @@ void PageTable::release(std::size_t offset, std::size_t bytes) noexcept {
 }
 
 std::uint32_t PageTable::trim() noexcept {
-  while (idle_head_ != kNone) evict(idle_head_);
+  for (std::uint32_t tries = idle_; tries > 0 && idle_head_ != kNone; --tries) {
+    if (!evict(idle_head_)) break;
+  }
   std::uint32_t discarded = 0;
   for (std::uint32_t f : free_) {
     if (!held_[f]) continue;

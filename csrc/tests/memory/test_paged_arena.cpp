@@ -52,13 +52,18 @@ class RefusingPages final : public detail::PageMapper {
     if (refuse_) return false;
     return pages_.map(first, physical, count);
   }
-  void unmap(std::uint32_t first, std::uint32_t count) noexcept override { pages_.unmap(first, count); }
+  bool unmap(std::uint32_t first, std::uint32_t count) noexcept override {
+    if (refuse_unmap_) return false;
+    return pages_.unmap(first, count);
+  }
   void discard(std::uint32_t physical, std::uint32_t count) noexcept override { pages_.discard(physical, count); }
   bool* refuse() { return &refuse_; }
+  bool* refuse_unmap() { return &refuse_unmap_; }
 
  private:
   HostPages pages_;
   bool refuse_ = false;
+  bool refuse_unmap_ = false;
 };
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
@@ -207,6 +212,34 @@ TEST_CASE("a refused map leaves the arena as it was, and the next allocation map
   std::memset(mapped, 3, 4 * Page);
   arena.deallocate(mapped, 4 * Page);
   arena.deallocate(kept, 2 * Page);
+  arena.check_invariants();
+}
+
+TEST_CASE("a refused unmap keeps its page mapped where it was: no physical page is mapped twice") {
+  auto pages = std::make_unique<RefusingPages>(8 * Page);
+  bool* refuse_unmap = pages->refuse_unmap();
+  BuddyArena arena(std::move(pages), ArenaOptions{256, false, true});
+  std::vector<void*> small;
+  for (int i = 0; i < 8; ++i) small.push_back(arena.allocate(Page));
+  for (int i = 0; i < 8; ++i) std::memset(small[i], i, Page);
+  // Every other page freed: four idle pages, still mapped, and no room for four together.
+  for (int i = 0; i < 8; i += 2) arena.deallocate(small[i], Page);
+  *refuse_unmap = true;
+  std::string message;
+  try {
+    arena.allocate(4 * Page);  // another range: it needs the idle pages unmapped first
+  } catch (const out_of_memory& e) {
+    message = e.what();
+  }
+  CHECK(contains(message, "the system refused to map its pages"));
+  arena.check_invariants();
+  for (int i = 1; i < 8; i += 2) CHECK(static_cast<unsigned char*>(small[i])[Page - 1] == i);  // live pages untouched
+  *refuse_unmap = false;
+  void* large = arena.allocate(4 * Page);
+  std::memset(large, 9, 4 * Page);
+  for (int i = 1; i < 8; i += 2) CHECK(static_cast<unsigned char*>(small[i])[0] == i);
+  arena.deallocate(large, 4 * Page);
+  for (int i = 1; i < 8; i += 2) arena.deallocate(small[i], Page);
   arena.check_invariants();
 }
 

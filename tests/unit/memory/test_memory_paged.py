@@ -146,3 +146,19 @@ def test_arena_pages_needs_an_arena_of_at_least_one_page(example_repo):
 
     with pytest.raises(ConfigError, match=r"a paged arena \(arena_pages\) needs at least one page of 1048576 bytes"):
         example_spec(example_repo, "sequence_onnx", arena_pages="true", arena_bytes=str(512 * KiB))
+
+
+def test_an_arena_of_more_pages_than_the_mapping_limit_allows_is_the_plain_buddy_saying_why():
+    from pathlib import Path
+
+    limit = Path("/proc/sys/vm/max_map_count")
+    if not limit.exists():
+        pytest.skip("no /proc/sys/vm/max_map_count on this system")
+    pages = int(limit.read_text()) // 2 + 1   # each mapped page may be a mapping between reserved ones
+    with pytest.warns(RuntimeWarning, match=r"plain buddy serves: paged arena: \d+ pages of 4096 bytes may need up "
+                                            r"to \d+ mappings, and vm.max_map_count is \d+"):
+        arena = BuddyArena(pages * 4096, paged=True, page_bytes=4096, prefault=False)
+    assert arena.stats()["paged"] is False and "raise page_bytes" in arena.fallback_reason
+    block = arena.empty(1 << 20, np.uint8)
+    block[:] = 1
+    assert int(block.sum()) == 1 << 20

@@ -30,7 +30,7 @@ class HostPages final : public detail::PageMapper {
   const char* kind() const noexcept override { return hugetlb_ ? "memfd-hugetlb" : "memfd"; }
 
   bool map(std::uint32_t first, std::uint32_t physical, std::uint32_t count) noexcept override;
-  void unmap(std::uint32_t first, std::uint32_t count) noexcept override;
+  bool unmap(std::uint32_t first, std::uint32_t count) noexcept override;
   void discard(std::uint32_t physical, std::uint32_t count) noexcept override;
 
  private:

@@ -32,7 +32,8 @@ class PageMapper {
   // false when the system refuses, with the range left inaccessible.
   virtual bool map(std::uint32_t first, std::uint32_t physical, std::uint32_t count) noexcept = 0;
   // Makes virtual pages [first, first + count) inaccessible again; the range stays reserved.
-  virtual void unmap(std::uint32_t first, std::uint32_t count) noexcept = 0;
+  // False when the system refuses: the pages stay mapped as they were.
+  virtual bool unmap(std::uint32_t first, std::uint32_t count) noexcept = 0;
   // Returns physical pages [physical, physical + count), mapped nowhere, to the system.
   virtual void discard(std::uint32_t physical, std::uint32_t count) noexcept = 0;
 };
@@ -66,15 +67,16 @@ class PageTable {
   // are reused, missing ones mapped from free physical pages, evicting the least recently
   // idle pages of other ranges when no free one is left. Shortage::physical: the range's
   // missing pages exceed the free and idle pages together (nothing changed); Shortage::mapping:
-  // the system refused a map (the range is as it was; idle pages of other ranges evicted for
-  // it stay unmapped, their physical pages free).
+  // the system refused a map, or the unmap of an idle page it needed (the range is as it was;
+  // idle pages of other ranges evicted for it stay unmapped, their physical pages free).
   Shortage acquire(std::size_t offset, std::size_t bytes) noexcept;
   // One block fewer touches each page of [offset, offset + bytes); pages no block touches
   // become idle, still mapped.
   void release(std::size_t offset, std::size_t bytes) noexcept;
   // Pages [offset, offset + bytes) would take how many physical pages they do not have now.
   std::uint32_t missing(std::size_t offset, std::size_t bytes) const noexcept;
-  // Unmaps every idle page and returns its memory to the system; returns how many.
+  // Unmaps every idle page and returns its memory to the system; returns how many. An idle
+  // page the system refuses to unmap stays idle, and the rest stay as they are.
   std::uint32_t trim() noexcept;
 
   PageCounts counts() const noexcept;
@@ -85,7 +87,9 @@ class PageTable {
   static constexpr std::uint32_t kNone = 0xFFFFFFFFu;
   void link_idle(std::uint32_t page) noexcept;
   void unlink_idle(std::uint32_t page) noexcept;
-  void evict(std::uint32_t page) noexcept;
+  // Unmaps an idle page and frees its physical page; false when the system refuses (it stays
+  // idle, now the most recent, so the next eviction tries another).
+  bool evict(std::uint32_t page) noexcept;
   bool map_missing(std::uint32_t first, std::uint32_t last) noexcept;
 
   std::unique_ptr<PageMapper> mapper_;
