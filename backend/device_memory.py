@@ -37,6 +37,8 @@ def use(serving) -> None:
         from latte.memory import torch_pluggable_allocator
 
         os.environ["LATTE_CUDA_ARENA_BYTES"] = str(serving.device_arena_bytes)
+        # arena_pages: the device arena maps the driver's pages under its blocks too (docs/memory.md).
+        os.environ["LATTE_CUDA_ARENA_PAGES"] = "1" if serving.arena_pages else "0"
         torch.cuda.memory.change_current_allocator(torch_pluggable_allocator())
     except (RuntimeError, FileNotFoundError) as exc:
         raise RuntimeLoadError(f"device_allocator {serving.device_allocator}: {exc}") from exc

@@ -52,10 +52,11 @@ class BuddyArena(_NativeArena):
     device: ``"cpu"`` (mmap'd, pre-faulted, pinned when a CUDA device exists) or ``"cuda[:N]"``
         (one cudaMalloc'd region; needs a CUDA build and device).
     limit: optional byte limit below the capacity; requests beyond it raise MemoryError.
-    paged: host only. The buddy carves a reserved range of addresses ``4x`` the capacity and
-        physical pages of ``page_bytes`` (a memfd's, hugetlb where the machine has the huge
-        pages) are mapped under each block as it is taken, so a large block needs no
-        contiguous physical memory: a request fails only when live pages plus its own exceed
+    paged: the buddy carves a reserved range of addresses ``4x`` the capacity and physical
+        pages of ``page_bytes`` (on the host a memfd's, hugetlb where the machine has the huge
+        pages; on a CUDA device the driver's, cuMemCreate / cuMemMap, with ``page_bytes``
+        rounded up to the device's granularity) are mapped under each block as it is taken,
+        so a large block needs no contiguous physical memory: a request fails only when live pages plus its own exceed
         the capacity. Freed pages stay mapped and are reused without a system call; they are
         unmapped only when another range needs them, or by ``release_cached()``. Where the
         machine cannot map pages the plain buddy serves, with a warning naming the reason
@@ -167,7 +168,8 @@ def torch_pluggable_allocator() -> Any:
 
     Install it process-wide, before any CUDA tensor exists, with
     ``torch.cuda.memory.change_current_allocator(torch_pluggable_allocator())``; the arena's
-    capacity comes from LATTE_CUDA_ARENA_BYTES (default: 80% of the device's free memory).
+    capacity comes from LATTE_CUDA_ARENA_BYTES (default: 80% of the device's free memory), and
+    LATTE_CUDA_ARENA_PAGES=1 makes it a paged arena over the driver's pages (``paged=True``).
     """
     import torch
 

@@ -8,6 +8,7 @@
 #include "latte/memory/host_resource.hpp"
 #ifdef LATTE_WITH_CUDA
 #include "latte/memory/cuda_device_resource.hpp"
+#include "latte/memory/device_pages.hpp"
 #endif
 
 namespace latte::memory {
@@ -34,7 +35,21 @@ ArenaStack::ArenaStack(const ArenaStackOptions& options) : options_(options) {
                          std::to_string(options.capacity / options.page_bytes) + " pages; raise page_bytes";
     }
   } else if (options.paged) {
-    fallback_reason_ = "paged device memory is not built yet: the plain buddy serves";
+#ifdef LATTE_WITH_CUDA
+    try {
+      arena_ = std::make_unique<BuddyArena>(
+          std::make_unique<DevicePages>(options.capacity, options.device_id,
+                                        DevicePagesOptions{options.page_bytes, options.virtual_factor}),
+          options.arena);
+    } catch (const bad_alloc& refused) {  // no device, driver or virtual memory management here
+      fallback_reason_ = refused.what();
+    } catch (const std::bad_alloc&) {
+      fallback_reason_ = "paged device arena: no memory for the page table of " +
+                         std::to_string(options.capacity / options.page_bytes) + " pages; raise page_bytes";
+    }
+#else
+    fallback_reason_ = "paged device memory needs Latte built with the CUDA toolkit (this build has none)";
+#endif
   }
   if (arena_ == nullptr) make_plain_arena(options);
   MemoryResource* top = arena_.get();

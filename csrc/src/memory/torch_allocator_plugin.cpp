@@ -36,6 +36,8 @@ latte::memory::ArenaStack* arena_for(int device) {
     options.capacity = capacity;
     options.device = latte::memory::Device::cuda;
     options.device_id = device;
+    // Pages of the device under each block (DevicePages), where the driver can map them.
+    if (const char* env = std::getenv("LATTE_CUDA_ARENA_PAGES")) options.paged = std::strcmp(env, "1") == 0;
     try {
       arenas[device] = std::make_unique<latte::memory::ArenaStack>(options);
     } catch (const std::exception&) {

@@ -96,3 +96,20 @@ def test_device_arena_reports_statistics():
     with pytest.raises(ValueError, match="cpu"):
         arena.empty(16)
     assert arena.stats()["capacity"] == 64 << 20
+
+
+@needs_cuda_build
+@pytest.mark.skipif(_gpu_present(), reason="a GPU is present")
+def test_a_paged_device_arena_without_a_device_is_a_clear_error():
+    with pytest.raises(ValueError, match="no usable CUDA runtime/driver"):
+        BuddyArena(64 << 20, device="cuda", paged=True)
+
+
+@pytest.mark.gpu
+@needs_cuda_build
+@pytest.mark.skipif(not _gpu_present(), reason="needs a CUDA device")
+def test_a_paged_device_arena_maps_the_drivers_pages():
+    arena = BuddyArena(64 << 20, device="cuda:0", paged=True)
+    stats = arena.stats()
+    assert stats["paged"] and arena.page_kind == "cuda" and stats["page_bytes"] >= 2 << 20
+    assert arena.fallback_reason == ""

@@ -23,9 +23,11 @@ struct ArenaStackOptions {
   std::size_t limit = 0;  // 0: no limit below the capacity
   bool prefault = true;   // host only
   bool pin = true;        // host only: cudaHostRegister when a CUDA device exists
-  // Host only: physical pages mapped under each block (BuddyArena's paged mode), so a request
-  // fails only when the bytes are not there. Where the machine cannot (no memfd), the plain
-  // buddy serves and fallback_reason() says why.
+  // Physical pages mapped under each block (BuddyArena's paged mode), so a request fails only
+  // when the bytes are not there: a memfd's on the host, the driver's (DevicePages) on a CUDA
+  // device, where page_bytes rounds up to the device's granularity. Where the machine cannot
+  // (no memfd; no device, driver or virtual memory management), the plain buddy serves and
+  // fallback_reason() says why.
   bool paged = false;
   std::size_t page_bytes = 1u << 20;
   unsigned virtual_factor = 4;
