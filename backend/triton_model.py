@@ -173,7 +173,8 @@ class LatteModel:
             f"latte: {signature.name} ready ({signature.runtime}, {signature.model_path.name}{steps}, "
             f"max_batch_size={signature.max_batch_size}, intra_op_threads={serving.intra_op_threads}, "
             f"scheduler={serving.scheduler}, lanes={serving.lanes}, buckets={list(serving.bucket_edges or [])}, "
-            f"warmup batches={warmed}, arena={serving.arena_bytes >> 20} MiB, "
+            f"warmup batches={warmed}, arena={serving.arena_bytes >> 20} MiB"
+            f"{f' paged ({self.arena.page_kind})' if self.arena.stats()['paged'] else ''}, "
             f"batch planning={planning})")
 
     def _warmup(self) -> int:

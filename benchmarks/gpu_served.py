@@ -11,6 +11,7 @@ each on one KIND_GPU instance, which is a process of its own:
 - expandable: the same with expandable_segments;
 - arena: latte's buddy arena as PyTorch's pluggable allocator (`device_allocator: arena`, its
   capacity `device_arena_bytes`, 1 GiB);
+- arena_paged: the same arena over the driver's pages (`arena_pages: true`);
 - fp16: the caching allocator with `precision: fp16`, admitted only through the accuracy gate.
 
 First each one's answers to the same 12 requests are compared with the model file run on the
@@ -65,6 +66,8 @@ CONTENDERS = {
     "caching": {},
     "expandable": {"device_allocator": "expandable"},
     "arena": {"device_allocator": "arena", "device_arena_bytes": str(1 << 30)},
+    # The same arena over the driver's pages (docs/memory.md, On a CUDA device).
+    "arena_paged": {"device_allocator": "arena", "device_arena_bytes": str(1 << 30), "arena_pages": "true"},
     "fp16": {"precision": "fp16"},
 }
 TOLERANCE = {"fp16": 0.02}      # the accuracy gate's default; fp32 contenders: FP32_TOLERANCE

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/soak.py --requests 1000000               # the target run (on demand)
     .venv/bin/python benchmarks/soak.py --requests 200000 --model sequence_torchscript
     .venv/bin/python benchmarks/soak.py --requests 1000000 --pipeline text --in-flight 16   # a fused pipeline
+    .venv/bin/python benchmarks/soak.py --requests 1000000 --arena-pages     # the model's arena paged (docs/memory.md)
 
 Builds the example repository (with --pipeline, that example pipeline generated and fused, its
 model the ensemble's name, its requests the example's texts or images), starts tritonserver,
@@ -36,7 +37,7 @@ from latte.generator.generate import generate
 HERE = Path(__file__).resolve().parent
 
 
-def summarize(result: dict) -> dict:
+def summarize(result: dict, name: str = "") -> dict:
     """What the page shows of a soak: the targets, a table of first and last windows, the
     memory and latency curves over the run."""
     ratios, windows = result["ratios"], result["windows"]
@@ -53,7 +54,7 @@ def summarize(result: dict) -> dict:
                 ("P50 (ms)", "p50_ms", ".2f", "p50_drift"),
                 ("P99 (ms)", "p99_ms", ".2f", "p99_drift"),
                 ("throughput (req/s)", "throughput", ",.0f", "throughput_change"))]
-    slug = result["model"].replace("_", "-").lower()
+    slug = (name or result["model"]).replace("_", "-").lower()
     sent = list(itertools.accumulate(w["requests"] / 1000 for w in windows))
     answered = result["requests"] == result["answered"] and result["failed"] == 0
     return dict(
@@ -87,6 +88,9 @@ def main(argv=None) -> int:
     parser.add_argument("--lengths", default="lognormal:median=24,sigma=0.8")
     parser.add_argument("--pipeline", choices=sorted(PIPELINES),
                         help="soak an example pipeline's fused model instead (its model: the ensemble's name)")
+    parser.add_argument("--arena-pages", action="store_true",
+                        help="serve the model from a paged arena (parameters arena_pages: true); its results go "
+                             "to soak-<model>-paged.json")
     parser.add_argument("--out", default=".latte/soak")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results",
                         help="where soak-<model>.json, the page's input, goes (default: %(default)s)")
@@ -102,22 +106,26 @@ def main(argv=None) -> int:
         args.model = example.ensemble
         feeds = example.requests(256)
     else:
-        repo = out / "repository"
+        repo = out / ("repository-paged" if args.arena_pages else "repository")
         if not (repo / "examples.json").exists():
             build_examples(repo)
+            if args.arena_pages:
+                with (repo / args.model / "config.pbtxt").open("a") as config:
+                    config.write('\nparameters { key: "arena_pages" value: { string_value: "true" } }\n')
+    name = f"{args.model}-paged" if args.arena_pages else args.model
     settings = SoakSettings(args.model, requests=args.requests, windows=args.windows, in_flight=args.in_flight,
                             lengths=LengthDistribution.parse(args.lengths), warmup_requests=2000, feeds=feeds)
     load = wait_until_quiet(log=print)  # building the examples loads the machine for a minute after
     print(f"load average at start: {load:.2f}", flush=True)
-    record = new_results(f"soak-{args.model}", "soak", f"Soak: {args.model}", command_line("benchmarks/soak.py", argv),
-                         load, HERE)
+    title = f"Soak: {args.model}" + (", paged arena" if args.arena_pages else "")
+    record = new_results(f"soak-{name}", "soak", title, command_line("benchmarks/soak.py", argv), load, HERE)
     started = time.time()
     with start_or_attach(repo, log_path=out / "tritonserver.log") as target:
         result = run_soak(target, settings, lambda done, message: print(f"[{done:4.0%}] {message}", flush=True))
     result["machine"] = machine_description()
     result["load_average_at_start"] = round(load, 2)
     result["duration_s"] = round(time.time() - started, 1)
-    path = out / f"soak-{args.model}.json"
+    path = out / f"soak-{name}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"\n{result['requests']} requests ({result['failed']} errors) in {result['duration_s']} s on "
           f"{result['machine']}")
@@ -126,7 +134,7 @@ def main(argv=None) -> int:
     print(f"targets ({describe_targets(LONG_TARGETS)}): "
           + ("met" if not failures else "NOT met: " + "; ".join(failures)))
     print(f"windows: {path}")
-    print(f"summary: {write_summary(record, summarize(result), args.results_dir)}")
+    print(f"summary: {write_summary(record, summarize(result, name), args.results_dir)}")
     return 0 if not failures else 1
 
 
