@@ -168,6 +168,8 @@ _DESCRIPTIONS = {
     "latte_execute_requests_total": "Requests handed to execute",
     "latte_arena_bytes": "Arena memory by state (capacity, reserved, live, allocated, peak_live)",
     "latte_arena_fragmentation": "Arena fragmentation (internal, external)",
+    "latte_arena_page_bytes": "A paged arena's pages, bytes: mapped now (in use or idle) and holding memory (physical_held)",
+    "latte_arena_page_calls": "A paged arena's system calls so far: map and unmap",
     "latte_arena_fit_bytes": "Largest request the arena can still serve (largest_free_block) vs the P99 request seen (p99_request)",
     "latte_device_memory_bytes": "A GPU instance's torch memory, bytes: held from the device, live in tensors, their peaks (and the arena's capacity)",
     "latte_device_arena_failures": "Allocations a GPU instance's device arena (device_allocator: arena) refused",
@@ -365,6 +367,11 @@ class BackendMetrics:
                 self.aggregate.set("latte_arena_fit_bytes", {"figure": figure}, stats[figure])
         if "fragmented" in stats:
             self.aggregate.set("latte_arena_fragmented", {}, float(stats["fragmented"]))
+        if stats.get("paged"):  # pages: the memory a paged arena holds, and the calls it made for it
+            for state in ("mapped", "physical_held"):
+                self.aggregate.set("latte_arena_page_bytes", {"state": state}, stats[state])
+            for call in ("map", "unmap"):
+                self.aggregate.set("latte_arena_page_calls", {"call": call}, stats[f"{call}_calls"])
         for kind, key in (("all", "failures"), ("fragmentation", "fragmentation_failures")):
             if key in stats:
                 self.aggregate.set("latte_arena_failures", {"kind": kind}, stats[key])

@@ -87,6 +87,9 @@ operations = st.lists(
     st.one_of(
         st.tuples(st.just("alloc"), st.one_of(st.integers(1, 4096), st.integers(4097, 400_000))),
         st.tuples(st.just("free"), st.integers(0, 1_000)),
+        # a block grows or shrinks: a new one, the bytes copied, the old one freed (as realloc does)
+        st.tuples(st.just("resize"), st.tuples(st.integers(0, 1_000),
+                                               st.one_of(st.integers(1, 4096), st.integers(4097, 400_000)))),
     ),
     min_size=1,
     max_size=80,
@@ -96,19 +99,32 @@ operations = st.lists(
 @settings(max_examples=100, deadline=None)
 @given(ops=operations, size_classes=st.booleans())
 def test_a_paged_arena_refuses_only_what_its_free_pages_cannot_hold(ops, size_classes):
+    """Through random allocations, frees and resizes, every invariant holds after each step."""
     arena = paged(CAPACITY, size_classes=size_classes)
     live = []
     for kind, value in ops:
-        if kind == "alloc":
+        if kind in ("alloc", "resize"):
+            index, size = (None, value) if kind == "alloc" else (value[0] % len(live) if live else None, value[1])
+            if kind == "resize" and index is None:
+                continue
             try:
-                block = arena.empty(value, np.uint8)
+                block = arena.empty(size, np.uint8)
             except MemoryError:
                 # The pages are not there: a block (its size rounded to 256 bytes) spans at most
-                # one page more than it fills.
-                assert value + 256 + PAGE > arena.stats()["free"]
+                # one page more than it fills. A block being resized stays as it was.
+                assert size + 256 + PAGE > arena.stats()["free"]
                 continue
-            block[[0, -1]] = len(live) % 251
-            live.append(block)
+            if index is None:
+                block[[0, -1]] = len(live) % 251
+                live.append(block)
+            else:
+                old = live[index]
+                kept = min(old.nbytes, size)
+                block[:kept] = old[:kept]
+                assert block[0] == old[0] and block[kept - 1] == old[kept - 1]
+                block[-1] = block[0]
+                live[index] = block
+                del old
             del block
         elif live:
             live.pop(value % len(live))
@@ -162,3 +178,19 @@ def test_an_arena_of_more_pages_than_the_mapping_limit_allows_is_the_plain_buddy
     block = arena.empty(1 << 20, np.uint8)
     block[:] = 1
     assert int(block.sum()) == 1 << 20
+
+
+def test_the_backend_publishes_a_paged_arenas_pages_and_calls():
+    from latte.backend.metrics import BackendMetrics
+
+    arena = paged(CAPACITY)
+    block = arena.empty(3 * PAGE, np.uint8)
+    metrics = BackendMetrics()
+    metrics.arena(arena.stats())
+    _, gauges = metrics.aggregate.snapshot()
+    stats = arena.stats()
+    assert gauges[("latte_arena_page_bytes", (("state", "mapped"),))] == stats["mapped"] >= 3 * PAGE
+    assert gauges[("latte_arena_page_bytes", (("state", "physical_held"),))] == stats["physical_held"]
+    assert gauges[("latte_arena_page_calls", (("call", "map"),))] == stats["map_calls"] >= 1
+    assert ("latte_arena_page_calls", (("call", "unmap"),)) in gauges
+    del block
