@@ -7,8 +7,9 @@ each output is one response through the stub (stream_cost.py). With n live strea
 joins, an iteration computes C = step(n) + start(j) and sends S = (n + j) x response.
 
 ITL: a stream's next output comes one iteration later, so its P99 is the P99 iteration with
-the joins it may hold, and the host's tail on a stream's gaps (the echo's):
-C_p99 + S + jitter <= the ITL SLO.
+the joins it may hold, and the host's tail on a stream's gaps: the echo's, measured with
+m responses in each gap, grown as independent delays add, by sqrt((n + j) / m):
+C_p99 + S + jitter x sqrt((n + j) / m) <= the ITL SLO.
 
 TTFT: a stream that arrives waits for the iteration under way, joins in the next if it is
 among the first j waiting, and its output goes out after what the senders still hold: the
@@ -114,7 +115,7 @@ def _candidate(profile: StreamProfile, response: ResponseCost, streams: int, joi
     mean_iteration += _start(profile, arrivals, False) + arrivals * response.response_ms
     compute = point.step_p99_ms + _start(profile, joins, True)
     sends = (streams + joins) * response.response_ms
-    itl = compute + sends + response.jitter_ms
+    itl = compute + sends + response.jitter_ms * math.sqrt((streams + joins) / max(1, response.jitter_streams))
     behind = (OUTBOX_ITERATIONS - 1) * sends if sends > point.step_mean_ms + _start(profile, joins, False) else 0.0
     ttft = 2 * itl + behind + response.first_response_ms
     return _Candidate(streams, joins, itl, ttft, streams * 1000.0 / mean_iteration, arrivals)
@@ -156,7 +157,8 @@ def derive_streams(profile: StreamProfile, ttft_ms: float, itl_ms: float, max_to
     why = [
         f"{response.describe()}",
         f"an iteration at n streams with j joining: step(n) + start(j) + (n + j) x {response.response_ms:.3f} ms "
-        f"of responses; inter-token P99 is its P99 plus {response.jitter_ms:.1f} ms of the host's tail, TTFT P99 "
+        f"of responses; inter-token P99 is its P99 plus the host's tail ({response.jitter_ms:.1f} ms at "
+        f"{response.jitter_streams} streams, x sqrt((n + j) / {response.jitter_streams})), TTFT P99 "
         f"twice that, the responses of up to {OUTBOX_ITERATIONS - 1} iterations the senders may still hold, and "
         f"{response.first_response_ms:.2f} ms to a first response",
         f"max_streams {chosen.streams}: the most tokens/s ({chosen.tokens_per_s:.0f}) among {len(feasible)} of "

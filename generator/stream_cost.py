@@ -54,7 +54,8 @@ def measure_response_cost(install=None, log: Callable[[str], None] = lambda line
         raise CalibrationError(f"the echo model's streams failed ({figures.errors} errors): cannot measure the "
                                "cost of a response")
     cost = ResponseCost(response_ms=1000.0 / figures.tokens_per_s, first_response_ms=statistics.median(firsts) * 1000,
-                        jitter_ms=max(0.0, (figures.itl_p99_ms or 0.0) - (figures.itl_p50_ms or 0.0)))
+                        jitter_ms=max(0.0, (figures.itl_p99_ms or 0.0) - (figures.itl_p50_ms or 0.0)),
+                        jitter_streams=ECHO_STREAMS)
     log(f"{cost.describe()} ({figures.tokens_per_s:.0f} responses/s at {ECHO_STREAMS} streams; "
         f"{time.perf_counter() - started:.0f} s)")
     return cost

@@ -42,6 +42,7 @@ class ResponseCost:
     first_response_ms: float      # a request's first response at one stream: the round trip
     source: str = "calibrated"    # "calibrated", or how it was otherwise given
     jitter_ms: float = 0.0        # the host's tail on a stream's gaps: the echo's inter-token P99 - P50
+    jitter_streams: int = 16      # ... with this many streams' responses in each gap
 
     def describe(self) -> str:
         return (f"{self.source} response cost: {self.response_ms * 1000:.0f} us per streamed output, "
