@@ -95,6 +95,8 @@ def main(argv=None) -> int:
     parser.add_argument("--results-dir", type=Path, default=HERE / "results",
                         help="where soak-<model>.json, the page's input, goes (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.pipeline and args.arena_pages:
+        parser.error("--arena-pages pages an example model's arena; a generated pipeline's fused model is not one")
     out = Path(args.out)
     feeds = None
     if args.pipeline:
@@ -109,9 +111,11 @@ def main(argv=None) -> int:
         repo = out / ("repository-paged" if args.arena_pages else "repository")
         if not (repo / "examples.json").exists():
             build_examples(repo)
-            if args.arena_pages:
-                with (repo / args.model / "config.pbtxt").open("a") as config:
-                    config.write('\nparameters { key: "arena_pages" value: { string_value: "true" } }\n')
+        if args.arena_pages:
+            config = repo / args.model / "config.pbtxt"
+            if "arena_pages" not in config.read_text():
+                with config.open("a") as text:
+                    text.write('\nparameters { key: "arena_pages" value: { string_value: "true" } }\n')
     name = f"{args.model}-paged" if args.arena_pages else args.model
     settings = SoakSettings(args.model, requests=args.requests, windows=args.windows, in_flight=args.in_flight,
                             lengths=LengthDistribution.parse(args.lengths), warmup_requests=2000, feeds=feeds)

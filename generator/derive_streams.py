@@ -20,8 +20,9 @@ Joins: each iteration, streams arrive (the spec's arrival_rate times an iteratio
 every stream replaced as it ends, n / tokens per stream). j covers the 99th percentile of
 those arrivals (Poisson), so a stream waits one iteration at most but for the rarest bursts.
 
-Both predictions must fit SLO_SHARE of their SLOs. Among the n measured or between them (up to the profile's last level), the one with the most
-tokens/s wins; its j is then the largest that still keeps both SLOs, so bursts clear sooner.
+Both predictions must fit SLO_SHARE of their SLOs. Among the n measured or between them (up
+to the profile's last level), the one with the most tokens/s wins; its j is then the largest
+that still keeps both SLOs, so bursts clear sooner.
 """
 
 from __future__ import annotations

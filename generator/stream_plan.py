@@ -12,9 +12,10 @@ from latte.generator.stream_profile import ResponseCost, StreamProfile, profile_
 
 def load_or_profile_stream(model, profiles_dir: Path, log: Callable[[str], None],
                            response_cost: Callable[[], Optional[ResponseCost]] = lambda: None) -> StreamProfile:
-    """The spec's profile, else one kept from an earlier generate (newer than the stream.json,
-    at the spec's max_tokens), else a new one. A profile that holds no response cost, or one
-    kept here, gets this machine's (kept a week; generate --recalibrate measures it again)."""
+    """The spec's profile, else one kept from an earlier generate (newer than every file of the
+    model, at the spec's max_tokens, swept up to its inter-token SLO), else a new one. A profile
+    that holds no response cost, or one kept here, gets this machine's (kept a week; generate
+    --recalibrate measures it again)."""
     if model.profile is not None:
         profile = StreamProfile.load(model.profile)
         if profile.responses is None:
@@ -22,9 +23,11 @@ def load_or_profile_stream(model, profiles_dir: Path, log: Callable[[str], None]
         return profile
     target = Path(profiles_dir) / f"{model.name}.json"
     tokens = model.stream.max_tokens
-    if target.exists() and target.stat().st_mtime >= model.file.stat().st_mtime:
+    newest = max(path.stat().st_mtime for path in model.file.parent.rglob("*") if path.is_file())
+    if target.exists() and target.stat().st_mtime >= newest:
         kept = StreamProfile.load(target)
-        if kept.max_tokens == tokens and kept.intra_op_threads == model.intra_op_threads:
+        if kept.max_tokens == tokens and kept.intra_op_threads == model.intra_op_threads and \
+                kept.covers(model.stream.inter_token_ms):
             log(f"{model.name}: reusing profile {target}")
             kept.responses = response_cost() or kept.responses
             return kept
@@ -52,7 +55,10 @@ def plan_stream_model(spec, model, profile: StreamProfile):
     parameters = {"model_file": model.file.name, "runtime": "stream", **derivation.parameters,
                   "intra_op_threads": model.intra_op_threads,
                   **{k: str(v) for k, v in (model.overrides.get("parameters") or {}).items()}}
-    context = stream_context(model.name, load_stream(model.file), parameters)
+    try:
+        context = stream_context(model.name, load_stream(model.file), parameters)
+    except ValueError as exc:
+        raise spec.source.error(model.path + ("stream",), str(exc)) from None
     plan = ModelPlan(model.name, "latte", context, version_files(model.file))
     plan.stream_derivation = derivation
     plan.stream_profile = profile

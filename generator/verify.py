@@ -13,12 +13,15 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Union
 
 import numpy as np
 
 from latte.generator.operating_point import read_operating_points
 from latte.generator.validate import validate_repository
+
+if TYPE_CHECKING:
+    from latte.generator.verify_streams import StreamVerifyReport
 
 # Queue and compute below this share of the median latency: the time went elsewhere.
 SERVER_SHARE = 0.5
@@ -215,7 +218,7 @@ def request_samples(config, length: int = 16, lengths=None, seed: int = 0) -> Li
 def verify(repo: Path, model: str, slo_ms: Optional[float] = None, install=None, concurrency: Optional[int] = None,
            length: int = 16, measurement_ms: int = 3000, url: Optional[str] = None,
            rate: Optional[float] = None, lengths=None, ttft_ms: Optional[float] = None,
-           itl_ms: Optional[float] = None):
+           itl_ms: Optional[float] = None) -> Union[VerifyReport, "StreamVerifyReport"]:
     """Measure MODEL in REPO with perf_analyzer (starting tritonserver unless url is given);
     variable dimensions at `length`, or drawn from the LengthDistribution `lengths`. A
     streaming (decoupled) model is measured as concurrent streams against its TTFT and

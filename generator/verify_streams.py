@@ -67,7 +67,9 @@ def suggest_streams(config, report: StreamVerifyReport) -> Optional[str]:
     if report.slo_met:
         return None
     f = report.figures
-    streams = _parameter(config, "max_streams") or report.streams
+    # The measured load, which --concurrency may have set below the model's max_streams.
+    configured = _parameter(config, "max_streams") or report.streams
+    streams = min(report.streams, configured)
     joins = _parameter(config, "joins_per_iteration") or 1
     if f.errors:
         return (f"{config.name}: {f.errors} stream(s) ended with an error; the server log says why (a full waiting "

@@ -79,7 +79,8 @@ class StreamRunner:
             if not self.scheduler.add(stream):
                 emissions.append((stream, Overloaded(
                     f"{self.scheduler.waiting} streams are waiting to join (max_waiting); try again later"), True))
-        if now >= self._next_check:
+        checked = now >= self._next_check
+        if checked:
             # Streams that arrived since the last check are not asked yet: each question is a
             # round trip to the server, and a new stream's would delay its first output.
             since = now - self.cancel_check_s
@@ -91,7 +92,7 @@ class StreamRunner:
             self.engine.drop(stream)
             emissions.append((stream, RequestCancelled("the client cancelled the stream"), True))
         free = self.engine.cache.free if self.engine.cache is not None else None
-        plan = self.scheduler.schedule(now, len(self.engine.live), free)
+        plan = self.scheduler.schedule(now, len(self.engine.live), free, sweep=checked)
         for stream in plan.cancelled:
             emissions.append((stream, RequestCancelled("the client cancelled the stream before it started"), True))
         for stream in plan.expired:

@@ -239,8 +239,7 @@ void BuddyArena::throw_out_of_memory(std::size_t bytes) const {
     map_refused = map_refused_;
   }
   if (map_refused) {
-    throw out_of_memory(head + "the system refused to map its pages (the process's mappings may be at "
-                        "vm.max_map_count)");
+    throw out_of_memory(head + pages_->mapper().refusal());
   }
   if (short_of_pages || bytes > u.capacity) {
     throw out_of_memory(head + "live blocks hold " + std::to_string(u.reserved) + " of the " +

@@ -11,6 +11,11 @@ namespace latte::memory {
 
 struct DevicePages::Driver {
   CUresult (*device_get)(CUdevice*, int) = nullptr;
+  CUresult (*retain_primary)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*release_primary)(CUdevice) = nullptr;
+  CUresult (*push)(CUcontext) = nullptr;
+  CUresult (*pop)(CUcontext*) = nullptr;
+  CUresult (*synchronize)() = nullptr;
   CUresult (*device_attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
   CUresult (*get_granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
   CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
@@ -25,27 +30,34 @@ struct DevicePages::Driver {
 
 namespace {
 
-// Driver calls act on the thread's current context: the device's primary one, as the runtime sets it.
-class ScopedDevice {
+// Driver calls act on the thread's current context: the device's primary one is pushed for a
+// call and popped after, so the thread's own device and context are left as they were (setting
+// the runtime's device back would create a context on a device the thread never used).
+class ScopedContext {
  public:
-  explicit ScopedDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) cudaSetDevice(device);
+  ScopedContext(const DevicePages::Driver& driver, void* context) : driver_(driver) {
+    pushed_ = driver.push(static_cast<CUcontext>(context)) == CUDA_SUCCESS;
   }
-  ~ScopedDevice() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
+  ~ScopedContext() {
+    CUcontext popped = nullptr;
+    if (pushed_) driver_.pop(&popped);
   }
 
  private:
-  int previous_ = -1;
+  const DevicePages::Driver& driver_;
+  bool pushed_ = false;
 };
 
 template <typename Function>
 void resolve(const char* symbol, Function& function, std::string& missing) {
   void* found = nullptr;
   cudaDriverEntryPointQueryResult result = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(symbol, &found, 12000, cudaEnableDefault, &result) != cudaSuccess ||
-      result != cudaDriverEntryPointSuccess || found == nullptr) {
+#if CUDART_VERSION >= 12050
+  const cudaError_t status = cudaGetDriverEntryPointByVersion(symbol, &found, 12000, cudaEnableDefault, &result);
+#else
+  const cudaError_t status = cudaGetDriverEntryPoint(symbol, &found, cudaEnableDefault, &result);
+#endif
+  if (status != cudaSuccess || result != cudaDriverEntryPointSuccess || found == nullptr) {
     cudaGetLastError();
     if (missing.empty()) missing = std::string("the CUDA driver has no ") + symbol;
     return;
@@ -57,6 +69,11 @@ const DevicePages::Driver& driver() {
   static const DevicePages::Driver entry_points = [] {
     DevicePages::Driver d;
     resolve("cuDeviceGet", d.device_get, d.missing);
+    resolve("cuDevicePrimaryCtxRetain", d.retain_primary, d.missing);
+    resolve("cuDevicePrimaryCtxRelease", d.release_primary, d.missing);
+    resolve("cuCtxPushCurrent", d.push, d.missing);
+    resolve("cuCtxPopCurrent", d.pop, d.missing);
+    resolve("cuCtxSynchronize", d.synchronize, d.missing);
     resolve("cuDeviceGetAttribute", d.device_attribute, d.missing);
     resolve("cuMemGetAllocationGranularity", d.get_granularity, d.missing);
     resolve("cuMemAddressReserve", d.reserve, d.missing);
@@ -98,51 +115,68 @@ DevicePages::DevicePages(std::size_t capacity, int device, DevicePagesOptions op
   const Driver& d = driver();
   if (!d.missing.empty()) throw bad_alloc("paged device arena: " + d.missing);
   driver_ = &d;
-  ScopedDevice scope(device);
-  cudaFree(nullptr);  // the primary context, current on this thread, for the driver's calls
   CUdevice handle = 0;
   int supported = 0;
+  CUcontext context = nullptr;
   if (d.device_get(&handle, device) != CUDA_SUCCESS ||
       d.device_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, handle) != CUDA_SUCCESS ||
       !supported) {
     throw bad_alloc("paged device arena: CUDA device " + std::to_string(device) +
                     " does not support virtual memory management");
   }
-  const CUmemAllocationProp prop = page_properties(device);
-  std::size_t granularity = 0;
-  if (d.get_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS ||
-      granularity == 0) {
-    throw bad_alloc("paged device arena: cuMemGetAllocationGranularity failed on device " + std::to_string(device));
+  if (d.retain_primary(&context, handle) != CUDA_SUCCESS) {
+    throw bad_alloc("paged device arena: cannot retain CUDA device " + std::to_string(device) + "'s primary context");
   }
-  page_bytes_ = (options.page_bytes + granularity - 1) / granularity * granularity;
-  LATTE_EXPECTS((page_bytes_ & (page_bytes_ - 1)) == 0,
-                "page_bytes must round up to a power of two of the device's granularity (" +
-                    std::to_string(granularity) + " bytes), got " + std::to_string(options.page_bytes));
-  LATTE_EXPECTS(capacity >= page_bytes_, "capacity must hold at least one page (" + std::to_string(page_bytes_) +
-                                             " bytes on this device), got " + std::to_string(capacity));
-  const std::size_t physical = capacity / page_bytes_, virtual_pages = physical * options.virtual_factor;
-  LATTE_EXPECTS(virtual_pages < 0xFFFFFFFFu, "too many pages: raise page_bytes");
-  physical_pages_ = static_cast<std::uint32_t>(physical);
-  virtual_pages_ = static_cast<std::uint32_t>(virtual_pages);
-  CUdeviceptr reserved = 0;
-  if (d.reserve(&reserved, virtual_pages * page_bytes_, page_bytes_, 0, 0) != CUDA_SUCCESS) {
-    throw bad_alloc("paged device arena: cuMemAddressReserve of " + std::to_string(virtual_pages * page_bytes_) +
-                    " bytes failed on device " + std::to_string(device));
+  context_ = context;
+  try {
+    ScopedContext scope(d, context_);
+    const CUmemAllocationProp prop = page_properties(device);
+    std::size_t granularity = 0;
+    if (d.get_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) != CUDA_SUCCESS ||
+        granularity == 0) {
+      throw bad_alloc("paged device arena: cuMemGetAllocationGranularity failed on device " +
+                      std::to_string(device));
+    }
+    page_bytes_ = (options.page_bytes + granularity - 1) / granularity * granularity;
+    LATTE_EXPECTS((page_bytes_ & (page_bytes_ - 1)) == 0,
+                  "page_bytes must round up to a power of two of the device's granularity (" +
+                      std::to_string(granularity) + " bytes), got " + std::to_string(options.page_bytes));
+    LATTE_EXPECTS(capacity >= page_bytes_, "capacity must hold at least one page (" + std::to_string(page_bytes_) +
+                                               " bytes on this device), got " + std::to_string(capacity));
+    const std::size_t physical = capacity / page_bytes_, virtual_pages = physical * options.virtual_factor;
+    LATTE_EXPECTS(virtual_pages < 0xFFFFFFFFu, "too many pages: raise page_bytes");
+    physical_pages_ = static_cast<std::uint32_t>(physical);
+    virtual_pages_ = static_cast<std::uint32_t>(virtual_pages);
+    // The bookkeeping before the range: nothing to give back if it cannot be had.
+    handles_.assign(physical, 0);
+    created_.assign(physical, 0);
+    mapped_.assign(virtual_pages, 0);
+    CUdeviceptr reserved = 0;
+    if (d.reserve(&reserved, virtual_pages * page_bytes_, page_bytes_, 0, 0) != CUDA_SUCCESS) {
+      throw bad_alloc("paged device arena: cuMemAddressReserve of " + std::to_string(virtual_pages * page_bytes_) +
+                      " bytes failed on device " + std::to_string(device));
+    }
+    base_ = reinterpret_cast<std::byte*>(reserved);
+  } catch (...) {
+    d.release_primary(handle);
+    throw;
   }
-  base_ = reinterpret_cast<std::byte*>(reserved);
-  handles_.assign(physical, 0);
-  mapped_.assign(virtual_pages, 0);
 }
 
 DevicePages::~DevicePages() {
-  ScopedDevice scope(device_);
-  for (std::uint32_t page = 0; page < virtual_pages_; ++page) {
-    if (mapped_[page]) unmap_page(page);
+  {
+    ScopedContext scope(*driver_, context_);
+    driver_->synchronize();  // kernels may still read the pages: unmapping does not wait for them
+    for (std::uint32_t page = 0; page < virtual_pages_; ++page) {
+      if (mapped_[page]) unmap_page(page);
+    }
+    for (auto& handle : handles_) {
+      if (handle) driver_->release(handle);
+    }
+    driver_->free_range(address(base_), static_cast<std::size_t>(virtual_pages_) * page_bytes_);
   }
-  for (auto& handle : handles_) {
-    if (handle) driver_->release(handle);
-  }
-  driver_->free_range(address(base_), static_cast<std::size_t>(virtual_pages_) * page_bytes_);
+  CUdevice handle = 0;
+  if (driver_->device_get(&handle, device_) == CUDA_SUCCESS) driver_->release_primary(handle);
 }
 
 bool DevicePages::unmap_page(std::uint32_t page) noexcept {
@@ -154,24 +188,23 @@ bool DevicePages::unmap_page(std::uint32_t page) noexcept {
 }
 
 bool DevicePages::map(std::uint32_t first, std::uint32_t physical, std::uint32_t count) noexcept {
-  ScopedDevice scope(device_);
+  ScopedContext scope(*driver_, context_);
   const CUmemAllocationProp prop = page_properties(device_);
-  std::uint32_t done = 0, created_from = count;
   bool ok = true;
-  for (; done < count && ok; ++done) {
-    auto& handle = handles_[physical + done];
+  for (std::uint32_t i = 0; i < count && ok; ++i) {
+    auto& handle = handles_[physical + i];
     if (handle == 0) {
       if (driver_->create(&handle, page_bytes_, &prop, 0) != CUDA_SUCCESS) {
         handle = 0;
         ok = false;
         break;
       }
-      if (created_from == count) created_from = done;
+      created_[physical + i] = 1;
     }
-    const std::uint32_t page = first + done;
+    const std::uint32_t page = first + i;
     ok = driver_->map(address(base_ + static_cast<std::size_t>(page) * page_bytes_), page_bytes_, 0, handle, 0) ==
          CUDA_SUCCESS;
-    if (ok) mapped_[page] = physical + done + 1;
+    if (ok) mapped_[page] = physical + i + 1;
   }
   if (ok) {
     CUmemAccessDesc access = {};
@@ -181,20 +214,24 @@ bool DevicePages::map(std::uint32_t first, std::uint32_t physical, std::uint32_t
     ok = driver_->set_access(address(base_ + static_cast<std::size_t>(first) * page_bytes_),
                              static_cast<std::size_t>(count) * page_bytes_, &access, 1) == CUDA_SUCCESS;
   }
-  if (!ok) {  // the range as it was: unmapped, and the memory this call created given back
-    for (std::uint32_t page = first; page < first + count; ++page) {
-      if (mapped_[page]) unmap_page(page);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const std::uint32_t page = first + i;
+    auto& handle = handles_[physical + i];
+    if (!ok && mapped_[page] && !unmap_page(page)) {
+      // Still mapped here: its memory is left where it is, and the physical page gets new
+      // memory when next mapped, so no memory is ever under two addresses.
+      handle = 0;
+    } else if (!ok && created_[physical + i] && handle && driver_->release(handle) == CUDA_SUCCESS) {
+      handle = 0;  // made by this call: given back, as the range is left as it was
     }
-    for (std::uint32_t i = created_from; i < count; ++i) {
-      auto& handle = handles_[physical + i];
-      if (handle && !mapped_[first + i] && driver_->release(handle) == CUDA_SUCCESS) handle = 0;
-    }
+    created_[physical + i] = 0;
   }
   return ok;
 }
 
 bool DevicePages::unmap(std::uint32_t first, std::uint32_t count) noexcept {
-  ScopedDevice scope(device_);
+  ScopedContext scope(*driver_, context_);
+  driver_->synchronize();  // kernels may still read the pages: unmapping does not wait for them
   bool ok = true;
   for (std::uint32_t page = first; page < first + count; ++page) {
     if (mapped_[page]) ok = unmap_page(page) && ok;
@@ -203,7 +240,7 @@ bool DevicePages::unmap(std::uint32_t first, std::uint32_t count) noexcept {
 }
 
 void DevicePages::discard(std::uint32_t physical, std::uint32_t count) noexcept {
-  ScopedDevice scope(device_);
+  ScopedContext scope(*driver_, context_);
   for (std::uint32_t p = physical; p < physical + count; ++p) {
     if (handles_[p] && driver_->release(handles_[p]) == CUDA_SUCCESS) handles_[p] = 0;
   }

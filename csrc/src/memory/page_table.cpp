@@ -109,8 +109,8 @@ bool PageTable::map_missing(std::uint32_t first, std::uint32_t last) noexcept {
     }
   }
   // A refused map: every page this call mapped goes back, the highest frame first so that the
-  // free list hands the lowest out next, in order. One whose unmap is refused too stays mapped,
-  // idle, so that its physical page is never mapped twice.
+  // free list hands the lowest out next, in order. One whose unmap is refused too keeps its
+  // frame, so that its physical page is never mapped twice; acquire makes it idle.
   for (std::uint32_t q = last + 1; q-- > first;) {
     if (!fresh_[q]) continue;
     fresh_[q] = 0;
@@ -118,10 +118,7 @@ bool PageTable::map_missing(std::uint32_t first, std::uint32_t last) noexcept {
     const bool refused_here = q >= refused_start && q - refused_start < refused_count;
     if (!refused_here) {
       ++unmap_calls_;
-      if (!mapper_->unmap(q, 1)) {
-        link_idle(q);
-        continue;
-      }
+      if (!mapper_->unmap(q, 1)) continue;
     }
     free_.push_back(frame_[q]);
     frame_[q] = kNone;

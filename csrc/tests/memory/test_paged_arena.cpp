@@ -13,6 +13,7 @@
 #include "stress_loop.hpp"
 #include "latte/error.hpp"
 #include "latte/memory/buddy_arena.hpp"
+#include "latte/memory/detail/page_table.hpp"
 #include "latte/memory/host_pages.hpp"
 #include "latte/memory/host_resource.hpp"
 
@@ -57,6 +58,7 @@ class RefusingPages final : public detail::PageMapper {
     return pages_.unmap(first, count);
   }
   void discard(std::uint32_t physical, std::uint32_t count) noexcept override { pages_.discard(physical, count); }
+  const char* refusal() const noexcept override { return pages_.refusal(); }
   bool* refuse() { return &refuse_; }
   bool* refuse_unmap() { return &refuse_unmap_; }
 
@@ -64,6 +66,22 @@ class RefusingPages final : public detail::PageMapper {
   HostPages pages_;
   bool refuse_ = false;
   bool refuse_unmap_ = false;
+};
+
+// No memory at all: the page table's bookkeeping alone, with map and unmap calls refused as
+// the test says (the nth map call from now; every unmap).
+class ScriptedPages final : public detail::PageMapper {
+ public:
+  std::byte* base() const noexcept override { return nullptr; }
+  std::size_t page_bytes() const noexcept override { return Page; }
+  std::uint32_t virtual_pages() const noexcept override { return 16; }
+  std::uint32_t physical_pages() const noexcept override { return 8; }
+  const char* kind() const noexcept override { return "scripted"; }
+  bool map(std::uint32_t, std::uint32_t, std::uint32_t) noexcept override { return ++maps != refuse_map; }
+  bool unmap(std::uint32_t, std::uint32_t) noexcept override { return !refuse_unmaps; }
+  void discard(std::uint32_t, std::uint32_t) noexcept override {}
+  int maps = 0, refuse_map = -1;
+  bool refuse_unmaps = false;
 };
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
@@ -231,7 +249,7 @@ TEST_CASE("a refused unmap keeps its page mapped where it was: no physical page 
   } catch (const out_of_memory& e) {
     message = e.what();
   }
-  CHECK(contains(message, "the system refused to map its pages"));
+  CHECK(contains(message, "the system refused to map or unmap its pages"));
   arena.check_invariants();
   for (int i = 1; i < 8; i += 2) CHECK(static_cast<unsigned char*>(small[i])[Page - 1] == i);  // live pages untouched
   *refuse_unmap = false;
@@ -241,6 +259,31 @@ TEST_CASE("a refused unmap keeps its page mapped where it was: no physical page 
   arena.deallocate(large, 4 * Page);
   for (int i = 1; i < 8; i += 2) arena.deallocate(small[i], Page);
   arena.check_invariants();
+}
+
+TEST_CASE("a map refused part way whose undoing is refused too leaves one idle page, listed once") {
+  auto owned = std::make_unique<ScriptedPages>();
+  ScriptedPages& pages = *owned;
+  detail::PageTable table(std::move(owned));
+  CHECK(table.acquire(0, 4 * Page) == detail::PageTable::Shortage::none);  // frames 0-3, one call
+  table.release(1 * Page, Page);
+  table.release(3 * Page, Page);
+  CHECK(table.trim() == 2);   // frames 1 and 3 free again: the free list is no longer one run
+  pages.refuse_map = pages.maps + 2;   // the second map call from now
+  pages.refuse_unmaps = true;
+  CHECK(table.acquire(8 * Page, 3 * Page) == detail::PageTable::Shortage::mapping);
+  table.check_invariants();   // the page mapped by the first call keeps its frame, idle, once
+  CHECK(table.counts().idle == 1 && table.counts().in_use == 2);
+  pages.refuse_unmaps = false;
+  CHECK(table.acquire(8 * Page, 3 * Page) == detail::PageTable::Shortage::none);
+  table.check_invariants();
+  CHECK(table.counts().in_use == 5 && table.counts().idle == 0);
+  table.release(8 * Page, 3 * Page);
+  table.release(0, Page);
+  table.release(2 * Page, Page);
+  table.trim();
+  table.check_invariants();
+  CHECK(table.counts().free == 8);
 }
 
 TEST_CASE("sizes past the capacity are refused with the capacity named") {

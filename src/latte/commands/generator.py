@@ -63,7 +63,7 @@ examples:
     p.add_argument("--slo-ms", type=float, help="also derive and print the settings for this P99 SLO")
     p.add_argument("--no-calibrate", action="store_true",
                    help="skip measuring the serving cost on tritonserver (the derivation then assumes "
-                        "--backend-overhead-ms per batch)")
+                        "--backend-overhead-ms per batch; for a streaming model, an assumed cost of a response)")
     p.add_argument("--recalibrate", action="store_true",
                    help="measure the serving cost again (it is kept for a week, per machine: host, cores, "
                         "tritonserver, latte version)")

@@ -182,7 +182,8 @@ def _examples(args) -> int:
         write_stock_model(repo, "textgen_stock", "gpt")
         spec = write_stream_spec(repo)
         print(f"streaming examples written to {repo}: textgen, textgen_gru, textgen_stock, and their spec {spec}")
-        print(f"  next: latte serve {repo}, or latte generate {spec} -o REPO to derive their settings from SLOs")
+        print(f"  next: latte serve {repo}, or latte generate {spec} -o REPO --profiles PROFILES to derive their "
+              "settings from SLOs (profiles kept outside the repository Triton serves)")
         return 0
     repo = build_examples(Path(args.dir))
     print(f"example repository written to {repo}")

@@ -106,12 +106,13 @@ def test_profiling_measures_each_level_in_process(gru):
     assert profile.responses is None  # the machine's cost is measured on a server, apart
 
 
-def test_profiling_stops_at_the_level_whose_iteration_passes_the_ceiling(gru):
+def test_profiling_stops_at_the_level_whose_step_passes_the_ceiling(gru):
     from latte.generator.stream_profile import profile_stream
 
     profile = profile_stream(gru, levels=(1, 2, 4), max_tokens=3, rounds=1, max_iteration_ms=1e-6)
     assert [p.streams for p in profile.points] == [1]
-    assert profile.stop_reason == "an iteration at 1 streams passed 1e-06 ms"
+    assert profile.stop_reason == "a step of 1 streams passed 1e-06 ms"
+    assert not profile.covers(itl_ms=10.0) and profile.covers(itl_ms=1e-6)
 
 
 def _spec(tmp_path, body: str):

@@ -39,6 +39,9 @@ class DevicePages final : public detail::PageMapper {
   bool map(std::uint32_t first, std::uint32_t physical, std::uint32_t count) noexcept override;
   bool unmap(std::uint32_t first, std::uint32_t count) noexcept override;
   void discard(std::uint32_t physical, std::uint32_t count) noexcept override;
+  const char* refusal() const noexcept override {
+    return "the driver refused to map or unmap its pages (cuMemCreate may have found no free device memory)";
+  }
 
   struct Driver;  // the entry points, resolved once
 
@@ -47,11 +50,13 @@ class DevicePages final : public detail::PageMapper {
 
   const Driver* driver_;
   int device_;
+  void* context_ = nullptr;                  // the device's primary context, retained
   std::size_t page_bytes_ = 0;
   std::byte* base_ = nullptr;
   std::uint32_t physical_pages_ = 0;
   std::uint32_t virtual_pages_ = 0;
   std::vector<unsigned long long> handles_;  // per physical page: its allocation, 0 when none
+  std::vector<std::uint8_t> created_;        // per physical page: made by the map call under way
   std::vector<std::uint32_t> mapped_;        // per virtual page: its physical page + 1, 0 when unmapped
 };
 

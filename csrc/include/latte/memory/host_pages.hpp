@@ -32,6 +32,9 @@ class HostPages final : public detail::PageMapper {
   bool map(std::uint32_t first, std::uint32_t physical, std::uint32_t count) noexcept override;
   bool unmap(std::uint32_t first, std::uint32_t count) noexcept override;
   void discard(std::uint32_t physical, std::uint32_t count) noexcept override;
+  const char* refusal() const noexcept override {
+    return "the system refused to map or unmap its pages (the process's mappings may be at vm.max_map_count)";
+  }
 
  private:
   std::size_t page_bytes_;

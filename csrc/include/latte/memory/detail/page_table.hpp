@@ -36,6 +36,8 @@ class PageMapper {
   virtual bool unmap(std::uint32_t first, std::uint32_t count) noexcept = 0;
   // Returns physical pages [physical, physical + count), mapped nowhere, to the system.
   virtual void discard(std::uint32_t physical, std::uint32_t count) noexcept = 0;
+  // What a refused map or unmap most likely means here, for the error the request gets.
+  virtual const char* refusal() const noexcept { return "the system refused a map or an unmap"; }
 };
 
 struct PageCounts {
@@ -88,7 +90,7 @@ class PageTable {
   void link_idle(std::uint32_t page) noexcept;
   void unlink_idle(std::uint32_t page) noexcept;
   // Unmaps an idle page and frees its physical page; false when the system refuses (it stays
-  // idle, now the most recent, so the next eviction tries another).
+  // idle, now the most recent, and the acquire that needed it fails as a refused map).
   bool evict(std::uint32_t page) noexcept;
   bool map_missing(std::uint32_t first, std::uint32_t last) noexcept;
 
