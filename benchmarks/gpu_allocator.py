@@ -14,7 +14,9 @@ Contenders, each in its own process (the allocator is chosen before CUDA is firs
   * `arena`: torch.cuda.memory.change_current_allocator(latte.memory.torch_pluggable_allocator()),
     every tensor a block of one BuddyArena;
   * `mempool`: the caching allocator for the weights, a torch.cuda.MemPool over the arena for
-    everything the loop allocates.
+    everything the loop allocates;
+  * `arena_paged`: the arena over the driver's pages (LATTE_CUDA_ARENA_PAGES=1, docs/memory.md):
+    a large block is contiguous in addresses over any free pages, as with expandable segments.
 
 Figures: the peak of live tensor bytes; what the allocator held at its peak (the caching
 allocator's reserved segments; the arena's blocks, whose region is reserved once); held / live
@@ -44,7 +46,8 @@ from pathlib import Path
 
 from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary
 
-CONTENDERS = ("caching", "expandable", "arena", "mempool")
+CONTENDERS = ("caching", "expandable", "arena", "mempool", "arena_paged")
+ARENAS = ("arena", "arena_paged")   # every tensor a block of the arena
 MODELS = ("sequence", "encoder")
 MAX_LENGTH = 2048
 MIB = 1 << 20
@@ -89,7 +92,7 @@ def run_child(args) -> dict:
     import torch
 
     contender = args.contender
-    if contender == "arena":
+    if contender in ARENAS:
         from latte.memory import torch_pluggable_allocator
 
         torch.cuda.memory.change_current_allocator(torch_pluggable_allocator())
@@ -107,7 +110,7 @@ def run_child(args) -> dict:
 
     def figures():
         """(live, held) bytes now, and their peaks so far."""
-        if contender == "arena":
+        if contender in ARENAS:
             from latte.memory import torch_arena_statistics
 
             s = torch_arena_statistics(0) or {}
@@ -152,7 +155,7 @@ def run_child(args) -> dict:
               "p50_ms": float(np.percentile(times, 50) * 1e3) if times else None,
               "p99_ms": float(np.percentile(times, 99) * 1e3) if times else None,
               "timeline": timeline}
-    if contender in ("arena", "mempool"):
+    if contender in (*ARENAS, "mempool"):
         from latte.memory import torch_arena_check, torch_arena_statistics
 
         torch.cuda.synchronize()
@@ -170,8 +173,9 @@ def run_contender(model: str, contender: str, steps: int, seed: int, cap: int | 
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     if contender == "expandable":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    if contender in ("arena", "mempool"):
+    if contender in (*ARENAS, "mempool"):
         env["LATTE_CUDA_ARENA_BYTES"] = str(cap or arena_bytes)
+    env["LATTE_CUDA_ARENA_PAGES"] = "1" if contender == "arena_paged" else "0"
     command = [sys.executable, __file__, "--child", "--model", model, "--contender", contender,
                "--steps", str(steps), "--seed", str(seed)] + (["--cap", str(cap)] if cap else [])
     done = subprocess.run(command, capture_output=True, text=True, env=env)
@@ -223,7 +227,7 @@ HERE = Path(__file__).resolve().parent
 def summarize(results: list[dict], device: str, steps: int) -> dict:
     """The page's view of a run: per model, the contenders' table and memory held over the run;
     the targets against the caching allocator."""
-    tables, charts, held, p99, oom = [], [], [], [], []
+    tables, charts, held, p99, oom, paged = [], [], [], [], [], []
     for model in dict.fromkeys(r["model"] for r in results):
         rows = [r for r in results if r["model"] == model and not r.get("cap") and "error" not in r]
         base = next((r for r in rows if r["contender"] == "caching"), None)
@@ -247,6 +251,11 @@ def summarize(results: list[dict], device: str, steps: int) -> dict:
         capped = {r["contender"]: r for r in results if r["model"] == model and r.get("cap") and "error" not in r}
         if "arena" in capped and "caching" in capped:
             oom.append((model, capped["arena"]["ooms"], capped["caching"]["ooms"]))
+        pages = next((r for r in rows if r["contender"] == "arena_paged"), None)
+        if pages and "arena_paged" in capped:
+            others = ", ".join(f"{name} {capped[name]['ooms']}" for name in ("caching", "expandable") if name in capped)
+            paged.append((model, pages["peak_held"] / base["peak_held"], pages["p99_ms"] / base["p99_ms"],
+                          capped["arena_paged"]["ooms"], others))
     targets = []
     if held:
         ok = all(float(h.split()[-1][:-1]) <= 0.8 for h in held)
@@ -260,6 +269,13 @@ def summarize(results: list[dict], device: str, steps: int) -> dict:
         ok = all(a <= c for _, a, c in oom)
         targets.append(Target("under a cap, no more OOMs than the caching allocator",
                               ", ".join(f"{m}: arena {a}, caching {c}" for m, a, c in oom), "yes" if ok else "no"))
+    if paged:  # the paged arena's own targets (docs/memory.md, On a CUDA device)
+        targets.append(Target("paged arena: 0 OOMs under the cap (caching and expandable alongside)",
+                              "; ".join(f"{m}: {o} ({others})" for m, _, _, o, others in paged),
+                              "yes" if all(o == 0 for *_, o, _ in paged) else "no"))
+        targets.append(Target("paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's",
+                              ", ".join(f"{m} {h:.2f}x / {q:.2f}x" for m, h, q, _, _ in paged),
+                              "yes" if all(h <= 0.5 and q <= 1.0 for _, h, q, _, _ in paged) else "no"))
     return dict(summary=(f"Each step draws a batch and a lognormal length, makes the input on the device, runs the "
                          "model in inference mode and copies the answer to the host; \"held\" is what the allocator "
                          "held at its peak. One process per contender, one after the other."),
