@@ -255,16 +255,22 @@ def _stream_model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry
                        stream=slo)
     rate = reader.optional(raw, path, "arrival_rate", reader.number, minimum=0.001)
     entry.arrival_rate = float(rate) if rate is not None else None
-    entry.intra_op_threads = reader.optional(raw, path, "intra_op_threads", reader.number, integer=True,
-                                             minimum=1) or 1
-    if "profile" in raw:
-        entry.profile = directory / reader.string(path + ("profile",))
-        if not entry.profile.exists():
-            raise doc.error(path + ("profile",), f"profile {entry.profile} does not exist; run `latte profile "
-                            f"{file}` or drop the key to profile during generate")
+    entry.intra_op_threads, entry.profile = _threads_and_profile(reader, raw, path, directory, file)
     if "overrides" in raw:
         entry.overrides = dict(reader.mapping(path + ("overrides",), {"parameters"}))
     return entry
+
+
+def _threads_and_profile(reader: _Reader, raw: dict, path: KeyPath, directory: Path, file: Path):
+    """A latte model's intra_op_threads (default 1) and its profile's path, which must exist."""
+    threads = reader.optional(raw, path, "intra_op_threads", reader.number, integer=True, minimum=1) or 1
+    profile = None
+    if "profile" in raw:
+        profile = directory / reader.string(path + ("profile",))
+        if not profile.exists():
+            raise reader.doc.error(path + ("profile",), f"profile {profile} does not exist; run `latte profile "
+                                   f"{file}` or drop the key to profile during generate")
+    return int(threads), profile
 
 
 def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
@@ -328,15 +334,9 @@ def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
             raise doc.error(path + ("priority_queue",), "says whose queue holds priority_levels; set "
                             "priority_levels: 2 or more, or remove it")
         entry.priority_queue = queue
-    entry.intra_op_threads = reader.optional(raw, path, "intra_op_threads", reader.number, integer=True,
-                                             minimum=1) or 1
+    entry.intra_op_threads, entry.profile = _threads_and_profile(reader, raw, path, directory, file)
     overhead = reader.optional(raw, path, "backend_overhead_ms", reader.number)
     entry.backend_overhead_ms = float(overhead) if overhead is not None else None
-    if "profile" in raw:
-        entry.profile = directory / reader.string(path + ("profile",))
-        if not entry.profile.exists():
-            raise doc.error(path + ("profile",), f"profile {entry.profile} does not exist; run `latte profile "
-                            f"{file}` or drop the key to profile during generate")
     if "overrides" in raw:
         entry.overrides = dict(reader.mapping(path + ("overrides",), OVERRIDE_KEYS))
     return entry
