@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -149,27 +149,20 @@ class StreamProfile:
         return cls.from_json(data, str(path))
 
 
-def is_stream_profile(path: Path) -> bool:
-    try:
-        return json.loads(Path(path).read_text()).get("format") == STREAM_PROFILE_FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def profile_inputs(definition) -> List[Dict[str, np.ndarray]]:
     """Requests a stream starts from: the start graph's samples, else made-up values (text for
     string inputs)."""
-    from latte.backend.dtypes import TRITON_TO_NUMPY
-    from latte.backend.samples import sample_values
+    from latte.backend.dtypes import SERVED_TYPES
+    from latte.backend.samples import decode_sample, sample_values
     from latte.bench.streams import BENCH_PROMPTS
 
     types = {t.name: t.data_type for t in definition.start.inputs}
-    if definition.start.samples:
-        return [{name: np.array(values, dtype=TRITON_TO_NUMPY.get(types[name], object))
-                 for name, values in sample.items()} for sample in definition.start.samples]
+    if definition.start.samples:  # read as the graph reads them at load
+        return [{name: decode_sample(value, SERVED_TYPES[types[name]]) for name, value in sample.items()}
+                for sample in definition.start.samples]
     rng = np.random.default_rng(0)
     requests = []
-    for i, prompt in enumerate(BENCH_PROMPTS):
+    for prompt in BENCH_PROMPTS:
         request = {}
         for t in definition.start.inputs:
             dims = [SAMPLE_LENGTH if d == -1 else d for d in t.dims]
@@ -181,19 +174,13 @@ def profile_inputs(definition) -> List[Dict[str, np.ndarray]]:
     return requests
 
 
-def _encode(request: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
-    return {name: np.array([v.encode() if isinstance(v, str) else v for v in array.reshape(-1)],
-                           dtype=object).reshape(array.shape) if array.dtype == object else array
-            for name, array in request.items()}
-
-
 def _level(runner, requests: Sequence[Mapping[str, np.ndarray]], streams: int, max_tokens: int):
     """One round at `streams`: the joining iteration's time and each stepping iteration's (seconds)."""
     from latte.backend.streaming.controls import read_controls
     from latte.backend.streaming.streams import Stream
 
     controls = read_controls({}, {"max_tokens": max_tokens, "ignore_eos": True}, max_tokens, False)
-    runner.submit([Stream(_encode(requests[i % len(requests)]), controls, time.monotonic()) for i in range(streams)])
+    runner.submit([Stream(dict(requests[i % len(requests)]), controls, time.monotonic()) for i in range(streams)])
     times = []
     failed = None
     while not runner.idle:
