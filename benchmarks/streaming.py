@@ -18,7 +18,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Dict, List
 
@@ -26,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 from latte.bench.quiet import wait_until_quiet  # noqa: E402
 from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary  # noqa: E402
-from latte.bench.streams import harmonic_bound, in_process_model, in_process_tokens_per_s, stream_figures  # noqa: E402
+from latte.bench.streams import harmonic_bound, in_process_model, in_process_tokens_per_s, measure_streams  # noqa: E402
 
 PROMPTS = [b"Once upon a time", b"The quick brown fox jumps", b"hello", b"Streams join and leave between steps",
            b"a b c d e f g", b"Triton serves models", b"what comes next?", b"0123456789"]
@@ -38,13 +37,7 @@ def _median(values):
 
 
 def measure(url: str, model: str, concurrency: int, seconds: float, max_tokens: int) -> Dict:
-    from latte.triton.streams import run_streams
-
-    warm = 1.0
-    started = time.perf_counter()
-    records = run_streams(url, model, PROMPTS, concurrency=concurrency, max_tokens=max_tokens,
-                          duration_s=seconds + warm, ignore_eos=True)
-    return stream_figures(records, started + warm, started + warm + seconds).as_dict()
+    return measure_streams(url, model, concurrency, seconds, max_tokens, PROMPTS).as_dict()
 
 
 def run(args) -> Dict:

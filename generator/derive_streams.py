@@ -107,13 +107,21 @@ class _Candidate:
     arrivals: float               # mean streams arriving per iteration
 
 
+def _arrivals(profile: StreamProfile, response: ResponseCost, streams: int, tokens: int,
+              rate: Optional[float]) -> float:
+    """Mean streams arriving per iteration: the spec's rate over one iteration's steps and
+    responses, else each ending stream replaced; the joins allowed do not change it."""
+    if not rate:
+        return streams / tokens
+    return rate * (profile.point(streams).step_mean_ms + streams * response.response_ms) / 1000.0
+
+
 def _candidate(profile: StreamProfile, response: ResponseCost, streams: int, joins: int, tokens: int,
                rate: Optional[float]) -> _Candidate:
     point = profile.point(streams)
-    # Mean arrivals per iteration: the spec's rate over one iteration, else each ending stream replaced.
-    mean_iteration = point.step_mean_ms + streams * response.response_ms
-    arrivals = rate * mean_iteration / 1000.0 if rate else streams / tokens
-    mean_iteration += _start(profile, arrivals, False) + arrivals * response.response_ms
+    arrivals = _arrivals(profile, response, streams, tokens, rate)
+    mean_iteration = (point.step_mean_ms + streams * response.response_ms + _start(profile, arrivals, False)
+                      + arrivals * response.response_ms)
     compute = point.step_p99_ms + _start(profile, joins, True)
     sends = (streams + joins) * response.response_ms
     itl = compute + sends + response.jitter_ms * math.sqrt((streams + joins) / max(1, response.jitter_streams))
@@ -133,8 +141,7 @@ def derive_streams(profile: StreamProfile, ttft_ms: float, itl_ms: float, max_to
     top = profile.measured_streams
     feasible: List[_Candidate] = []
     for streams in range(1, top + 1):
-        base = _candidate(profile, response, streams, 1, tokens, arrival_rate)
-        needed = max(1, poisson_quantile(base.arrivals))
+        needed = max(1, poisson_quantile(_arrivals(profile, response, streams, tokens, arrival_rate)))
         if needed > streams:
             continue
         least = _candidate(profile, response, streams, needed, tokens, arrival_rate)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional
@@ -376,18 +377,9 @@ def generate(spec_path: Path, repo: Path, templates: Optional[Path] = None, prof
     spec = load_spec(spec_path)
     repo = Path(repo)
     profiles_dir = Path(profiles_dir) if profiles_dir else spec.directory / "profiles"
-    calibrated: List[ServingCost] = []
-    response_costs: List = []
-
-    def serving_cost() -> ServingCost:
-        if not calibrated:
-            calibrated.append(machine_serving_cost(install, log, refresh=recalibrate))
-        return calibrated[0]
-
-    def response_cost():
-        if not response_costs:
-            response_costs.append(machine_response_cost(install, log, refresh=recalibrate))
-        return response_costs[0]
+    # Measured (or read from the machine's cache) only when a model is profiled here, and once.
+    serving_cost = functools.cache(lambda: machine_serving_cost(install, log, refresh=recalibrate))
+    response_cost = functools.cache(lambda: machine_response_cost(install, log, refresh=recalibrate))
 
     plans = []
     for model in spec.models:

@@ -31,7 +31,7 @@ ROUND_TRIPS = 20
 
 def measure_response_cost(install=None, log: Callable[[str], None] = lambda line: None) -> ResponseCost:
     """The echo model's responses on a fresh tritonserver (about 10 s)."""
-    from latte.bench.streams import stream_figures
+    from latte.bench.streams import measure_streams, warm_streams
     from latte.examples.streams import write_echo_model
     from latte.triton import TritonServer
     from latte.triton.streams import run_streams
@@ -42,13 +42,10 @@ def measure_response_cost(install=None, log: Callable[[str], None] = lambda line
         repo = Path(tmp) / "repo"
         write_echo_model(repo, "echo")
         with TritonServer(repo, install=install) as server:
-            run_streams(server.grpc_url, "echo", [b"x"], concurrency=2, max_tokens=4)  # warm
+            warm_streams(server.grpc_url, "echo", [b"x"])
             single = run_streams(server.grpc_url, "echo", [b"x"], concurrency=1, max_tokens=1,
                                  per_client=ROUND_TRIPS)
-            begun = time.perf_counter()
-            records = run_streams(server.grpc_url, "echo", [b"x"], concurrency=ECHO_STREAMS, max_tokens=ECHO_TOKENS,
-                                  duration_s=ECHO_SECONDS + 0.5)
-    figures = stream_figures(records, begun + 0.5, begun + 0.5 + ECHO_SECONDS)
+            figures = measure_streams(server.grpc_url, "echo", ECHO_STREAMS, ECHO_SECONDS, ECHO_TOKENS, [b"x"])
     firsts = [r.ttft for r in single if r.ttft is not None]
     if figures.errors or not firsts or figures.tokens_per_s <= 0:
         raise CalibrationError(f"the echo model's streams failed ({figures.errors} errors): cannot measure the "

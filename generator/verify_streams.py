@@ -6,15 +6,14 @@ time between tokens, at P99. When one fails, the one setting to change comes fro
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from latte.bench.streams import BENCH_PROMPTS, StreamFigures, stream_figures
+from latte.backend.streaming.options import DEFAULTS
+from latte.bench.streams import StreamFigures, measure_streams, warm_streams
 from latte.generator.operating_point import read_operating_points
 
-WARM_S = 1.0
 PROMPT_INPUT = "text_input"
 
 
@@ -112,21 +111,16 @@ def verify_streams(repo: Path, config, ttft_ms: Optional[float] = None, itl_ms: 
     elif planned is not None and planned.streams:
         streams, source = planned.streams, "max_streams as `latte generate` derived it"
     else:
-        streams, source = _parameter(config, "max_streams") or 16, "the config's max_streams"
+        streams, source = _parameter(config, "max_streams") or DEFAULTS.max_streams, "the config's max_streams"
     if streams < 1:
         raise StreamVerifyError(f"--concurrency must be >= 1, got {streams}")
     tokens = (planned.max_tokens if planned is not None and planned.max_tokens else None) \
-        or _parameter(config, "max_tokens") or 16
+        or _parameter(config, "max_tokens") or DEFAULTS.max_tokens
     seconds = measurement_ms / 1000.0
 
     def measure(grpc_url: str) -> StreamFigures:
-        from latte.triton.streams import run_streams
-
-        run_streams(grpc_url, model, BENCH_PROMPTS[:2], concurrency=2, max_tokens=2)  # warm
-        began = time.perf_counter()
-        records = run_streams(grpc_url, model, list(BENCH_PROMPTS), concurrency=streams, max_tokens=tokens,
-                              duration_s=WARM_S + seconds, ignore_eos=True)
-        return stream_figures(records, began + WARM_S, began + WARM_S + seconds)
+        warm_streams(grpc_url, model)
+        return measure_streams(grpc_url, model, streams, seconds, tokens)
 
     if url:
         figures = measure(url)

@@ -212,7 +212,7 @@ def _streaming(console, workdir: Path, install: TritonInstall) -> bool:
 
     from rich.table import Table
 
-    from latte.bench.streams import stream_figures
+    from latte.bench.streams import measure_streams
     from latte.examples.streams import generate_alone, write_stock_model, write_stream_model
     from latte.triton import TritonServer
     from latte.triton.streams import generate, run_streams
@@ -236,10 +236,7 @@ def _streaming(console, workdir: Path, install: TritonInstall) -> bool:
         rates = {}
         for model in ("textgen_stock", "textgen"):
             run_streams(server.grpc_url, model, prompts, concurrency=4, max_tokens=8)  # warm
-            started = time.perf_counter()
-            records = run_streams(server.grpc_url, model, prompts, concurrency=16, max_tokens=64,
-                                  duration_s=4.0, ignore_eos=True)
-            figures = stream_figures(records, started + 1.0, started + 4.0)
+            figures = measure_streams(server.grpc_url, model, 16, 3.0, 64, prompts)
             rates[model] = figures.tokens_per_s
             table.add_row("stock decoupled (a thread per request)" if model == "textgen_stock" else "latte",
                           "16", f"{figures.tokens_per_s:.0f}", f"{figures.ttft_p50_ms:.1f}", f"{figures.itl_p50_ms:.2f}")

@@ -102,7 +102,6 @@ CUdeviceptr address(const std::byte* at) { return reinterpret_cast<CUdeviceptr>(
 
 DevicePages::DevicePages(std::size_t capacity, int device, DevicePagesOptions options)
     : driver_(nullptr), device_(device) {
-  LATTE_EXPECTS(options.virtual_factor >= 2, "virtual_factor must be at least 2");
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
@@ -141,12 +140,10 @@ DevicePages::DevicePages(std::size_t capacity, int device, DevicePagesOptions op
     LATTE_EXPECTS((page_bytes_ & (page_bytes_ - 1)) == 0,
                   "page_bytes must round up to a power of two of the device's granularity (" +
                       std::to_string(granularity) + " bytes), got " + std::to_string(options.page_bytes));
-    LATTE_EXPECTS(capacity >= page_bytes_, "capacity must hold at least one page (" + std::to_string(page_bytes_) +
-                                               " bytes on this device), got " + std::to_string(capacity));
-    const std::size_t physical = capacity / page_bytes_, virtual_pages = physical * options.virtual_factor;
-    LATTE_EXPECTS(virtual_pages < 0xFFFFFFFFu, "too many pages: raise page_bytes");
-    physical_pages_ = static_cast<std::uint32_t>(physical);
-    virtual_pages_ = static_cast<std::uint32_t>(virtual_pages);
+    const detail::PageSpan pages = detail::page_span(capacity, page_bytes_, options.virtual_factor);
+    physical_pages_ = pages.physical_pages;
+    virtual_pages_ = pages.virtual_pages;
+    const std::size_t physical = physical_pages_, virtual_pages = virtual_pages_;
     // The bookkeeping before the range: nothing to give back if it cannot be had.
     handles_.assign(physical, 0);
     created_.assign(physical, 0);

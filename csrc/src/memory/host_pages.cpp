@@ -81,15 +81,10 @@ HostPages::HostPages(std::size_t capacity, HostPagesOptions options)
   LATTE_EXPECTS(page_bytes_ >= system_page && (page_bytes_ & (page_bytes_ - 1)) == 0,
                 "page_bytes must be a power of two of at least the system page (" + std::to_string(system_page) +
                     " bytes), got " + std::to_string(page_bytes_));
-  // Twice the capacity at least: a request of more than half of it needs an aligned run of
-  // addresses that a range of one capacity may not have free.
-  LATTE_EXPECTS(options.virtual_factor >= 2, "virtual_factor must be at least 2");
-  LATTE_EXPECTS(capacity >= page_bytes_, "capacity must hold at least one page (" + std::to_string(page_bytes_) +
-                                             " bytes), got " + std::to_string(capacity));
-  const std::size_t physical = capacity / page_bytes_, virtual_pages = physical * options.virtual_factor;
-  LATTE_EXPECTS(virtual_pages < 0xFFFFFFFFu, "too many pages: raise page_bytes");
-  physical_pages_ = static_cast<std::uint32_t>(physical);
-  virtual_pages_ = static_cast<std::uint32_t>(virtual_pages);
+  const detail::PageSpan pages = detail::page_span(capacity, page_bytes_, options.virtual_factor);
+  physical_pages_ = pages.physical_pages;
+  virtual_pages_ = pages.virtual_pages;
+  const std::size_t physical = physical_pages_, virtual_pages = virtual_pages_;
   // At worst every mapped page is a mapping of its own between reserved ones: past the
   // system's limit a map would fail with the capacity free, so the arena is refused up front.
   const auto [limit, in_use] = mapping_limit();

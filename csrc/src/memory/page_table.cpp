@@ -1,6 +1,7 @@
 #include "latte/memory/detail/page_table.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include "latte/error.hpp"
@@ -19,6 +20,18 @@ void expect(bool condition, const std::string& what) {
 }
 
 }  // namespace
+
+PageSpan page_span(std::size_t capacity, std::size_t page_bytes, unsigned virtual_factor) {
+  // Twice the capacity at least: a request of more than half of it needs an aligned run of
+  // addresses that a range of one capacity may not have free.
+  LATTE_EXPECTS(virtual_factor >= 2, "virtual_factor must be at least 2");
+  LATTE_EXPECTS(capacity >= page_bytes, "capacity must hold at least one page (" + std::to_string(page_bytes) +
+                                            " bytes), got " + std::to_string(capacity));
+  const std::size_t physical = capacity / page_bytes, virtual_pages = physical * virtual_factor;
+  // Below the largest count: that value marks "no page" in the table.
+  LATTE_EXPECTS(virtual_pages < std::numeric_limits<std::uint32_t>::max(), "too many pages: raise page_bytes");
+  return {static_cast<std::uint32_t>(physical), static_cast<std::uint32_t>(virtual_pages)};
+}
 
 PageTable::PageTable(std::unique_ptr<PageMapper> mapper)
     : mapper_(std::move(mapper)), page_shift_(checked_page_shift(mapper_->page_bytes())) {

@@ -123,15 +123,33 @@ def run_stream_bench(grpc_url: str, model: str, levels: Sequence[int], seconds: 
                      prompts: Sequence[bytes] = BENCH_PROMPTS, on_level=lambda level, figures: None) -> Dict:
     """Each level of concurrent streams for `seconds` (after a second's warm-up): tokens/s, TTFT,
     inter-token latency, streams in flight; every request asks for `max_tokens` outputs."""
-    from latte.triton.streams import run_streams
-
-    run_streams(grpc_url, model, list(prompts), concurrency=2, max_tokens=4)  # warm
+    warm_streams(grpc_url, model, prompts)
     points = []
     for level in levels:
-        started = time.perf_counter()
-        records = run_streams(grpc_url, model, list(prompts), concurrency=level, max_tokens=max_tokens,
-                              duration_s=seconds + 1.0, ignore_eos=True)
-        figures = stream_figures(records, started + 1.0, started + 1.0 + seconds).as_dict()
+        figures = measure_streams(grpc_url, model, level, seconds, max_tokens, prompts).as_dict()
         points.append({"concurrent": level, **figures})
         on_level(level, figures)
     return {"model": model, "kind": "streams", "max_tokens": max_tokens, "seconds": seconds, "points": points}
+
+
+# Streams measured after this long: the first ones all join at once.
+WARM_S = 1.0
+
+
+def warm_streams(grpc_url: str, model: str, prompts: Sequence[bytes] = BENCH_PROMPTS) -> None:
+    """A few short streams, so the first measured ones do not pay the model's first calls."""
+    from latte.triton.streams import run_streams
+
+    run_streams(grpc_url, model, list(prompts), concurrency=2, max_tokens=4)
+
+
+def measure_streams(grpc_url: str, model: str, concurrent: int, seconds: float, max_tokens: int,
+                    prompts: Sequence[bytes] = BENCH_PROMPTS) -> StreamFigures:
+    """`concurrent` clients streaming for `seconds` after WARM_S, each request asking for
+    `max_tokens` outputs (the end token ignored): what the window shows."""
+    from latte.triton.streams import run_streams
+
+    started = time.perf_counter()
+    records = run_streams(grpc_url, model, list(prompts), concurrency=concurrent, max_tokens=max_tokens,
+                          duration_s=seconds + WARM_S, ignore_eos=True)
+    return stream_figures(records, started + WARM_S, started + WARM_S + seconds)

@@ -40,6 +40,15 @@ class PageMapper {
   virtual const char* refusal() const noexcept { return "the system refused a map or an unmap"; }
 };
 
+// The physical pages of a capacity and the virtual pages of the range reserved for it,
+// virtual_factor times as many; throws naming the option when they cannot be had (a capacity
+// below one page, a factor below two, more pages than the table counts).
+struct PageSpan {
+  std::uint32_t physical_pages;
+  std::uint32_t virtual_pages;
+};
+PageSpan page_span(std::size_t capacity, std::size_t page_bytes, unsigned virtual_factor);
+
 struct PageCounts {
   std::size_t page_bytes = 0;
   std::uint32_t physical_pages = 0;  // the capacity, in pages
