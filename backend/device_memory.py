@@ -48,7 +48,7 @@ def figures(serving) -> Optional[Tuple[Dict[str, float], Optional[float]]]:
     """Bytes by state (held, live, peak_held, peak_live; the arena adds its capacity), and the
     allocations the device arena refused so far (None without one); None on the CPU or before
     the allocator has served a tensor. The arena's held is its blocks handed out, inside its
-    capacity, which it takes from the device whole. One reading of the arena's statistics."""
+    capacity, which it takes from the device whole; a paged arena's is its pages. One reading of the arena's statistics."""
     if not serving.device.startswith("cuda"):
         return None
     import torch
@@ -61,6 +61,10 @@ def figures(serving) -> Optional[Tuple[Dict[str, float], Optional[float]]]:
         if stats is None:
             return None
         found = {state: float(stats[arena]) for state, (_, arena) in _STATES.items()}
+        if stats["page_bytes"]:
+            # Paged, the arena takes pages from the device as blocks first touch them and keeps
+            # them: what it holds is those pages, which never fall, not its blocks' rounded bytes.
+            found["held"] = found["peak_held"] = float(stats["physical_held"])
         found["capacity"] = float(stats["capacity"])
         return found, float(stats["failures"])
     return {state: float(getattr(torch.cuda, caching)(index)) for state, (caching, _) in _STATES.items()}, None

@@ -44,6 +44,7 @@ import sys
 import time
 from pathlib import Path
 
+from latte.bench.budget import another_round_fits
 from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary
 
 CONTENDERS = ("caching", "expandable", "arena", "mempool", "arena_paged")
@@ -114,6 +115,8 @@ def run_child(args) -> dict:
             from latte.memory import torch_arena_statistics
 
             s = torch_arena_statistics(0) or {}
+            if s.get("page_bytes"):  # paged: the device's pages it holds, made at first touch and kept
+                return s["live"], s["physical_held"], s["peak_live"], s["physical_held"]
             return s.get("live", 0), s.get("allocated", 0), s.get("peak_live", 0), s.get("peak_allocated", 0)
         # The caching allocator's own figures; with the MemPool they count the pool's segments,
         # which come from the arena, beside the weights' from the default pool.
@@ -292,6 +295,9 @@ def main() -> int:
     parser.add_argument("--cap-ratio", type=float, default=1.25, help="the cap, as a multiple of caching's peak live")
     parser.add_argument("--seed", type=int, default=20261125)
     parser.add_argument("--arena-bytes", type=int, default=16 << 30, help="the arena's capacity when uncapped")
+    parser.add_argument("--budget-s", type=float, default=0.0,
+                        help="seconds at most: no run starts that would pass them, at the average run's length "
+                             "(0: no limit)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--results-dir", type=Path, default=HERE / "results",
                         help="where gpu-allocator.json, the page's input, goes")
@@ -328,8 +334,18 @@ def main() -> int:
                                              "steps": args.steps, "cap_steps": args.cap_steps,
                                              "results": results}, indent=1))
 
+    since = time.monotonic()
+
+    def fits() -> bool:
+        if another_round_fits(since, len(results), args.budget_s):
+            return True
+        print(f"  budget of {args.budget_s:.0f} s spent: the runs left are left out", flush=True)
+        return False
+
     for model in models:
         for contender in contenders:
+            if not fits():
+                break
             results.append(run_contender(model, contender, args.steps, args.seed, None, args.arena_bytes))
             print(f"  {model}/{contender}: {json.dumps({k: v for k, v in results[-1].items() if k != 'timeline'})}",
                   flush=True)
@@ -338,6 +354,8 @@ def main() -> int:
         if args.cap_steps and base:
             cap = int(base["peak_live"] * args.cap_ratio) // (2 * MIB) * (2 * MIB) + 2 * MIB
             for contender in contenders:
+                if not fits():
+                    break
                 results.append(run_contender(model, contender, args.cap_steps, args.seed + 1, cap, args.arena_bytes))
                 save()
         print(f"\n{model}:")

@@ -18,7 +18,12 @@
 #   3. the arena against the caching allocator under the server, and fp16 through the accuracy
 #      gate (benchmarks/gpu_served.py);
 #   4. the fused text pipeline against its Triton ensemble, its encoder TorchScript on the GPU
-#      (benchmarks/pipelines.py --format torchscript --gpus 1).
+#      (benchmarks/pipelines.py --format torchscript --gpus 1);
+#   5. checks of the device arena's pages: `pytest -m gpu` on the device memory tests, and the C++
+#      device-pages and arena stress tests built with invariant checks, under compute-sanitizer;
+#   6. PyTorch in process with the paged arena, the plain one and the caching allocator with and
+#      without expandable segments, under a cap of 1.10x the live bytes (benchmarks/gpu_allocator.py).
+# Parts run in the order 5, 1, 2, 3, 6, 4.
 # Back under $OUT: log.txt (everything printed), env.txt, results.tar.gz (benchmarks/results
 # files and the servers' logs). Unpack results.tar.gz into benchmarks/results and render the page
 # with `.venv/bin/python -m latte.bench.page`.
@@ -44,17 +49,17 @@ if [ ! -f "$archive" ]; then
   echo "gpu_serve: $archive is missing; build it with: python3 scripts/gpu_pack.py --python $pyver"
   exit 2
 fi
-# Seconds of measuring per part (RANKER_S, SEQUENCE_S, MEMORY_S, PIPELINE_S; 0 leaves a part out)
-# and the served-memory run's windows at most (MEMORY_WINDOWS).
+# Seconds of measuring per part (RANKER_S, SEQUENCE_S, MEMORY_S, PIPELINE_S, CHECKS_S, ALLOCATOR_S;
+# 0 leaves a part out) and the served-memory run's windows at most (MEMORY_WINDOWS).
 if [ "$rehearse" = 1 ]; then
   kind=KIND_CPU; gpus=0; ranker_s=${RANKER_S:-20}; sequence_s=${SEQUENCE_S:-20}; memory_s=${MEMORY_S:-20}
-  pipeline_s=${PIPELINE_S:-20}
+  pipeline_s=${PIPELINE_S:-20}; checks_s=${CHECKS_S:-60}; allocator_s=${ALLOCATOR_S:-0}
 else
   kind=KIND_GPU; gpus=1; ranker_s=${RANKER_S:-95}; sequence_s=${SEQUENCE_S:-110}; memory_s=${MEMORY_S:-55}
-  pipeline_s=${PIPELINE_S:-60}
+  pipeline_s=${PIPELINE_S:-60}; checks_s=${CHECKS_S:-90}; allocator_s=${ALLOCATOR_S:-150}
 fi
 memory_windows=${MEMORY_WINDOWS:-4}
-for name in ranker_s sequence_s memory_s pipeline_s memory_windows; do
+for name in ranker_s sequence_s memory_s pipeline_s checks_s allocator_s memory_windows; do
   [[ "${!name}" =~ ^[0-9]+$ ]] || { echo "gpu_serve: ${name^^} must be a whole number of seconds (or windows), got ${!name}"; exit 2; }
 done
 
@@ -105,7 +110,7 @@ say "ready"
 export LATTE_QUIET_WAIT_S=0 PYTHONUNBUFFERED=1
 # The page names the command as it was typed, its settings included.
 settings=""
-for name in RANKER_S SEQUENCE_S MEMORY_S PIPELINE_S MEMORY_WINDOWS; do
+for name in RANKER_S SEQUENCE_S MEMORY_S PIPELINE_S CHECKS_S ALLOCATOR_S MEMORY_WINDOWS; do
   [ -n "${!name:-}" ] && settings+="$name=${!name} "
 done
 export LATTE_RESULTS_COMMAND="${settings}scripts/gpu_serve.sh"
@@ -119,6 +124,31 @@ measure() {  # name, seconds of measuring, seconds of loads and builds before it
   timeout -s INT -k 30 "$limit" "$@"
   say "$name: exit $?"
 }
+device_checks() {  # the paged device arena's tests, before anything measures with it
+  set -o pipefail
+  local status=0 test
+  "$venv/bin/python" -m pytest -m gpu tests/unit/memory/test_memory_cuda.py \
+    "tests/unit/test_gpu.py::test_a_served_gpu_instance_holds_its_memory_with_the_chosen_allocator" \
+    -p no:cacheprovider -q -rs --junitxml="$root/results/logs/gpu-junit.xml" || status=1
+  cmake -S . -B build/gpu-serve-cpp -DLATTE_BUILD_PYTHON=OFF -DLATTE_BUILD_TESTS=ON -DLATTE_DEBUG_CHECKS=ON \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$root/results/logs/cpp-build.txt" 2>&1 \
+    && cmake --build build/gpu-serve-cpp -j"$(nproc)" --target test_device_pages test_cuda_arena_stress \
+      >> "$root/results/logs/cpp-build.txt" 2>&1 \
+    || { tail -20 "$root/results/logs/cpp-build.txt"; echo "gpu_serve: the C++ device tests did not build"; return 1; }
+  for test in test_device_pages test_cuda_arena_stress; do
+    if command -v compute-sanitizer > /dev/null; then
+      LATTE_STRESS_OPS=300 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
+        "build/gpu-serve-cpp/csrc/tests/$test" 2>&1 | tail -4 || status=1
+    else
+      "build/gpu-serve-cpp/csrc/tests/$test" 2>&1 | tail -4 || status=1
+    fi
+  done
+  return $status
+}
+mkdir -p "$root/results/logs"
+export -f device_checks
+export venv root
+measure checks "$checks_s" 0 bash -c device_checks
 measure ranker "$ranker_s" 70 "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,32,128 --measurement-ms 1000 --budget-s "$ranker_s" \
   --results-dir "$root/results"
@@ -127,12 +157,18 @@ measure sequence "$sequence_s" 70 "$venv/bin/python" benchmarks/serving.py --mod
   --results-dir "$root/results"
 measure served-memory "$memory_s" 70 "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
   --budget-s "$memory_s" --windows "$memory_windows" --results-dir "$root/results"
+if [ "$gpus" = 1 ]; then
+  measure allocator "$allocator_s" 30 "$venv/bin/python" benchmarks/gpu_allocator.py --models sequence,encoder \
+    --contenders caching,expandable,arena,arena_paged --steps "${ALLOCATOR_STEPS:-6000}" --cap-steps 3000 \
+    --cap-ratio 1.10 --budget-s "$allocator_s" --results-dir "$root/results"
+else
+  say "allocator: left out (it needs a CUDA device)"
+fi
 # The pipeline's repository is generated (its models profiled, the fused one too) before it measures.
 measure pipeline "$pipeline_s" 170 "$venv/bin/python" benchmarks/pipelines.py \
   --pipeline text --format torchscript --gpus "$gpus" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 \
   --budget-s "$pipeline_s" --results-dir "$root/results"
 
-mkdir -p "$root/results/logs"
 find /tmp -maxdepth 2 -name '*tritonserver.log' -newer "$root/venv" -exec cp {} "$root/results/logs/" \; 2>/dev/null
 tar -czf "$out/results.tar.gz" -C "$root/results" .
 say "done: $(ls "$root/results" | grep -c json) results files in $out/results.tar.gz"

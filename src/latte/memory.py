@@ -128,7 +128,8 @@ def torch_allocator_library() -> Path:
 
 # The figures latte_arena_figures fills, in its order (csrc/src/memory/torch_allocator_plugin.cpp).
 TORCH_ARENA_FIGURES = ("capacity", "live", "allocated", "peak_live", "peak_allocated", "largest_free_block",
-                       "allocations", "failures", "fragmentation_failures")
+                       "allocations", "failures", "fragmentation_failures",
+                       "page_bytes", "physical_held", "mapped", "map_calls", "unmap_calls")
 
 
 def _plugin() -> Any:

@@ -183,8 +183,10 @@ from latte.backend import device_memory
 from latte.backend.standin_stub import InferenceRequest
 from latte.examples import EXAMPLES
 
-model = example_model(Path(sys.argv[1]), "sequence_torchscript", kind="GPU", device_allocator=sys.argv[2],
-                      **({"device_arena_bytes": str(256 << 20)} if sys.argv[2] == "arena" else {}))
+arena = {"device_allocator": "arena", "device_arena_bytes": str(256 << 20)}
+settings = {"arena": arena, "arena_paged": {**arena, "arena_pages": "true"}}.get(sys.argv[2],
+                                                                                {"device_allocator": sys.argv[2]})
+model = example_model(Path(sys.argv[1]), "sequence_torchscript", kind="GPU", **settings)
 rng = np.random.default_rng(3)
 for rows in (1, 4, 2, 8):
     model.execute([InferenceRequest(EXAMPLES["sequence"].sample(rows, rng))])
@@ -194,9 +196,9 @@ model.finalize()
 """
 
 
-@pytest.mark.parametrize("allocator", ["arena", "expandable", "caching"])
+@pytest.mark.parametrize("allocator", ["arena", "arena_paged", "expandable", "caching"])
 def test_a_served_gpu_instance_holds_its_memory_with_the_chosen_allocator(example_repo, allocator):
-    if allocator == "arena" and not _native.cuda_device_memory_compiled():
+    if allocator.startswith("arena") and not _native.cuda_device_memory_compiled():
         pytest.skip("built without the CUDA toolkit")
     here = str(Path(__file__).parent)
     done = subprocess.run([sys.executable, "-c", _SERVED_ALLOCATOR, str(example_repo), allocator, here],
@@ -205,8 +207,10 @@ def test_a_served_gpu_instance_holds_its_memory_with_the_chosen_allocator(exampl
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert 0 < figures["peak_live"] <= figures["peak_held"]
     assert figures["live"] <= figures["held"]
-    if allocator == "arena":
+    if allocator.startswith("arena"):
         assert figures["capacity"] == 256 << 20                  # device_arena_bytes, not 80 % of the device
         assert figures["failures"] == 0
+        if allocator == "arena_paged":   # what it holds is pages taken as blocks touch them
+            assert figures["held"] == figures["peak_held"] <= figures["capacity"]
     else:
         assert figures["failures"] is None and "capacity" not in figures

@@ -74,9 +74,13 @@ __attribute__((visibility("default"))) int latte_arena_figures(int device, unsig
   }
   if (arena == nullptr) return -1;
   const latte::memory::Statistics s = arena->statistics();
+  // A paged arena's pages (0 otherwise): physical_held is the device memory it holds, as pages
+  // are made on their first map and released only by release_cached, which no caller here makes.
   const unsigned long long figures[] = {s.capacity,    s.live,           s.allocated,
                                         s.peak_live,   s.peak_allocated, s.largest_free,
-                                        s.allocations, s.failures,       s.fragmentation_failures};
+                                        s.allocations, s.failures,       s.fragmentation_failures,
+                                        s.page_bytes,  s.physical_held,  s.mapped,
+                                        s.map_calls,   s.unmap_calls};
   constexpr int kFigureCount = sizeof(figures) / sizeof(figures[0]);
   std::memcpy(out, figures, sizeof(unsigned long long) * static_cast<std::size_t>(count < kFigureCount ? count : kFigureCount));
   return 0;

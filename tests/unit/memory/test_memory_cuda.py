@@ -113,3 +113,52 @@ def test_a_paged_device_arena_maps_the_drivers_pages():
     stats = arena.stats()
     assert stats["paged"] and arena.page_kind == "cuda" and stats["page_bytes"] >= 2 << 20
     assert arena.fallback_reason == ""
+
+
+# Through PyTorch: 24 tensors of 2 MiB fill 48 MiB of a 64 MiB arena, every other one is freed,
+# then one 20 MiB tensor is asked for. 40 MiB are free, but no 32 MiB buddy block is.
+_CHECKERBOARD = """
+import json, torch
+from latte.memory import torch_arena_check, torch_arena_statistics, torch_pluggable_allocator
+torch.cuda.memory.change_current_allocator(torch_pluggable_allocator())
+floats = (2 << 20) // 4
+tensors = [torch.full((floats,), float(i), device="cuda") for i in range(24)]
+kept = tensors[1::2]
+del tensors
+try:
+    big = torch.ones(5 * floats, device="cuda")
+    big_sum = float(big.sum())
+except (torch.OutOfMemoryError, RuntimeError):
+    big_sum = None
+sums = [float(t.sum()) / floats for t in kept]
+torch.cuda.synchronize()
+torch_arena_check(0)
+print(json.dumps({"big_sum": big_sum, "sums": sums, "figures": torch_arena_statistics(0)}))
+"""
+
+
+def _checkerboard(paged: bool) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LATTE_CUDA_ARENA_BYTES": str(64 << 20), "LATTE_CUDA_ARENA_PAGES": "1" if paged else "0"}
+    done = subprocess.run([sys.executable, "-c", _CHECKERBOARD], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.gpu
+@needs_cuda_build
+@pytest.mark.skipif(not _gpu_present(), reason="needs a CUDA device")
+def test_a_paged_device_arena_serves_torch_a_block_the_plain_buddy_has_no_room_for():
+    plain, paged = _checkerboard(paged=False), _checkerboard(paged=True)
+    assert plain["big_sum"] is None and plain["figures"]["failures"] >= 1 and plain["figures"]["page_bytes"] == 0
+    assert paged["big_sum"] == 5 * (2 << 20) // 4
+    assert paged["sums"] == [float(i) for i in range(1, 24, 2)]      # the kept tensors' pages stayed theirs
+    figures = paged["figures"]
+    assert figures["failures"] == 0 and figures["page_bytes"] >= 2 << 20 and figures["map_calls"] >= 1
+    # Pages for the live 44 MiB, within the 64 MiB the arena may hold: the 20 MiB block spans 32 MiB
+    # of addresses but is backed by 20 MiB of pages.
+    assert 44 << 20 <= figures["physical_held"] <= 64 << 20 and figures["live"] == 44 << 20
