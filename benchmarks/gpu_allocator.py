@@ -227,7 +227,7 @@ def table(results: list[dict], model: str) -> list[str]:
 HERE = Path(__file__).resolve().parent
 
 
-def summarize(results: list[dict], device: str, steps: int) -> dict:
+def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-allocator") -> dict:
     """The page's view of a run: per model, the contenders' table and memory held over the run;
     the targets against the caching allocator."""
     tables, charts, held, p99, oom, paged = [], [], [], [], [], []
@@ -243,7 +243,9 @@ def summarize(results: list[dict], device: str, steps: int) -> dict:
                               f"{r['peak_held'] / max(1, r['peak_live']):.2f}x", ratio(r["peak_held"], base["peak_held"]),
                               f"{r['p50_ms']:.3f} ms", f"{r['p99_ms']:.3f} ms", ratio(r["p99_ms"], base["p99_ms"]),
                               str(r["ooms"])] for r in rows]))
-        charts.append(Chart(f"gpu-{model}-memory-held", f"{model} on {device}: memory held over the run",
+        # Named by the run as well when it is a run of some models, whose file sits beside the full run's.
+        chart = f"gpu-{model}-memory-held" if name == "gpu-allocator" else f"{name}-{model}-memory-held"
+        charts.append(Chart(chart, f"{model} on {device}: memory held over the run",
                             "step", "held (MiB)",
                             [Series(r["contender"], [(m["step"], round(m["held"] / MIB, 1)) for m in r["timeline"]])
                              for r in rows if r["timeline"]]))
@@ -252,6 +254,13 @@ def summarize(results: list[dict], device: str, steps: int) -> dict:
             held.append(f"{model} {arena['peak_held'] / base['peak_held']:.2f}x")
             p99.append((model, arena["p99_ms"] / base["p99_ms"]))
         capped = {r["contender"]: r for r in results if r["model"] == model and r.get("cap") and "error" not in r}
+        if capped:
+            cap = next(iter(capped.values()))["cap"]
+            tables.append(Table(f"{model} under a cap of {cap / MIB:.0f} MiB ({cap / max(1, base['peak_live']):.2f}x "
+                                f"the caching allocator's peak live), {next(iter(capped.values()))['steps']:,} steps:",
+                                ["contender", "OOMs", "held", "P99 step"],
+                                [[name, str(r["ooms"]), f"{r['peak_held'] / MIB:.1f} MiB", f"{r['p99_ms']:.3f} ms"]
+                                 for name, r in capped.items()]))
         if "arena" in capped and "caching" in capped:
             oom.append((model, capped["arena"]["ooms"], capped["caching"]["ooms"]))
         pages = next((r for r in rows if r["contender"] == "arena_paged"), None)
@@ -271,14 +280,22 @@ def summarize(results: list[dict], device: str, steps: int) -> dict:
     if oom:
         ok = all(a <= c for _, a, c in oom)
         targets.append(Target("under a cap, no more OOMs than the caching allocator",
-                              ", ".join(f"{m}: arena {a}, caching {c}" for m, a, c in oom), "yes" if ok else "no"))
+                              ", ".join(f"{m}: arena {a}, caching {c}" for m, a, c in oom), "yes" if ok else "no",
+                              why="" if ok else "the plain arena's free space is in power-of-two pieces, and the "
+                                  "caching allocator under a cap frees its cache and retries; the paged arena's "
+                                  "blocks are stitched from any free pages" + (" (its targets below)" if paged else "")))
     if paged:  # the paged arena's own targets (docs/memory.md, On a CUDA device)
         targets.append(Target("paged arena: 0 OOMs under the cap (caching and expandable alongside)",
                               "; ".join(f"{m}: {o} ({others})" for m, _, _, o, others in paged),
                               "yes" if all(o == 0 for *_, o, _ in paged) else "no"))
         targets.append(Target("paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's",
                               ", ".join(f"{m} {h:.2f}x / {q:.2f}x" for m, h, q, _, _ in paged),
-                              "yes" if all(h <= 0.5 and q <= 1.0 for _, h, q, _, _ in paged) else "no"))
+                              "yes" if all(h <= 0.5 and q <= 1.0 for _, h, q, _, _ in paged) else "no",
+                              why="a freed block's pages stay mapped at its addresses for its next use, and new "
+                                  "blocks take pages the arena has not made yet before they unmap idle ones, so "
+                                  "what it holds grows to the most ever mapped, up to its capacity (under the cap "
+                                  "it held the cap and refused nothing); the plain arena's held counts its blocks, "
+                                  "inside a capacity taken from the device whole"))
     return dict(summary=(f"Each step draws a batch and a lognormal length, makes the input on the device, runs the "
                          "model in inference mode and copies the answer to the host; \"held\" is what the allocator "
                          "held at its peak. One process per contender, one after the other."),
@@ -321,8 +338,10 @@ def main() -> int:
         if name not in MODELS + CONTENDERS:
             parser.error(f"unknown model or contender {name!r}; models: {', '.join(MODELS)}; "
                          f"contenders: {', '.join(CONTENDERS)}")
-    record = new_results("gpu-allocator", "gpu", "GPU: PyTorch with latte's arena against the caching allocator, "
-                         "variable shapes", command_line("benchmarks/gpu_allocator.py", None, python="PYTHONPATH=build/gpu-site python3"),
+    # A run of some of the models keeps a file of its own beside the run of all of them.
+    name = "gpu-allocator" if set(models) == set(MODELS) else "-".join(["gpu-allocator", *models])
+    title = "GPU: PyTorch with latte's arena against the caching allocator, variable shapes"
+    record = new_results(name, "gpu", title + ("" if name == "gpu-allocator" else f" ({', '.join(models)})"), command_line("benchmarks/gpu_allocator.py", None, python="PYTHONPATH=build/gpu-site python3"),
                          os.getloadavg()[0], HERE)
     print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.2f}, {platform.node()}; {args.steps} steps per contender", flush=True)
@@ -361,7 +380,7 @@ def main() -> int:
         print(f"\n{model}:")
         print("\n".join(table(results, model)), flush=True)
     record.machine += f", {torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    summary = summarize(results, torch.cuda.get_device_name(0), args.steps)
+    summary = summarize(results, torch.cuda.get_device_name(0), args.steps, name)
     print(f"wrote {write_summary(record, summary, args.results_dir)}")
     return 0
 

@@ -256,6 +256,7 @@ TARGET_VS_ENSEMBLE = 1.6     # at concurrency 16
 TARGET_SHARE_OF_H = 0.75
 TARGET_P50_VS_ENSEMBLE = 0.75
 TARGET_VS_STOCK = 1.1
+TARGET_VS_ENSEMBLE_ON_GPU = 2.0   # at each one's best level, intermediates kept on the device
 
 
 def _x(value) -> str:
@@ -304,6 +305,14 @@ def summarize(results: List[dict]) -> dict:
                _verdict([r["fused_vs_stock"] for r in results], lambda v: v >= TARGET_VS_STOCK),
                why="the serving cost both pay, not the steps, bounds it: see the CPU per request"),
     ]
+    on_gpu = [r for r in results if r.get("variant", "").endswith("-gpu")]
+    if on_gpu:
+        targets.append(Target(
+            f"on the GPU, fused ≥ {TARGET_VS_ENSEMBLE_ON_GPU:.0f}x its Triton ensemble at the best level "
+            f"(P99 ≤ {SLO_MS:.0f} ms)",
+            ", ".join(f"{r['pipeline']} {_x(r['fused_vs_ensemble'])} (rounds at {max(r['levels'])}: "
+                      f"{', '.join(f'{x:.2f}' for x in r['round_ratios'].get('ensemble', []))})" for r in on_gpu),
+            _verdict([r["fused_vs_ensemble"] for r in on_gpu], lambda v: v >= TARGET_VS_ENSEMBLE_ON_GPU)))
     charts = [Chart(name=f"pipeline-{r['pipeline']}{r.get('variant', '')}",
                     title=f"{r['pipeline']} pipeline: throughput against P99",
                     x_label="P99 latency (ms)", y_label="infer/s",

@@ -56,7 +56,7 @@ if [ "$rehearse" = 1 ]; then
   pipeline_s=${PIPELINE_S:-20}; checks_s=${CHECKS_S:-60}; allocator_s=${ALLOCATOR_S:-0}
 else
   kind=KIND_GPU; gpus=1; ranker_s=${RANKER_S:-95}; sequence_s=${SEQUENCE_S:-110}; memory_s=${MEMORY_S:-55}
-  pipeline_s=${PIPELINE_S:-60}; checks_s=${CHECKS_S:-90}; allocator_s=${ALLOCATOR_S:-150}
+  pipeline_s=${PIPELINE_S:-60}; checks_s=${CHECKS_S:-90}; allocator_s=${ALLOCATOR_S:-200}
 fi
 memory_windows=${MEMORY_WINDOWS:-4}
 for name in ranker_s sequence_s memory_s pipeline_s checks_s allocator_s memory_windows; do

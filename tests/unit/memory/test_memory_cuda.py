@@ -126,7 +126,7 @@ tensors = [torch.full((floats,), float(i), device="cuda") for i in range(24)]
 kept = tensors[1::2]
 del tensors
 try:
-    big = torch.ones(5 * floats, device="cuda")
+    big = torch.ones(10 * floats, device="cuda")
     big_sum = float(big.sum())
 except (torch.OutOfMemoryError, RuntimeError):
     big_sum = None
@@ -155,7 +155,7 @@ def _checkerboard(paged: bool) -> dict:
 def test_a_paged_device_arena_serves_torch_a_block_the_plain_buddy_has_no_room_for():
     plain, paged = _checkerboard(paged=False), _checkerboard(paged=True)
     assert plain["big_sum"] is None and plain["figures"]["failures"] >= 1 and plain["figures"]["page_bytes"] == 0
-    assert paged["big_sum"] == 5 * (2 << 20) // 4
+    assert paged["big_sum"] == 10 * (2 << 20) // 4
     assert paged["sums"] == [float(i) for i in range(1, 24, 2)]      # the kept tensors' pages stayed theirs
     figures = paged["figures"]
     assert figures["failures"] == 0 and figures["page_bytes"] >= 2 << 20 and figures["map_calls"] >= 1
