@@ -59,7 +59,8 @@ else
   pipeline_s=${PIPELINE_S:-60}; checks_s=${CHECKS_S:-90}; allocator_s=${ALLOCATOR_S:-200}
 fi
 memory_windows=${MEMORY_WINDOWS:-4}
-for name in ranker_s sequence_s memory_s pipeline_s checks_s allocator_s memory_windows; do
+total_s=${TOTAL_S:-540}
+for name in ranker_s sequence_s memory_s pipeline_s checks_s allocator_s memory_windows total_s; do
   [[ "${!name}" =~ ^[0-9]+$ ]] || { echo "gpu_serve: ${name^^} must be a whole number of seconds (or windows), got ${!name}"; exit 2; }
 done
 
@@ -110,18 +111,25 @@ say "ready"
 export LATTE_QUIET_WAIT_S=0 PYTHONUNBUFFERED=1
 # The page names the command as it was typed, its settings included.
 settings=""
-for name in RANKER_S SEQUENCE_S MEMORY_S PIPELINE_S CHECKS_S ALLOCATOR_S MEMORY_WINDOWS; do
+for name in RANKER_S SEQUENCE_S MEMORY_S PIPELINE_S CHECKS_S ALLOCATOR_S MEMORY_WINDOWS TOTAL_S; do
   [ -n "${!name:-}" ] && settings+="$name=${!name} "
 done
 export LATTE_RESULTS_COMMAND="${settings}scripts/gpu_serve.sh"
-measure() {  # name, seconds of measuring, seconds of loads and builds before it, command: stopped past both
+# The whole script ends within TOTAL_S of its start (default 540: a call may run 600): a part gets
+# what is left of it less the part's own loads and builds, or is left out when that is under 20 s.
+deadline=$((began + total_s))
+measure() {  # name, seconds of measuring, seconds of loads and builds before it, command (@BUDGET@: the seconds)
   local name="$1" budget="$2" setup="$3"; shift 3
   [ "$budget" -gt 0 ] || { say "$name: left out"; return; }
-  local limit=$((budget + setup))
+  local left=$((deadline - SECONDS - setup - 30))
+  [ "$left" -ge 20 ] || { say "$name: left out (TOTAL_S=${total_s} would pass)"; return; }
+  [ "$budget" -le "$left" ] || { say "$name: ${left}s of measuring, not ${budget}s (TOTAL_S)"; budget=$left; }
+  local limit=$((budget + setup)) args=() arg
+  for arg in "$@"; do args+=("${arg//@BUDGET@/$budget}"); done
   say "$name: at most ${limit}s"
   # SIGINT, not SIGTERM: Python unwinds its `with TritonServer` and stops the server it started,
   # which would otherwise keep the GPU and the ports while the next part measures.
-  timeout -s INT -k 30 "$limit" "$@"
+  timeout -s INT -k 30 "$limit" "${args[@]}"
   say "$name: exit $?"
 }
 device_checks() {  # the paged device arena's tests, before anything measures with it
@@ -150,24 +158,24 @@ export -f device_checks
 export venv root
 measure checks "$checks_s" 0 bash -c device_checks
 measure ranker "$ranker_s" 70 "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
-  --kind "$kind" --rounds 3 --concurrency 1,32,128 --measurement-ms 1000 --budget-s "$ranker_s" \
+  --kind "$kind" --rounds 3 --concurrency 1,32,128 --measurement-ms 1000 --budget-s @BUDGET@ \
   --results-dir "$root/results"
 measure sequence "$sequence_s" 70 "$venv/bin/python" benchmarks/serving.py --model sequence --runtime torchscript \
-  --kind "$kind" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 --budget-s "$sequence_s" \
+  --kind "$kind" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 --budget-s @BUDGET@ \
   --results-dir "$root/results"
 measure served-memory "$memory_s" 70 "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
-  --budget-s "$memory_s" --windows "$memory_windows" --results-dir "$root/results"
+  --budget-s @BUDGET@ --windows "$memory_windows" --results-dir "$root/results"
 if [ "$gpus" = 1 ]; then
   measure allocator "$allocator_s" 30 "$venv/bin/python" benchmarks/gpu_allocator.py --models sequence,encoder \
     --contenders caching,expandable,arena,arena_paged --steps "${ALLOCATOR_STEPS:-6000}" --cap-steps 3000 \
-    --cap-ratio 1.10 --budget-s "$allocator_s" --results-dir "$root/results"
+    --cap-ratio 1.10 --budget-s @BUDGET@ --results-dir "$root/results"
 else
   say "allocator: left out (it needs a CUDA device)"
 fi
 # The pipeline's repository is generated (its models profiled, the fused one too) before it measures.
 measure pipeline "$pipeline_s" 170 "$venv/bin/python" benchmarks/pipelines.py \
   --pipeline text --format torchscript --gpus "$gpus" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 \
-  --budget-s "$pipeline_s" --results-dir "$root/results"
+  --budget-s @BUDGET@ --results-dir "$root/results"
 
 find /tmp -maxdepth 2 -name '*tritonserver.log' -newer "$root/venv" -exec cp {} "$root/results/logs/" \; 2>/dev/null
 tar -czf "$out/results.tar.gz" -C "$root/results" .
