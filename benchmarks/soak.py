@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/soak.py --requests 200000 --model sequence_torchscript
     .venv/bin/python benchmarks/soak.py --requests 1000000 --pipeline text --in-flight 16   # a fused pipeline
     .venv/bin/python benchmarks/soak.py --requests 1000000 --arena-pages     # the model's arena paged (docs/memory.md)
+    .venv/bin/python benchmarks/soak.py --requests 1000000 --arena-pages --control   # drift read against a plain copy
 
 Builds the example repository (with --pipeline, that example pipeline generated and fused, its
 model the ensemble's name, its requests the example's texts or images), starts tritonserver,
@@ -13,6 +14,12 @@ benchmarks/results/soak-<model>.json (docs/benchmarks.md is rendered from it:
 and the arena's fragmentation alarm never raised: the P99 request always fits in one free block
 when the free bytes would hold it, and no allocation fails with live + request <= 80 % of the
 capacity (docs/memory.md).
+
+With --control, a copy of the model with the plain arena (`control_<model>`) is served beside it
+and sent the same requests, the two taking turns in slices of every window. A shared machine's
+own swing moves both, so the latency drift is judged against the control's: (1 + the model's
+drift) / (1 + the control's) - 1. Each model's throughput is then its requests over the whole
+window, about half what it serves alone.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -53,10 +61,17 @@ def summarize(result: dict, name: str = "") -> dict:
                 ("stubs' RSS (MiB)", "stubs_rss_mb", ".1f", "stubs_rss_growth"),
                 ("P50 (ms)", "p50_ms", ".2f", "p50_drift"),
                 ("P99 (ms)", "p99_ms", ".2f", "p99_drift"),
-                ("throughput (req/s)", "throughput", ",.0f", "throughput_change"))]
+                ("throughput (req/s)", "throughput", ",.0f", "throughput_change"),
+                *((("control's P50 (ms)", "control_p50_ms", ".2f", "control_p50_drift"),
+                   ("control's P99 (ms)", "control_p99_ms", ".2f", "control_p99_drift"))
+                  if result.get("control") else ()))]
+    controlled = result.get("control") is not None
+    if controlled:
+        rows.append(["P99 against the control's", "", "", pct("p99_drift_vs_control")])
     slug = (name or result["model"]).replace("_", "-").lower()
     sent = list(itertools.accumulate(w["requests"] / 1000 for w in windows))
-    answered = result["requests"] == result["answered"] and result["failed"] == 0
+    answered = (result["requests"] == result["answered"] and result["failed"] == 0
+                and not result.get("control_failed"))
     return dict(
         summary=(f"{result['requests']:,} requests to `{result['model']}` at {result['in_flight']} in flight "
                  f"{len(windows)} windows, {result.get('duration_s', 0):.0f} s; "
@@ -68,7 +83,9 @@ def summarize(result: dict, name: str = "") -> dict:
                         f"{LONG_TARGETS['rss_growth']:.0%}, P99 drift ≤ {LONG_TARGETS['p99_drift']:.0%}, no "
                         "fragmentation alarm, every request answered once",
                         f"server {pct('server_rss_growth')}, stubs {pct('stubs_rss_growth')}, P99 "
-                        f"{pct('p99_drift')}, {result['failed']} errors",
+                        + (f"{pct('p99_drift_vs_control')} against the control's (its own {pct('p99_drift')}, "
+                           f"the control's {pct('control_p99_drift')})" if controlled else pct('p99_drift'))
+                        + f", {result['failed']} errors",
                         "yes" if not failures and answered else "no", why="; ".join(failures))],
         tables=[Table("First and last window:", ["", "first", "last", "change"], rows)],
         charts=[Chart(f"soak-{slug}-memory", f"{result['model']}: memory over the soak", "thousand requests sent",
@@ -76,7 +93,23 @@ def summarize(result: dict, name: str = "") -> dict:
                                     Series("stubs", [(x, w["stubs_rss_mb"]) for x, w in zip(sent, windows)])]),
                 Chart(f"soak-{slug}-latency", f"{result['model']}: latency over the soak", "thousand requests sent",
                       "ms", [Series("P50", [(x, w["p50_ms"]) for x, w in zip(sent, windows)]),
-                             Series("P99", [(x, w["p99_ms"]) for x, w in zip(sent, windows)])])])
+                             Series("P99", [(x, w["p99_ms"]) for x, w in zip(sent, windows)]),
+                             *([Series("control's P99", [(x, w["control_p99_ms"]) for x, w in zip(sent, windows)])]
+                               if controlled else [])])])
+
+
+def write_control(repo: Path, model: str) -> Path:
+    """A copy of `model` in `repo` named control_<model>, its arena plain: the soak's reference."""
+    source, copy = repo / model, repo / f"control_{model}"
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(source, copy)
+    config = copy / "config.pbtxt"
+    lines = [line for line in config.read_text().splitlines() if '"arena_pages"' not in line]
+    if lines[0] != f'name: "{model}"':
+        raise ValueError(f"{source / 'config.pbtxt'} does not start with name: \"{model}\"")
+    config.write_text("\n".join([f'name: "control_{model}"', *lines[1:]]) + "\n")
+    return copy
 
 
 def main(argv=None) -> int:
@@ -91,12 +124,15 @@ def main(argv=None) -> int:
     parser.add_argument("--arena-pages", action="store_true",
                         help="serve the model from a paged arena (parameters arena_pages: true); its results go "
                              "to soak-<model>-paged.json")
+    parser.add_argument("--control", action="store_true",
+                        help="serve a copy with the plain arena beside the model, send it the same requests in "
+                             "turns, and judge latency drift against it; results go to soak-<name>-control.json")
     parser.add_argument("--out", default=".latte/soak")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results",
                         help="where soak-<model>.json, the page's input, goes (default: %(default)s)")
     args = parser.parse_args(argv)
-    if args.pipeline and args.arena_pages:
-        parser.error("--arena-pages pages an example model's arena; a generated pipeline's fused model is not one")
+    if args.pipeline and (args.arena_pages or args.control):
+        parser.error("--arena-pages and --control take an example model; a generated pipeline's fused model is not one")
     out = Path(args.out)
     feeds = None
     if args.pipeline:
@@ -116,12 +152,16 @@ def main(argv=None) -> int:
             if "arena_pages" not in config.read_text():
                 with config.open("a") as text:
                     text.write('\nparameters { key: "arena_pages" value: { string_value: "true" } }\n')
-    name = f"{args.model}-paged" if args.arena_pages else args.model
+        if args.control:
+            write_control(repo, args.model)
+    name = (f"{args.model}-paged" if args.arena_pages else args.model) + ("-control" if args.control else "")
     settings = SoakSettings(args.model, requests=args.requests, windows=args.windows, in_flight=args.in_flight,
-                            lengths=LengthDistribution.parse(args.lengths), warmup_requests=2000, feeds=feeds)
+                            lengths=LengthDistribution.parse(args.lengths), warmup_requests=2000, feeds=feeds,
+                            control=f"control_{args.model}" if args.control else None)
     load = wait_until_quiet(log=print)  # building the examples loads the machine for a minute after
     print(f"load average at start: {load:.2f}", flush=True)
-    title = f"Soak: {args.model}" + (", paged arena" if args.arena_pages else "")
+    title = (f"Soak: {args.model}" + (", paged arena" if args.arena_pages else "")
+             + (", against a plain copy served beside it" if args.control else ""))
     record = new_results(f"soak-{name}", "soak", title, command_line("benchmarks/soak.py", argv), load, HERE)
     started = time.time()
     with start_or_attach(repo, log_path=out / "tritonserver.log") as target:

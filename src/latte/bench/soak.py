@@ -26,9 +26,11 @@ LONG_TARGETS = {"rss_growth": 0.02, "p99_drift": 0.05, **ARENA_TARGETS}
 # RSS is not disturbed by neighbours; latency bounds are loose because P99 over a few thousand
 # requests is, and P50 and the median-of-thirds P99 stand in for the single-window figure.
 SHORT_TARGETS = {"rss_growth": 0.05, "p50_drift": 1.0, "p99_drift_thirds": 3.0, **ARENA_TARGETS}
-# Ratios are bounded as a share, the arena's figures as counts.
+# Ratios are bounded as a share, the arena's figures as counts. With a control served beside the
+# model, its latency drifts are read against the control's (the `_vs_control` figures).
 _RATIO_CHECKS = [("server_rss_growth", "rss_growth"), ("stubs_rss_growth", "rss_growth"), ("p99_drift", "p99_drift"),
                  ("p99_drift_thirds", "p99_drift_thirds"), ("p50_drift", "p50_drift")]
+_AGAINST_CONTROL = ("p99_drift", "p99_drift_thirds", "p50_drift")
 _COUNT_CHECKS = ["fragmented_windows", "fragmentation_failures"]
 
 
@@ -47,6 +49,10 @@ class SoakSettings:
     # The requests to cycle through, when the model's config cannot say how to make them up
     # (a fused pipeline taking text or image bytes); None: made up from its config.
     feeds: Optional[List[Dict[str, np.ndarray]]] = None
+    # A second model served beside it, sent the same requests in alternating slices of each
+    # window: the host's own swing shows in both, so the model's drift is read against it.
+    control: Optional[str] = None
+    slices: int = 10                      # per window, each model's share sent in this many turns
 
     def validate(self) -> None:
         if (self.requests is None) == (self.duration_s is None):
@@ -57,6 +63,10 @@ class SoakSettings:
             raise ValueError(f"the soak duration must be > 0 s, got {self.duration_s}")
         if self.windows < 2:
             raise ValueError(f"a soak needs at least 2 windows to compare, got {self.windows}")
+        if self.control is not None and self.control == self.model:
+            raise ValueError(f"the control must be another model than the one soaked ({self.model})")
+        if self.slices < 1:
+            raise ValueError(f"a window is sent in at least one slice, got {self.slices}")
 
 
 def parse_soak_amount(text: str) -> dict:
@@ -104,6 +114,13 @@ def _growth(first: Optional[float], last: Optional[float]) -> Optional[float]:
     return last / first - 1.0
 
 
+def _relative(ours: Optional[float], control: Optional[float]) -> Optional[float]:
+    """Growth of ours as a multiple of the control's growth, as a growth: 1.10 / 1.05 - 1."""
+    if ours is None or control is None or control <= -1.0:
+        return None
+    return (1.0 + ours) / (1.0 + control) - 1.0
+
+
 def _alarmed_windows(windows: List[dict]) -> Optional[int]:
     """Windows that ended with the arena's fragmentation alarm raised; None when not exported."""
     flags = [w["arena_fragmented"] for w in windows if w.get("arena_fragmented") is not None]
@@ -123,13 +140,29 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
         feeds = model_inputs.requests(rng, settings.distinct_requests, settings.lengths)
     sender = AsyncSender(target.grpc_url, settings.model, settings.in_flight)
     outcomes = Outcomes()
+    control = None if settings.control is None else AsyncSender(target.grpc_url, settings.control, settings.in_flight)
+    control_outcomes = Outcomes()
+
+    def send_slices(count: int, offset: int) -> None:
+        """`count` requests to the model and as many to the control, in alternating slices."""
+        if control is None:
+            for i in range(count):
+                sender.send(feeds[(offset + i) % len(feeds)], outcomes)
+            return
+        edges = np.linspace(0, count, settings.slices + 1).astype(int)
+        for a, b in zip(edges[:-1], edges[1:]):
+            for to, into in ((sender, outcomes), (control, control_outcomes)):
+                for i in range(a, b):
+                    to.send(feeds[(offset + i) % len(feeds)], into)
+                to.drain(120)
+
     sampler = MetricsSampler(target.metrics_url, target.server_pid, interval=3600)  # sampled per window only
     windows: List[dict] = []
     try:
-        for i in range(settings.warmup_requests):
-            sender.send(feeds[i % len(feeds)], outcomes)
+        send_slices(settings.warmup_requests, 0)
         sender.drain(120)
         outcomes.take_latencies()
+        control_outcomes.take_latencies()
         per_window = settings.requests // settings.windows if settings.requests else None
         window_s = settings.duration_s / settings.windows if settings.duration_s else None
         sent = 0
@@ -139,16 +172,24 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
             answered_before = outcomes.succeeded
             failed_before = outcomes.failed
             if per_window is not None:
-                for _ in range(per_window):
-                    sender.send(feeds[sent % len(feeds)], outcomes)
-                    sent += 1
+                send_slices(per_window, sent)
+                sent += per_window
             else:
                 while time.perf_counter() - window_start < window_s:
-                    sender.send(feeds[sent % len(feeds)], outcomes)
-                    sent += 1
+                    send_slices(settings.slices * 10 if control else 1, sent)
+                    sent += settings.slices * 10 if control else 1
             sender.drain(120)
             elapsed = time.perf_counter() - window_start
             latencies = outcomes.take_latencies()
+            if control is not None:
+                # Both shared the window: each one's rate is its requests over the whole of it.
+                theirs = control_outcomes.take_latencies()
+                control_row = {"control_p50_ms": round(percentile(theirs, 50), 3),
+                               "control_p99_ms": round(percentile(theirs, 99), 3),
+                               "control_throughput": round(len(theirs) / elapsed, 1) if elapsed > 0 else 0.0,
+                               "control_errors": control_outcomes.failed}
+            else:
+                control_row = {}
             sample = sampler.sample_now()
             row = {
                 "window": w + 1, "t": round(time.perf_counter() - started, 2),
@@ -161,6 +202,7 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
                 "stubs_rss_mb": round(sum(model_stubs(sample.rss, settings.model).values()) / 2**20, 2),
                 "stub_rss_mb": {k: round(v / 2**20, 2) for k, v in sample.rss.items() if k.startswith("stub:")},
                 **arena_figures(sample.metrics, settings.model),
+                **control_row,
             }
             windows.append(row)
             if progress:
@@ -168,8 +210,10 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
                          f"P99 {row['p99_ms']:.2f} ms, server {row['server_rss_mb']:.0f} MiB, "
                          f"stubs {row['stubs_rss_mb']:.0f} MiB")
     finally:
-        sender.drain(60)
-        sender.close()
+        for each in (sender, control):
+            if each is not None:
+                each.drain(60)
+                each.close()
     first, last = windows[0], windows[-1]
     ratios = {
         "server_rss_growth": _growth(first["server_rss_mb"], last["server_rss_mb"]),
@@ -186,9 +230,16 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
         "p99_request_last": last["arena_p99_request_bytes"],
         "arena_reserved_growth": _growth(first["arena_reserved_bytes"], last["arena_reserved_bytes"]),
     }
+    if control is not None:
+        ratios["control_p99_drift"] = _growth(first["control_p99_ms"], last["control_p99_ms"])
+        ratios["control_p99_drift_thirds"] = _growth(*_thirds(windows, "control_p99_ms"))
+        ratios["control_p50_drift"] = _growth(first["control_p50_ms"], last["control_p50_ms"])
+        for key in _AGAINST_CONTROL:
+            ratios[f"{key}_vs_control"] = _relative(ratios[key], ratios[f"control_{key}"])
     return {"model": settings.model, "requests": outcomes.sent, "warmup_requests": settings.warmup_requests,
             "answered": outcomes.answered, "succeeded": outcomes.succeeded, "failed": outcomes.failed,
-            "errors": dict(outcomes.errors), "in_flight": settings.in_flight,
+            "errors": dict(outcomes.errors), "in_flight": settings.in_flight, "control": settings.control,
+            "control_failed": control_outcomes.failed if control is not None else None,
             "lengths": settings.lengths.describe(), "windows": windows, "ratios": ratios,
             "forecast": soak_forecast(windows, settings.slo_ms)}
 
@@ -206,6 +257,8 @@ def check_ratios(ratios: dict, bounds: dict) -> List[str]:
     """Messages for each figure over its bound (empty when all hold); absent figures are skipped."""
     failures = []
     for key, bound_key in _RATIO_CHECKS:
+        if key in _AGAINST_CONTROL and ratios.get(f"{key}_vs_control") is not None:
+            key = f"{key}_vs_control"   # the host's swing, which the control shares, taken out
         value = ratios.get(key)
         if value is not None and bound_key in bounds and value > bounds[bound_key]:
             failures.append(f"{key} = {value:+.1%} exceeds the bound {bounds[bound_key]:.0%}")
@@ -238,6 +291,10 @@ def format_ratios(ratios: dict) -> List[str]:
             f"P99 drift, first -> last window:                {pct(ratios['p99_drift'])}",
             f"P99 drift, median of first -> last third:       {pct(ratios['p99_drift_thirds'])}",
             f"P50 drift, first -> last window:                {pct(ratios['p50_drift'])}",
+            *([f"control's P99 drift, first -> last window:      {pct(ratios['control_p99_drift'])}",
+               f"P99 drift against the control's:                {pct(ratios['p99_drift_vs_control'])}",
+               f"P99 drift against the control's, thirds:        {pct(ratios['p99_drift_thirds_vs_control'])}"]
+              if "p99_drift_vs_control" in ratios else []),
             f"throughput change, first -> last window:        {pct(ratios['throughput_change'])}",
             "arena fragmentation alarm, windows raised:      "
             + _count(ratios.get("fragmented_windows")),
