@@ -6,21 +6,20 @@ out). Each send is a round trip to the server that waits for its answer: several
 keep several in flight, as a thread per request does. A stream's emissions all go to one
 outbox (by its number), so they leave in order.
 
-Data flows one way: submit -> schedule -> start/step -> outbox, where a stream's first output
-goes ahead of the running streams' later ones (outbox.py). Nothing here calls back; a
+Data flows one way: submit -> schedule -> start/step -> outbox. Nothing here calls back; a
 stream found cancelled by the sender is a flag on the stream, read at the next iteration.
 """
 
 from __future__ import annotations
 
 import collections
+import queue
 import threading
 import time
-from typing import Callable, Deque, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, List, Optional, Sequence
 
 from latte.backend.errors import DeadlineExceeded, Overloaded, RequestCancelled
 from latte.backend.streaming.engine import Emission, StreamEngine
-from latte.backend.streaming.outbox import Outbox
 from latte.backend.streaming.scheduler import StreamScheduler
 from latte.backend.streaming.streams import Stream
 
@@ -54,7 +53,8 @@ class StreamRunner:
         self._inbox: Deque[Stream] = collections.deque()
         self._wake = threading.Condition()
         self._closing = False
-        self.outboxes: List[Outbox] = [Outbox(OUTBOX_ITERATIONS) for _ in range(outboxes)]
+        self.outboxes: List["queue.Queue[Optional[List[Emission]]]"] = [queue.Queue(maxsize=OUTBOX_ITERATIONS)
+                                                                          for _ in range(outboxes)]
         self.iterations = 0
         self.figures = {"joined": 0, "finished": 0, "cancelled": 0, "expired": 0, "refused": 0, "failed": 0,
                         "outputs": 0}
@@ -72,18 +72,12 @@ class StreamRunner:
 
     # -- one iteration ------------------------------------------------------------------
     def run_once(self) -> List[Emission]:
-        """One iteration's emissions: the streams' first ones, then those of the streams running."""
-        firsts, following = self._iterate()
-        return firsts + following
-
-    def _iterate(self) -> Tuple[List[Emission], List[Emission]]:
         now = self.clock()
-        firsts: List[Emission] = []      # of streams that sent nothing yet: they may go ahead
         emissions: List[Emission] = []
         while self._inbox:
             stream = self._inbox.popleft()
             if not self.scheduler.add(stream):
-                firsts.append((stream, Overloaded(
+                emissions.append((stream, Overloaded(
                     f"{self.scheduler.waiting} streams are waiting to join (max_waiting); try again later"), True))
         checked = now >= self._next_check
         if checked:
@@ -100,25 +94,24 @@ class StreamRunner:
         free = self.engine.cache.free if self.engine.cache is not None else None
         plan = self.scheduler.schedule(now, len(self.engine.live), free, sweep=checked)
         for stream in plan.cancelled:
-            firsts.append((stream, RequestCancelled("the client cancelled the stream before it started"), True))
+            emissions.append((stream, RequestCancelled("the client cancelled the stream before it started"), True))
         for stream in plan.expired:
             waited = (now - stream.arrival) * 1000
-            firsts.append((stream, DeadlineExceeded(
+            emissions.append((stream, DeadlineExceeded(
                 f"timed out: waited {waited:.1f} ms to start, longer than timeout_ms="
                 f"{stream.controls.options.timeout_ms:g}"), True))
         running = list(self.engine.live)
         if plan.joins:
-            firsts.extend(self.engine.start(plan.joins))
+            emissions.extend(self.engine.start(plan.joins))
         if running:
             emissions.extend(self.engine.step(running))
-        self._count(plan, firsts)
-        self._count(None, emissions)
+        self._count(plan, emissions)
         self.iterations += 1
-        return firsts, emissions
+        return emissions
 
     def _count(self, plan, emissions: List[Emission]) -> None:
         figures = self.figures
-        figures["joined"] += len(plan.joins) if plan is not None else 0
+        figures["joined"] += len(plan.joins)
         for _, outcome, final in emissions:
             if isinstance(outcome, Exception):
                 figures[_ENDED_BY.get(type(outcome), "failed")] += 1
@@ -138,29 +131,27 @@ class StreamRunner:
                     self._wake.wait()
                 if self._closing:
                     break
-            firsts, following = self._iterate()
-            if firsts or following:
-                self._post(firsts, first=True)
-                self._post(following)
+            emissions = self.run_once()
+            if emissions:
+                self._post(emissions)
             elif self.engine.live or self.scheduler.waiting:
                 time.sleep(0.0005)  # streams wait for room (blocks, a slot): let the sender free some
         self._post(self._unloading())
         for outbox in self.outboxes:
-            outbox.close()
+            outbox.put(None)
 
-    def _post(self, emissions: List[Emission], first: bool = False) -> None:
+    def _post(self, emissions: List[Emission]) -> None:
         """The emissions to the outboxes, each stream's to its own."""
         count = len(self.outboxes)
         if count == 1:
-            if emissions:
-                self.outboxes[0].put(emissions, first)
+            self.outboxes[0].put(emissions)
             return
         shares: List[List[Emission]] = [[] for _ in range(count)]
         for emission in emissions:
             shares[emission[0].number % count].append(emission)
         for outbox, share in zip(self.outboxes, shares):
             if share:
-                outbox.put(share, first)
+                outbox.put(share)
 
     def _unloading(self) -> List[Emission]:
         """Every stream still running or waiting ends with an error: the model is unloading."""
