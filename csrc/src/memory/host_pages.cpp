@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -34,10 +35,18 @@ std::size_t free_huge_pages(std::size_t bytes) {
   return size_kib * 1024 == bytes ? free : 0;
 }
 
-// The system's limit on a process's mappings, and how many it has now (0, 0 when unknown).
-std::pair<std::size_t, std::size_t> mapping_limit() {
-  std::size_t limit = 0, in_use = 0;
-  if (std::FILE* file = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+// Mappings that the process's live paged arenas may need at worst. Each arena's check counts the
+// others' promises, so that two arenas cannot both count on the same room below the limit (the
+// mappings they have now are in /proc/self/maps as well: the check errs on the side of refusing).
+std::mutex promises_mutex;
+std::size_t promised_mappings = 0;
+
+// The system's limit on a process's mappings (`limit` when given), and how many it has now (0, 0
+// when unknown).
+std::pair<std::size_t, std::size_t> mapping_limit(std::size_t limit) {
+  std::size_t in_use = 0;
+  std::FILE* file = limit == 0 ? std::fopen("/proc/sys/vm/max_map_count", "r") : nullptr;
+  if (file != nullptr) {
     unsigned long value = 0;
     if (std::fscanf(file, "%lu", &value) == 1) limit = value;
     std::fclose(file);
@@ -85,15 +94,6 @@ HostPages::HostPages(std::size_t capacity, HostPagesOptions options)
   physical_pages_ = pages.physical_pages;
   virtual_pages_ = pages.virtual_pages;
   const std::size_t physical = physical_pages_, virtual_pages = virtual_pages_;
-  // At worst every mapped page is a mapping of its own between reserved ones: past the
-  // system's limit a map would fail with the capacity free, so the arena is refused up front.
-  const auto [limit, in_use] = mapping_limit();
-  if (limit != 0 && in_use + 2 * physical + 1 > limit) {
-    throw bad_alloc("paged arena: " + std::to_string(physical) + " pages of " + std::to_string(page_bytes_) +
-                    " bytes may need up to " + std::to_string(2 * physical + 1) + " mappings, and vm.max_map_count "
-                    "is " + std::to_string(limit) + " with " + std::to_string(in_use) +
-                    " in use; raise page_bytes or vm.max_map_count");
-  }
   fd_ = create_memfd(physical * page_bytes_, page_bytes_, hugetlb_);
   // Reserved, inaccessible, aligned to a page so every mapped page lands on its own boundary.
   const std::size_t span = virtual_pages * page_bytes_;
@@ -109,11 +109,29 @@ HostPages::HostPages(std::size_t capacity, HostPagesOptions options)
   if (head) munmap(start, head);
   if (page_bytes_ - head) munmap(start + head + span, page_bytes_ - head);
   base_ = start + head;
+  // At worst every mapped page is a mapping of its own between reserved ones: past the
+  // system's limit a map would fail with the capacity free, so the arena is refused up front.
+  const auto [limit, in_use] = mapping_limit(options.mapping_limit);
+  const std::size_t needed = 2 * physical + 1;
+  std::lock_guard<std::mutex> lock(promises_mutex);
+  if (limit != 0 && in_use + promised_mappings + needed > limit) {
+    munmap(base_, span);
+    close(fd_);
+    throw bad_alloc("paged arena: " + std::to_string(physical) + " pages of " + std::to_string(page_bytes_) +
+                    " bytes may need up to " + std::to_string(needed) + " mappings, and vm.max_map_count is " +
+                    std::to_string(limit) + " with " + std::to_string(in_use) + " in use and " +
+                    std::to_string(promised_mappings) + " promised to the process's other paged arenas; "
+                    "raise page_bytes or vm.max_map_count");
+  }
+  promised_mappings += needed;
+  promised_ = needed;
 }
 
 HostPages::~HostPages() {
   munmap(base_, static_cast<std::size_t>(virtual_pages_) * page_bytes_);
   close(fd_);
+  std::lock_guard<std::mutex> lock(promises_mutex);
+  promised_mappings -= promised_;
 }
 
 bool HostPages::map(std::uint32_t first, std::uint32_t physical, std::uint32_t count) noexcept {

@@ -2,6 +2,7 @@
 // physical pages, failures only when the pages are not there, mappings kept and reused.
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -296,6 +297,27 @@ TEST_CASE("sizes past the capacity are refused with the capacity named") {
   }
   CHECK(contains(message, "1048576-byte capacity"));
   arena->check_invariants();
+}
+
+TEST_CASE("two paged arenas cannot both count on the same room below the process's mapping limit") {
+  // A limit that holds the mappings the process has now, plus one arena of 16 pages at worst.
+  std::size_t in_use = 0;
+  if (std::FILE* maps = std::fopen("/proc/self/maps", "r")) {
+    for (int c; (c = std::fgetc(maps)) != EOF;) in_use += c == '\n';
+    std::fclose(maps);
+  }
+  const HostPagesOptions options{Page, 4, true, in_use + 2 * 16 + 1 + 8};
+  auto first = std::make_unique<HostPages>(16 * Page, options);
+  std::string message;
+  try {
+    HostPages second(16 * Page, options);
+  } catch (const latte::bad_alloc& e) {
+    message = e.what();
+  }
+  CHECK(contains(message, "33 promised to the process's other paged arenas"));
+  first.reset();  // its promise goes with it
+  HostPages again(16 * Page, options);
+  CHECK(again.physical_pages() == 16);
 }
 
 TEST_CASE("threads hammering one paged arena never share a block, and evictions keep live pages") {

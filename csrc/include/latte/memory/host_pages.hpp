@@ -14,6 +14,7 @@ struct HostPagesOptions {
   std::size_t page_bytes = 1u << 20;  // power of two, a multiple of the system page
   unsigned virtual_factor = 4;        // the reserved range, in multiples of the capacity
   bool prefault = true;               // MAP_POPULATE: a page is faulted in when it is mapped
+  std::size_t mapping_limit = 0;      // the process's mappings at most; 0: the system's vm.max_map_count
 };
 
 class HostPages final : public detail::PageMapper {
@@ -44,6 +45,7 @@ class HostPages final : public detail::PageMapper {
   std::byte* base_ = nullptr;
   std::uint32_t physical_pages_ = 0;
   std::uint32_t virtual_pages_ = 0;
+  std::size_t promised_ = 0;          // mappings this arena may need, counted against the process's limit
 };
 
 }  // namespace latte::memory
