@@ -1,21 +1,16 @@
 """What the page makes of an in-process allocator run (benchmarks/gpu_allocator.py): the paged
 arena's targets under a cap, the capped runs' table, and the reasons given for a missed target."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_allocator.py"
+import bench_scripts
+
 MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def gpu_allocator():
-    spec = importlib.util.spec_from_file_location("gpu_allocator", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_scripts.load("gpu_allocator")
 
 
 def run(contender, held_mib, ooms=0, cap=0, p99=1.0, model="encoder"):

@@ -1,21 +1,16 @@
 """What the page makes of a served-memory run (benchmarks/gpu_served.py): the arena's held memory
 and P99 against the caching allocator's, answers against fp32, and a contender that did not load."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_served.py"
+import bench_scripts
+
 MIB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def gpu_served():
-    spec = importlib.util.spec_from_file_location("gpu_served", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_scripts.load("gpu_served")
 
 
 def window(p99, peak_held, peak_live=300 * MIB, failures=0.0):
