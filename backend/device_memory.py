@@ -48,7 +48,8 @@ def figures(serving) -> Optional[Tuple[Dict[str, float], Optional[float]]]:
     """Bytes by state (held, live, peak_held, peak_live; the arena adds its capacity), and the
     allocations the device arena refused so far (None without one); None on the CPU or before
     the allocator has served a tensor. The arena's held is its blocks handed out, inside its
-    capacity, which it takes from the device whole; a paged arena's is its pages. One reading of the arena's statistics."""
+    capacity, which it takes from the device whole; a paged arena's is its pages. One reading of
+    the arena's statistics."""
     if not serving.device.startswith("cuda"):
         return None
     import torch

@@ -259,8 +259,8 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
             tables.append(Table(f"{model} under a cap of {cap / MIB:.0f} MiB ({cap / max(1, base['peak_live']):.2f}x "
                                 f"the caching allocator's peak live), {next(iter(capped.values()))['steps']:,} steps:",
                                 ["contender", "OOMs", "held", "P99 step"],
-                                [[name, str(r["ooms"]), f"{r['peak_held'] / MIB:.1f} MiB", f"{r['p99_ms']:.3f} ms"]
-                                 for name, r in capped.items()]))
+                                [[contender, str(r["ooms"]), f"{r['peak_held'] / MIB:.1f} MiB", f"{r['p99_ms']:.3f} ms"]
+                                 for contender, r in capped.items()]))
         if "arena" in capped and "caching" in capped:
             oom.append((model, capped["arena"]["ooms"], capped["caching"]["ooms"]))
         pages = next((r for r in rows if r["contender"] == "arena_paged"), None)
@@ -341,7 +341,8 @@ def main() -> int:
     # A run of some of the models keeps a file of its own beside the run of all of them.
     name = "gpu-allocator" if set(models) == set(MODELS) else "-".join(["gpu-allocator", *models])
     title = "GPU: PyTorch with latte's arena against the caching allocator, variable shapes"
-    record = new_results(name, "gpu", title + ("" if name == "gpu-allocator" else f" ({', '.join(models)})"), command_line("benchmarks/gpu_allocator.py", None, python="PYTHONPATH=build/gpu-site python3"),
+    record = new_results(name, "gpu", title + ("" if name == "gpu-allocator" else f" ({', '.join(models)})"),
+                         command_line("benchmarks/gpu_allocator.py", None, python="PYTHONPATH=build/gpu-site python3"),
                          os.getloadavg()[0], HERE)
     print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {os.cpu_count()} cores, "
           f"load {os.getloadavg()[0]:.2f}, {platform.node()}; {args.steps} steps per contender", flush=True)

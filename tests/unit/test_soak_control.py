@@ -12,7 +12,8 @@ def ratios(p99_drift, control_p99_drift):
              "fragmentation_last": None, "fragmented_windows": 0, "fragmentation_failures": 0,
              "largest_free_last": None, "p99_request_last": None, "arena_reserved_growth": 0.0}
     if control_p99_drift is not None:
-        found.update(control_p99_drift=control_p99_drift, p99_drift_vs_control=(1 + p99_drift) / (1 + control_p99_drift) - 1,
+        found.update(control_p99_drift=control_p99_drift,
+                     p99_drift_vs_control=(1 + p99_drift) / (1 + control_p99_drift) - 1,
                      p99_drift_thirds_vs_control=0.0, p50_drift_vs_control=0.0)
     return found
 
