@@ -122,7 +122,9 @@ class ServingOptions:
     session_ttl_s: float = 300.0
     max_sessions: int = 10000
     arena_bytes: int = 64 << 20
-    arena_pages: bool = False                        # a paged arena: physical pages under each block (docs/memory.md)
+    arena_pages: bool = True                         # a paged arena: physical pages under each block (docs/memory.md);
+                                                     # a GPU instance's default is the plain one (_sessions)
+    arena_pages_asked: bool = False                  # set in the config, not the default: a fallback is a warning
     warmup: bool = True
     scheduler: str = "inline"                        # "affinity" (scheduler lanes) or "inline"; see _scheduling
     pin_lanes: bool = False
@@ -431,7 +433,7 @@ def _batching(name: str, params: Mapping[str, str], signature: ModelSignature) -
             "reject_nan": _bool_param(name, params, "reject_nan", DEFAULTS.reject_nan)}
 
 
-def _sessions(name: str, params: Mapping[str, str], signature: ModelSignature) -> Dict:
+def _sessions(name: str, params: Mapping[str, str], signature: ModelSignature, device: str) -> Dict:
     ragged = [t.name for t in signature.inputs if t.ragged]
     session_input = params.get("session_input") or None
     if session_input is not None and session_input not in ragged:
@@ -441,13 +443,17 @@ def _sessions(name: str, params: Mapping[str, str], signature: ModelSignature) -
     if ttl <= 0:
         raise ConfigError(f"model {name!r}: parameters[\"session_ttl_s\"] must be > 0")
     arena_bytes = _int_param(params, "arena_bytes", DEFAULTS.arena_bytes, minimum=1 << 16)
-    arena_pages = _bool_param(name, params, "arena_pages", DEFAULTS.arena_pages)
+    # Paged by default where the arena holds a page and the instance runs on the CPU: a batch then
+    # fails only when its pages are not there, and the arena holds the pages it touched. A GPU
+    # instance keeps the plain arena, which is page-locked for its copies to the device.
+    paged_by_default = arena_bytes >= ARENA_PAGE_BYTES and not device.startswith("cuda")
+    arena_pages = _bool_param(name, params, "arena_pages", paged_by_default)
     if arena_pages and arena_bytes < ARENA_PAGE_BYTES:
         raise ConfigError(f"model {name!r}: parameters[\"arena_bytes\"] is {arena_bytes}; a paged arena "
                           f"(arena_pages) needs at least one page of {ARENA_PAGE_BYTES} bytes")
     return {"session_input": session_input, "session_ttl_s": ttl,
             "max_sessions": _int_param(params, "max_sessions", DEFAULTS.max_sessions),
-            "arena_bytes": arena_bytes, "arena_pages": arena_pages}
+            "arena_bytes": arena_bytes, "arena_pages": arena_pages, "arena_pages_asked": "arena_pages" in params}
 
 
 def _scheduling(name: str, params: Mapping[str, str], lanes: int) -> Dict:
@@ -483,7 +489,7 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
     name = signature.name
     threads = _threads(name, params, instance_count(config))
     serving = ServingOptions(device=device, **threads, **_precision(name, params, signature.runtime, device),
-                             **_batching(name, params, signature), **_sessions(name, params, signature),
+                             **_batching(name, params, signature), **_sessions(name, params, signature, device),
                              **_scheduling(name, params, threads["lanes"]),
                              **_device_memory(name, params, signature.runtime, device))
     return ModelSpec(signature, serving)

@@ -93,8 +93,9 @@ class LatteModel:
             self.arena = BuddyArena(spec.serving.arena_bytes, "cpu", paged=spec.serving.arena_pages,
                                     page_bytes=ARENA_PAGE_BYTES)
         if self.arena.fallback_reason:
-            pb.Logger.log_warn(f"latte: {spec.signature.name}: arena_pages: the plain buddy arena serves: "
-                               f"{self.arena.fallback_reason}")
+            log = pb.Logger.log_warn if spec.serving.arena_pages_asked else pb.Logger.log_info
+            log(f"latte: {spec.signature.name}: arena_pages: the plain buddy arena serves: "
+                f"{self.arena.fallback_reason}")
         memory_resource.use(self.arena.empty)
         device_memory.use(spec.serving)  # before the model's first CUDA tensor
         self.graph = self.dispatcher = self.publisher = self._sender = None

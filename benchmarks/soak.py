@@ -108,7 +108,8 @@ def write_control(repo: Path, model: str) -> Path:
     lines = [line for line in config.read_text().splitlines() if '"arena_pages"' not in line]
     if lines[0] != f'name: "{model}"':
         raise ValueError(f"{source / 'config.pbtxt'} does not start with name: \"{model}\"")
-    config.write_text("\n".join([f'name: "control_{model}"', *lines[1:]]) + "\n")
+    config.write_text("\n".join([f'name: "control_{model}"', *lines[1:],
+                                  'parameters { key: "arena_pages" value: { string_value: "false" } }']) + "\n")
     return copy
 
 

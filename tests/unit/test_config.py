@@ -168,3 +168,16 @@ def test_a_device_allocator_that_cannot_apply_is_refused(tmp_path, filename, dev
     config = _config(parameters={k: {"string_value": v} for k, v in params.items()})
     with pytest.raises(ConfigError, match=message):
         parse_model_config(config, _model_dir(tmp_path, filename), "1", device=device)
+
+
+@pytest.mark.parametrize("parameters, device, paged", [
+    ({}, "cpu", True),                                            # a CPU instance's arena is paged
+    ({}, "cuda:0", False),                                        # a GPU instance's stays page-locked
+    ({"arena_bytes": str(512 << 10)}, "cpu", False),              # an arena under one page cannot be
+    ({"arena_pages": "false"}, "cpu", False),
+    ({"arena_pages": "true"}, "cuda:0", True),
+])
+def test_the_arena_is_paged_by_default_on_a_cpu_instance(tmp_path, parameters, device, paged):
+    config = _config(parameters={k: {"string_value": v} for k, v in parameters.items()})
+    serving = parse_model_config(config, _model_dir(tmp_path), "1", device=device).serving
+    assert (serving.arena_pages, serving.arena_pages_asked) == (paged, "arena_pages" in parameters)
