@@ -354,12 +354,14 @@ def main() -> int:
                                              "steps": args.steps, "cap_steps": args.cap_steps,
                                              "results": results}, indent=1))
 
-    since = time.monotonic()
+    since, spent = time.monotonic(), []
 
     def fits() -> bool:
-        if another_round_fits(since, len(results), args.budget_s):
+        if not spent and another_round_fits(since, len(results), args.budget_s):
             return True
-        print(f"  budget of {args.budget_s:.0f} s spent: the runs left are left out", flush=True)
+        if not spent:
+            print(f"  budget of {args.budget_s:.0f} s spent: the runs left are left out", flush=True)
+            spent.append(True)
         return False
 
     for model in models:

@@ -18,8 +18,10 @@ capacity (docs/memory.md).
 With --control, a copy of the model with the plain arena (`control_<model>`) is served beside it
 and sent the same requests, the two taking turns in slices of every window. A shared machine's
 own swing moves both, so the latency drift is judged against the control's: (1 + the model's
-drift) / (1 + the control's) - 1. Each model's throughput is then its requests over the whole
-window, about half what it serves alone.
+drift) / (1 + the control's) - 1. What the two share, the server process and the host, cancels
+out; the model's own stub process, where its arena lives, does not. Each model's throughput is
+then its requests over the whole window, about half what it serves alone. (A CPU instance's arena
+is paged by default; --arena-pages says so in its config and the results' name.)
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def summarize(result: dict, name: str = "") -> dict:
     slug = (name or result["model"]).replace("_", "-").lower()
     sent = list(itertools.accumulate(w["requests"] / 1000 for w in windows))
     answered = (result["requests"] == result["answered"] and result["failed"] == 0
-                and not result.get("control_failed"))
+                and not result.get("control_failed") and not result.get("control_unanswered"))
     return dict(
         summary=(f"{result['requests']:,} requests to `{result['model']}` at {result['in_flight']} in flight "
                  f"{len(windows)} windows, {result.get('duration_s', 0):.0f} s; "
@@ -155,6 +157,8 @@ def main(argv=None) -> int:
                     text.write('\nparameters { key: "arena_pages" value: { string_value: "true" } }\n')
         if args.control:
             write_control(repo, args.model)
+        else:  # a control left by an earlier run would load beside the model for nothing
+            shutil.rmtree(repo / f"control_{args.model}", ignore_errors=True)
     name = (f"{args.model}-paged" if args.arena_pages else args.model) + ("-control" if args.control else "")
     settings = SoakSettings(args.model, requests=args.requests, windows=args.windows, in_flight=args.in_flight,
                             lengths=LengthDistribution.parse(args.lengths), warmup_requests=2000, feeds=feeds,

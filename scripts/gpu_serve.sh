@@ -138,6 +138,7 @@ device_checks() {  # the paged device arena's tests, before anything measures wi
   "$venv/bin/python" -m pytest -m gpu tests/unit/memory/test_memory_cuda.py \
     "tests/unit/test_gpu.py::test_a_served_gpu_instance_holds_its_memory_with_the_chosen_allocator" \
     -p no:cacheprovider -q -rs --junitxml="$root/results/logs/gpu-junit.xml" || status=1
+  command -v nvcc > /dev/null || { echo "gpu_serve: no CUDA toolkit (nvcc): the C++ device tests are not built"; return $status; }
   cmake -S . -B build/gpu-serve-cpp -DLATTE_BUILD_PYTHON=OFF -DLATTE_BUILD_TESTS=ON -DLATTE_DEBUG_CHECKS=ON \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$root/results/logs/cpp-build.txt" 2>&1 \
     && cmake --build build/gpu-serve-cpp -j"$(nproc)" --target test_device_pages test_cuda_arena_stress \

@@ -60,6 +60,9 @@ class StreamingModel:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             self.arena = BuddyArena(serving.arena_bytes, "cpu", paged=serving.arena_pages, page_bytes=ARENA_PAGE_BYTES)
+        if self.arena.fallback_reason:
+            log = pb.Logger.log_warn if serving.arena_pages_asked else pb.Logger.log_info
+            log(f"latte: {name}: arena_pages: the plain buddy arena serves: {self.arena.fallback_reason}")
         memory_resource.use(self.arena.empty)
         self.start_graph = self.step_graph = self.runner = self.publisher = None
         self._senders = []

@@ -94,6 +94,8 @@ HostPages::HostPages(std::size_t capacity, HostPagesOptions options)
   physical_pages_ = pages.physical_pages;
   virtual_pages_ = pages.virtual_pages;
   const std::size_t physical = physical_pages_, virtual_pages = virtual_pages_;
+  // Counted before this arena's own range is reserved: `needed` holds that mapping.
+  const auto [limit, in_use] = mapping_limit(options.mapping_limit);
   fd_ = create_memfd(physical * page_bytes_, page_bytes_, hugetlb_);
   // Reserved, inaccessible, aligned to a page so every mapped page lands on its own boundary.
   const std::size_t span = virtual_pages * page_bytes_;
@@ -111,7 +113,6 @@ HostPages::HostPages(std::size_t capacity, HostPagesOptions options)
   base_ = start + head;
   // At worst every mapped page is a mapping of its own between reserved ones: past the
   // system's limit a map would fail with the capacity free, so the arena is refused up front.
-  const auto [limit, in_use] = mapping_limit(options.mapping_limit);
   const std::size_t needed = 2 * physical + 1;
   std::lock_guard<std::mutex> lock(promises_mutex);
   if (limit != 0 && in_use + promised_mappings + needed > limit) {

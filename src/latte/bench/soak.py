@@ -171,13 +171,16 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
             window_start = time.perf_counter()
             answered_before = outcomes.succeeded
             failed_before = outcomes.failed
+            control_failed_before = control_outcomes.failed
             if per_window is not None:
                 send_slices(per_window, sent)
                 sent += per_window
             else:
+                # With a control, each turn is long enough to keep in_flight requests going.
+                turn = settings.slices * settings.in_flight * 8 if control else 1
                 while time.perf_counter() - window_start < window_s:
-                    send_slices(settings.slices * 10 if control else 1, sent)
-                    sent += settings.slices * 10 if control else 1
+                    send_slices(turn, sent)
+                    sent += turn
             sender.drain(120)
             elapsed = time.perf_counter() - window_start
             latencies = outcomes.take_latencies()
@@ -187,7 +190,7 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
                 control_row = {"control_p50_ms": round(percentile(theirs, 50), 3),
                                "control_p99_ms": round(percentile(theirs, 99), 3),
                                "control_throughput": round(len(theirs) / elapsed, 1) if elapsed > 0 else 0.0,
-                               "control_errors": control_outcomes.failed}
+                               "control_errors": control_outcomes.failed - control_failed_before}
             else:
                 control_row = {}
             sample = sampler.sample_now()
@@ -240,6 +243,7 @@ def run_soak(target: Target, settings: SoakSettings, progress: Optional[Callable
             "answered": outcomes.answered, "succeeded": outcomes.succeeded, "failed": outcomes.failed,
             "errors": dict(outcomes.errors), "in_flight": settings.in_flight, "control": settings.control,
             "control_failed": control_outcomes.failed if control is not None else None,
+            "control_unanswered": control_outcomes.sent - control_outcomes.answered if control is not None else None,
             "lengths": settings.lengths.describe(), "windows": windows, "ratios": ratios,
             "forecast": soak_forecast(windows, settings.slo_ms)}
 
