@@ -77,6 +77,21 @@ def instance_device(args) -> str:
     return "cpu"
 
 
+def host_arena(pb, spec) -> BuddyArena:
+    """The instance's host arena, made the current resource: batch buffers, a graph's
+    intermediates, session and stream state live there, so memory stays flat however shapes
+    vary. Where pages cannot be had, the server log says why (a warning when the config asked)."""
+    serving = spec.serving
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        arena = BuddyArena(serving.arena_bytes, "cpu", paged=serving.arena_pages, page_bytes=ARENA_PAGE_BYTES)
+    if arena.fallback_reason:
+        log = pb.Logger.log_warn if serving.arena_pages_asked else pb.Logger.log_info
+        log(f"latte: {spec.signature.name}: arena_pages: the plain buddy arena serves: {arena.fallback_reason}")
+    memory_resource.use(arena.empty)
+    return arena
+
+
 class LatteModel:
     def __init__(self, args, pb) -> None:
         self.pb = pb
@@ -86,17 +101,7 @@ class LatteModel:
         oversubscribed = thread_budget_warning(spec)
         if oversubscribed is not None:
             pb.Logger.log_warn(f"latte: {oversubscribed}")
-        # Batch buffers, a graph's intermediates and session state live here, so memory stays
-        # flat however shapes vary.
-        with warnings.catch_warnings():  # the server log says why a paged arena was not had
-            warnings.simplefilter("ignore", RuntimeWarning)
-            self.arena = BuddyArena(spec.serving.arena_bytes, "cpu", paged=spec.serving.arena_pages,
-                                    page_bytes=ARENA_PAGE_BYTES)
-        if self.arena.fallback_reason:
-            log = pb.Logger.log_warn if spec.serving.arena_pages_asked else pb.Logger.log_info
-            log(f"latte: {spec.signature.name}: arena_pages: the plain buddy arena serves: "
-                f"{self.arena.fallback_reason}")
-        memory_resource.use(self.arena.empty)
+        self.arena = host_arena(pb, spec)
         device_memory.use(spec.serving)  # before the model's first CUDA tensor
         self.graph = self.dispatcher = self.publisher = self._sender = None
         self._serving = False  # set once loaded: warm-up's batches are not served ones

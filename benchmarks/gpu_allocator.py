@@ -255,9 +255,9 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
             p99.append((model, arena["p99_ms"] / base["p99_ms"]))
         capped = {r["contender"]: r for r in results if r["model"] == model and r.get("cap") and "error" not in r}
         if capped:
-            cap = next(iter(capped.values()))["cap"]
+            cap, steps_capped = next((r["cap"], r["steps"]) for r in capped.values())
             tables.append(Table(f"{model} under a cap of {cap / MIB:.0f} MiB ({cap / max(1, base['peak_live']):.2f}x "
-                                f"the caching allocator's peak live), {next(iter(capped.values()))['steps']:,} steps:",
+                                f"the caching allocator's peak live), {steps_capped:,} steps:",
                                 ["contender", "OOMs", "held", "P99 step"],
                                 [[contender, str(r["ooms"]), f"{r['peak_held'] / MIB:.1f} MiB", f"{r['p99_ms']:.3f} ms"]
                                  for contender, r in capped.items()]))

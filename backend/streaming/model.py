@@ -7,11 +7,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-import warnings
 from typing import List, Optional
 
 from latte.backend import memory_resource
-from latte.backend.config import ARENA_PAGE_BYTES, parse_args, parse_model_config, parameters_of, thread_budget_warning
+from latte.backend.config import parse_args, parse_model_config, parameters_of, thread_budget_warning
 from latte.backend.dtypes import NUMPY_TO_TRITON, is_string
 from latte.backend.errors import ConfigError, RequestError
 from latte.backend.graph.graph import Graph
@@ -25,9 +24,8 @@ from latte.backend.streaming.options import parse_stream_options
 from latte.backend.streaming.runner import StreamRunner
 from latte.backend.streaming.scheduler import StreamScheduler
 from latte.backend.streaming.streams import Stream
-from latte.backend.triton_model import instance_device, stop_parts
+from latte.backend.triton_model import host_arena, instance_device, stop_parts
 from latte.bench.procmem import rss_bytes
-from latte.memory import BuddyArena
 
 
 def is_decoupled(config) -> bool:
@@ -56,14 +54,7 @@ class StreamingModel:
         warning = thread_budget_warning(spec)
         if warning is not None:
             pb.Logger.log_warn(f"latte: {warning}")
-        serving = spec.serving
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            self.arena = BuddyArena(serving.arena_bytes, "cpu", paged=serving.arena_pages, page_bytes=ARENA_PAGE_BYTES)
-        if self.arena.fallback_reason:
-            log = pb.Logger.log_warn if serving.arena_pages_asked else pb.Logger.log_info
-            log(f"latte: {name}: arena_pages: the plain buddy arena serves: {self.arena.fallback_reason}")
-        memory_resource.use(self.arena.empty)
+        self.arena = host_arena(pb, spec)
         self.start_graph = self.step_graph = self.runner = self.publisher = None
         self._senders = []
         try:
