@@ -19,12 +19,14 @@ def generated(tmp_path_factory):
     write_stream_model(work / "examples", "textgen_gru", "gru")
     spec = work / "spec.yaml"
     # SLOs a busy 2-core box keeps with a wide margin: the test is of the flow, not of speed.
+    # An inter-token P99 of 562 ms against a P50 of 19 ms has been seen there (one stall of
+    # every live stream in a 2 s window), so the inter-token SLO is 3 s.
     spec.write_text(textwrap.dedent("""\
         models:
           - name: textgen
             stream: examples/textgen_gru/1/stream.json
-            ttft_ms: 3000
-            inter_token_ms: 500
+            ttft_ms: 10000
+            inter_token_ms: 3000
             max_tokens: 8
         """))
     lines = []
