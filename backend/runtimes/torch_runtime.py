@@ -48,6 +48,9 @@ class TorchRuntime(Runtime):
         except Exception as exc:
             raise RuntimeLoadError(f"torch could not load {path}: {exc}") from exc
         self.intra_op_threads = intra_op_threads
+        # On the CPU a tensor from numpy is where it runs already: no move in, none out (each is
+        # a dispatcher call, and a one-stream decode makes a dozen of them per token).
+        self._on_cpu = self.device.type == "cpu"
         self.half = half
         if half:
             module = module.half()
@@ -109,6 +112,8 @@ class TorchRuntime(Runtime):
         stream = self.lane_stream()
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             outputs = self._run_on_current_stream(feed)
+            if to_host and self._on_cpu:  # made under inference_mode: only a returned weight needs detaching
+                return {name: (t.detach() if t.requires_grad else t).numpy() for name, t in outputs.items()}
             if to_host:  # copied on the lane's stream, after the kernels that made them
                 outputs = {name: t.detach().to("cpu").numpy() for name, t in outputs.items()}
             return outputs
@@ -116,8 +121,9 @@ class TorchRuntime(Runtime):
     def _tensor(self, value):
         torch = self._torch
         if isinstance(value, torch.Tensor):
-            return value.to(self.device)
-        return torch.from_numpy(np.ascontiguousarray(value)).to(self.device)
+            return value if self._on_cpu else value.to(self.device)
+        tensor = torch.from_numpy(np.ascontiguousarray(value))
+        return tensor if self._on_cpu else tensor.to(self.device)
 
     def _run_on_current_stream(self, feed) -> Dict[str, "object"]:
         torch = self._torch

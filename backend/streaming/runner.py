@@ -1,6 +1,7 @@
 """The iteration loop of a streaming model, on a thread of its own: take the streams that
-arrived, drop those whose clients gave up, let the scheduler pick who joins, start them and
-step every stream already running; the iteration's emissions go to the outboxes, whose
+arrived, drop those whose clients gave up, let the scheduler pick who joins, start them (their
+first outputs go out then, not after the step) and step every stream already running; each
+part's emissions go to the outboxes, whose
 readers send them (the model's sender threads, so the next iteration computes while they go
 out). Each send is a round trip to the server that waits for its answer: several senders
 keep several in flight, as a thread per request does. A stream's emissions all go to one
@@ -16,7 +17,7 @@ import collections
 import queue
 import threading
 import time
-from typing import Callable, Deque, List, Optional, Sequence
+from typing import Callable, Deque, List, Optional, Sequence, Tuple
 
 from latte.backend.errors import DeadlineExceeded, Overloaded, RequestCancelled
 from latte.backend.streaming.engine import Emission, StreamEngine
@@ -24,7 +25,8 @@ from latte.backend.streaming.scheduler import StreamScheduler
 from latte.backend.streaming.streams import Stream
 
 # Iterations whose emissions may wait for the sender: past it the loop waits, so a slow
-# client side cannot make outputs pile up in memory.
+# client side cannot make outputs pile up in memory. An iteration posts twice at most (the
+# joins' first outputs, then the step's).
 OUTBOX_ITERATIONS = 4
 # How a stream that ended with an error is counted; any other error is the model's failure.
 _ENDED_BY = {RequestCancelled: "cancelled", DeadlineExceeded: "expired", Overloaded: "refused"}
@@ -53,7 +55,7 @@ class StreamRunner:
         self._inbox: Deque[Stream] = collections.deque()
         self._wake = threading.Condition()
         self._closing = False
-        self.outboxes: List["queue.Queue[Optional[List[Emission]]]"] = [queue.Queue(maxsize=OUTBOX_ITERATIONS)
+        self.outboxes: List["queue.Queue[Optional[List[Emission]]]"] = [queue.Queue(maxsize=2 * OUTBOX_ITERATIONS)
                                                                           for _ in range(outboxes)]
         self.iterations = 0
         self.figures = {"joined": 0, "finished": 0, "cancelled": 0, "expired": 0, "refused": 0, "failed": 0,
@@ -72,6 +74,15 @@ class StreamRunner:
 
     # -- one iteration ------------------------------------------------------------------
     def run_once(self) -> List[Emission]:
+        """One iteration: who joins (and their first outputs), then a step of every stream that
+        was running before they joined."""
+        emissions, running = self.admit()
+        return emissions + self.advance(running)
+
+    def admit(self) -> Tuple[List[Emission], List[Stream]]:
+        """The streams that arrived queue; those whose clients gave up or that waited too long
+        leave; the scheduler's joins start. Gives what to send, and the streams running before
+        the joins (the ones `advance` steps): a first output need not wait for their step."""
         now = self.clock()
         emissions: List[Emission] = []
         while self._inbox:
@@ -103,15 +114,19 @@ class StreamRunner:
         running = list(self.engine.live)
         if plan.joins:
             emissions.extend(self.engine.start(plan.joins))
-        if running:
-            emissions.extend(self.engine.step(running))
-        self._count(plan, emissions)
+        self.figures["joined"] += len(plan.joins)
+        self._count(emissions)
+        return emissions, running
+
+    def advance(self, running: Sequence[Stream]) -> List[Emission]:
+        """A step of `running` (those still live): each one's next output."""
+        emissions = self.engine.step([s for s in running if not s.ended]) if running else []
+        self._count(emissions)
         self.iterations += 1
         return emissions
 
-    def _count(self, plan, emissions: List[Emission]) -> None:
+    def _count(self, emissions: List[Emission]) -> None:
         figures = self.figures
-        figures["joined"] += len(plan.joins)
         for _, outcome, final in emissions:
             if isinstance(outcome, Exception):
                 figures[_ENDED_BY.get(type(outcome), "failed")] += 1
@@ -131,10 +146,13 @@ class StreamRunner:
                     self._wake.wait()
                 if self._closing:
                     break
-            emissions = self.run_once()
-            if emissions:
-                self._post(emissions)
-            elif self.engine.live or self.scheduler.waiting:
+            admitted, running = self.admit()
+            if admitted:
+                self._post(admitted)
+            stepped = self.advance(running)
+            if stepped:
+                self._post(stepped)
+            elif not admitted and (self.engine.live or self.scheduler.waiting):
                 time.sleep(0.0005)  # streams wait for room (blocks, a slot): let the sender free some
         self._post(self._unloading())
         for outbox in self.outboxes:

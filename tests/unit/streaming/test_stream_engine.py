@@ -219,3 +219,19 @@ def test_the_graphs_count_every_batch_without_growing_when_nobody_reads_their_fi
     step_graph = runner.engine.step_graph
     assert len(step_graph._unfolded) < 8
     assert step_graph.step_figures()["count"]["calls"] == 39  # one batch an iteration after the first
+
+
+def test_a_joining_streams_first_output_comes_before_the_step_of_those_already_running(model_path):
+    runner = counting_runner(model_path, np.empty)
+    old = stream(2, max_tokens=10)
+    runner.submit([old])
+    runner.run_once()
+    new = stream(40, max_tokens=10)
+    runner.submit([new])
+
+    admitted, running = runner.admit()
+    assert [(s, int(outcome["y"][0]), final) for s, outcome, final in admitted] == [(new, 40, False)]
+    assert running == [old]  # the newcomer's next output is the next iteration's
+    stepped = runner.advance(running)
+    assert [(s, int(outcome["y"][0])) for s, outcome, _ in stepped] == [(old, 3)]
+    assert runner.figures["joined"] == 2 and runner.figures["outputs"] == 3 and runner.iterations == 2
