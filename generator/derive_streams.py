@@ -169,8 +169,9 @@ def derive_streams(profile: StreamProfile, ttft_ms: float, itl_ms: float, max_to
         f"an iteration at n streams with j joining: step(n) + start(j) + (n + j) x {response.response_ms:.3f} ms "
         f"of responses; inter-token P99 is its P99 plus the host's tail ({response.jitter_ms:.1f} ms at "
         f"{response.jitter_streams} streams, x sqrt((n + j) / {response.jitter_streams})), TTFT P99 "
-        f"that, then start(j) and j responses (first outputs leave before the step), the responses of up to {OUTBOX_ITERATIONS - 1} iterations the senders may still hold, and "
-        f"{response.first_response_ms:.2f} ms to a first response",
+        f"that, then start(j) and j responses (first outputs leave before the step), the responses of up "
+        f"to {OUTBOX_ITERATIONS - 1} iterations the senders may still hold, and {response.first_response_ms:.2f} ms "
+        "to a first response",
         f"max_streams {chosen.streams}: the most tokens/s ({chosen.tokens_per_s:.0f}) among {len(feasible)} of "
         f"1..{top} live streams whose predicted inter-token P99 and TTFT P99 ({chosen.itl_p99_ms:.2f} and "
         f"{chosen.ttft_p99_ms:.2f} ms) fit {SLO_SHARE:.0%} of the SLOs ({itl_bound:g} and {ttft_bound:g} ms), the "

@@ -1,11 +1,10 @@
 """The iteration loop of a streaming model, on a thread of its own: take the streams that
 arrived, drop those whose clients gave up, let the scheduler pick who joins, start them (their
 first outputs go out then, not after the step) and step every stream already running; each
-part's emissions go to the outboxes, whose
-readers send them (the model's sender threads, so the next iteration computes while they go
-out). Each send is a round trip to the server that waits for its answer: several senders
-keep several in flight, as a thread per request does. A stream's emissions all go to one
-outbox (by its number), so they leave in order.
+part's emissions go to the outboxes, whose readers send them (the model's sender threads, so
+the next iteration computes while they go out). Each send is a round trip to the server that
+waits for its answer: several senders keep several in flight, as a thread per request does. A
+stream's emissions all go to one outbox (by its number), so they leave in order.
 
 Data flows one way: submit -> schedule -> start/step -> outbox. Nothing here calls back; a
 stream found cancelled by the sender is a flag on the stream, read at the next iteration.
