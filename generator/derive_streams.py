@@ -12,11 +12,12 @@ m responses in each gap, grown as independent delays add, by sqrt((n + j) / m):
 C_p99 + S + jitter x sqrt((n + j) / m) <= the ITL SLO.
 
 TTFT: a stream that arrives waits for the iteration under way, joins in the next if it is
-among the first j waiting, and its first output goes out once the joins have started, before
-that iteration's step (runner.admit), after what the senders still hold: the loop runs up to
-OUTBOX_ITERATIONS ahead of senders slower than it. So ITL_p99 + start_p99(j) + j x response,
-plus (OUTBOX_ITERATIONS - 1) x S when S > C, plus the round trip of a first response, <= the
-TTFT SLO.
+among the first j waiting, and its first output goes out once the joins have started (before
+that iteration's step), after what the senders still hold: the loop runs up to
+OUTBOX_ITERATIONS ahead of senders slower than it. The start and the server's intake under
+load are taken as one more iteration: served, TTFT P99 measured up to 2.5x the iteration under
+way plus the joins' start. So 2 x ITL_p99, plus (OUTBOX_ITERATIONS - 1) x S when S > C, plus
+the round trip of a first response, <= the TTFT SLO.
 
 Joins: each iteration, streams arrive (the spec's arrival_rate times an iteration; else, with
 every stream replaced as it ends, n / tokens per stream). j covers the 99th percentile of
@@ -128,7 +129,7 @@ def _candidate(profile: StreamProfile, response: ResponseCost, streams: int, joi
     sends = (streams + joins) * response.response_ms
     itl = compute + sends + response.jitter_ms * math.sqrt((streams + joins) / max(1, response.jitter_streams))
     behind = (OUTBOX_ITERATIONS - 1) * sends if sends > point.step_mean_ms + _start(profile, joins, False) else 0.0
-    ttft = itl + _start(profile, joins, True) + joins * response.response_ms + behind + response.first_response_ms
+    ttft = 2 * itl + behind + response.first_response_ms
     return _Candidate(streams, joins, itl, ttft, streams * 1000.0 / mean_iteration, arrivals)
 
 
@@ -169,9 +170,8 @@ def derive_streams(profile: StreamProfile, ttft_ms: float, itl_ms: float, max_to
         f"an iteration at n streams with j joining: step(n) + start(j) + (n + j) x {response.response_ms:.3f} ms "
         f"of responses; inter-token P99 is its P99 plus the host's tail ({response.jitter_ms:.1f} ms at "
         f"{response.jitter_streams} streams, x sqrt((n + j) / {response.jitter_streams})), TTFT P99 "
-        f"that, then start(j) and j responses (first outputs leave before the step), the responses of up "
-        f"to {OUTBOX_ITERATIONS - 1} iterations the senders may still hold, and {response.first_response_ms:.2f} ms "
-        "to a first response",
+        f"twice that, the responses of up to {OUTBOX_ITERATIONS - 1} iterations the senders may still hold, and "
+        f"{response.first_response_ms:.2f} ms to a first response",
         f"max_streams {chosen.streams}: the most tokens/s ({chosen.tokens_per_s:.0f}) among {len(feasible)} of "
         f"1..{top} live streams whose predicted inter-token P99 and TTFT P99 ({chosen.itl_p99_ms:.2f} and "
         f"{chosen.ttft_p99_ms:.2f} ms) fit {SLO_SHARE:.0%} of the SLOs ({itl_bound:g} and {ttft_bound:g} ms), the "
