@@ -354,15 +354,14 @@ def main() -> int:
                                              "steps": args.steps, "cap_steps": args.cap_steps,
                                              "results": results}, indent=1))
 
-    since, spent = time.monotonic(), []
+    since, spent = time.monotonic(), False
 
     def fits() -> bool:
-        if not spent and another_round_fits(since, len(results), args.budget_s):
-            return True
-        if not spent:
+        nonlocal spent
+        if not spent and not another_round_fits(since, len(results), args.budget_s):
             print(f"  budget of {args.budget_s:.0f} s spent: the runs left are left out", flush=True)
-            spent.append(True)
-        return False
+            spent = True
+        return not spent
 
     for model in models:
         for contender in contenders:

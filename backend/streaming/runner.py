@@ -118,8 +118,8 @@ class StreamRunner:
         return emissions, running
 
     def advance(self, running: Sequence[Stream]) -> List[Emission]:
-        """A step of `running` (those still live): each one's next output."""
-        emissions = self.engine.step([s for s in running if not s.ended]) if running else []
+        """A step of `running`, the streams `admit` gave: each one's next output."""
+        emissions = self.engine.step(running) if running else []
         self._count(emissions)
         self.iterations += 1
         return emissions
