@@ -111,6 +111,7 @@ class ServingOptions:
     lanes: int = 1
     thread_budget: ThreadBudget = ThreadBudget()
     precision: str = "fp32"
+    freeze: bool = True                              # TorchScript frozen at load (torch.jit.freeze)
     accuracy_tolerance: float = 0.02                 # max relative L2 error of a reduced precision
     pad_value: float = 0.0
     max_sequence_length: Optional[int] = None
@@ -489,6 +490,7 @@ def parse_model_config(config: Mapping, model_dir: Path, version: str, device: s
     name = signature.name
     threads = _threads(name, params, instance_count(config))
     serving = ServingOptions(device=device, **threads, **_precision(name, params, signature.runtime, device),
+                             freeze=_bool_param(name, params, "freeze", DEFAULTS.freeze),
                              **_batching(name, params, signature), **_sessions(name, params, signature, device),
                              **_scheduling(name, params, threads["lanes"]),
                              **_device_memory(name, params, signature.runtime, device))

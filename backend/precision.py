@@ -87,7 +87,7 @@ def load_at_precision(spec: ModelSpec, shapes: List[Dict[str, tuple]]):
 
     def load(path, **kwargs):
         return load_runtime(signature.runtime, path, inputs, outputs, serving.intra_op_threads,
-                            serving.inter_op_threads, serving.device, **kwargs)
+                            serving.inter_op_threads, serving.device, freeze=serving.freeze, **kwargs)
 
     reference = load(signature.model_path)
     if serving.precision == "fp32":

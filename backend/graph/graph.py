@@ -102,7 +102,8 @@ class Graph:
         graph = cls.__new__(cls)
         graph.input_names = [t.name for t in step.inputs]
         graph.output_names = [t.name for t in step.outputs]
-        graph.definition, graph.device, graph.steps, graph.notes = None, step.device, [step], []
+        graph.definition, graph.device, graph.steps = None, step.device, [step]
+        graph.notes = list(step.runtime.notes)
         graph.planner = step.planner
         graph._branches = None
         graph.run_batch = step.runtime.run_batch  # the walk of one step: its call on the batch as packed
@@ -125,6 +126,8 @@ class Graph:
             for definition in graph.steps:
                 self.steps.append(self._load(definition))
             self._wire(graph)
+            self.notes.extend(f"{step.name}: {note}" for step in self.steps
+                              for note in getattr(getattr(step, "runtime", None), "notes", ()))
             self.check()  # before any step is timed: a mismatch is reported as one, not as a model error
             for step in self.steps:
                 step.measure()
@@ -477,7 +480,7 @@ class Graph:
     def describe(self) -> str:
         """What the server log's ready line adds: the steps, and where their tensors stay."""
         if self.definition is None:
-            return ""
+            return "; ".join(self.notes)
         text = "graph: " + " -> ".join(
             f"{step.name} ({step.kind}" + (f", tensors kept on {step.device}" if step.keeps_tensors
                                            else "") + ")" for step in self.steps)

@@ -23,6 +23,7 @@ class Runtime:
     def __init__(self, input_names: Sequence[str], output_names: Sequence[str]) -> None:
         self.input_names: List[str] = list(input_names)
         self.output_names: List[str] = list(output_names)
+        self.notes: List[str] = []  # what the server log should say about how the model runs
 
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         raise NotImplementedError
@@ -45,7 +46,8 @@ class Runtime:
 
 
 def load_runtime(kind: str, path, input_names: Sequence[str], output_names: Sequence[str],
-                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu", half: bool = False) -> Runtime:
+                 intra_op_threads: int, inter_op_threads: int, device: str = "cpu", half: bool = False,
+                 freeze: bool = True) -> Runtime:
     """The runtime of `kind` for the model at `path`; for a graph, the graph of its steps (which
     answers the same run_batch, samples and close)."""
     if kind == "graph":
@@ -57,7 +59,8 @@ def load_runtime(kind: str, path, input_names: Sequence[str], output_names: Sequ
     if kind in ("torchscript", "torch_export"):
         from latte.backend.runtimes.torch_runtime import TorchRuntime
 
-        return TorchRuntime(kind, path, input_names, output_names, intra_op_threads, inter_op_threads, device, half)
+        return TorchRuntime(kind, path, input_names, output_names, intra_op_threads, inter_op_threads, device, half,
+                            freeze)
     if half:
         raise RuntimeLoadError(f"half precision is available for torch models, not {kind}")
     if kind == "onnx":
