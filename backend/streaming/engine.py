@@ -19,6 +19,7 @@ from latte.backend.engine import model_failure
 from latte.backend.errors import OutOfMemory, RequestError
 from latte.backend.streaming.blocks import Allocate, BlockPool, ShortOfBlocks, StatePool
 from latte.backend.streaming.definition import StreamDefinition
+from latte.backend.streaming.invariance import PROBE_ROWS, fewest_invariant_rows, probe_feed
 from latte.backend.streaming.options import StreamOptions
 from latte.backend.streaming.streams import Outputs, Stream
 
@@ -42,6 +43,9 @@ class StreamEngine:
         self._start_inputs = definition.start_inputs
         self._end_tokens = frozenset(definition.end_tokens) if definition.token is not None else frozenset()
         self.live: List[Stream] = []
+        # A batch of fewer rows is padded up to it with copies of its first row, so that a
+        # stream's outputs do not depend on how many streams share its batch (invariance.py).
+        self.min_rows = 1
 
     # -- joining ------------------------------------------------------------------------
     def start(self, streams: Sequence[Stream]) -> List[Emission]:
@@ -64,8 +68,24 @@ class StreamEngine:
         return emissions
 
     def _start_batch(self, streams: Sequence[Stream]) -> Batch:
-        return self.start_graph.batch_of([{name: stream.inputs[name][None] for name in self._start_inputs}
-                                          for stream in streams])
+        rows = [{name: stream.inputs[name][None] for name in self._start_inputs} for stream in streams]
+        return self.start_graph.batch_of(rows + rows[:1] * (self.min_rows - len(rows)))
+
+    def measure_invariant_rows(self) -> int:
+        """The fewest rows a step batch needs for each row to be computed alike however many
+        share it (invariance.py), measured on made-up state."""
+        tensors = {name: (array.shape[1:], array.dtype) for name, array in self.state.arrays.items()}
+        cache = self.definition.cache
+        if cache is not None:
+            tensors[cache.name] = ((self.cache.block_rows, *self.cache.array.shape[2:]), self.cache.array.dtype)
+            tensors[cache.lengths] = ((1,), np.int64)
+        feed = probe_feed(tensors, PROBE_ROWS)
+
+        def run(rows: int):  # each run its own copy: a step may write into its cache input
+            inputs = {name: array[:rows].copy() for name, array in feed.items()}
+            return self.step_graph.run_batch(Batch(inputs=inputs, member_rows=[1] * rows, rows=rows))[0]
+
+        return fewest_invariant_rows(run)
 
     def _hold(self, stream: Stream, outputs, lengths, i: int) -> None:
         """The stream's state slot and cache blocks, filled with what start made."""
@@ -120,14 +140,14 @@ class StreamEngine:
             if len(streams) == 1:
                 return [self._failed(streams[0], exc)]
             return [emission for stream in streams for emission in self._step([stream])]
-        definition = self.definition
-        self.state.write(slots, {name: outputs[following] for name, following in definition.state.items()})
+        definition, count = self.definition, len(streams)  # rows past count pad the batch
+        self.state.write(slots, {name: outputs[following][:count] for name, following in definition.state.items()})
         cache = definition.cache
         if cache is not None:
-            lengths = np.fromiter((s.length for s in streams), dtype=np.int64, count=len(streams))
+            lengths = np.fromiter((s.length for s in streams), dtype=np.int64, count=count)
             size = self.cache.block_rows
-            blocks = np.fromiter((s.blocks[s.length // size] for s in streams), dtype=np.int64, count=len(streams))
-            self.cache.append(blocks, lengths % size, outputs[cache.row])
+            blocks = np.fromiter((s.blocks[s.length // size] for s in streams), dtype=np.int64, count=count)
+            self.cache.append(blocks, lengths % size, outputs[cache.row][:count])
             for stream in streams:
                 stream.length += 1
         emissions = []
@@ -139,7 +159,7 @@ class StreamEngine:
         inputs = self.state.gather(slots)
         cache = self.definition.cache
         if cache is None:
-            return Batch(inputs=inputs, member_rows=[1] * len(streams), rows=len(streams))
+            return self._padded(inputs, len(streams))
         lengths = [s.length for s in streams]
         table = np.zeros((len(streams), max(len(s.blocks) for s in streams)), dtype=np.int64)
         for row, stream in zip(table, streams):
@@ -148,7 +168,16 @@ class StreamEngine:
         # read with `lengths`; handed on as gathered (one copy, contiguous: nothing trims it again).
         inputs[cache.name] = self.cache.gather(table)
         inputs[cache.lengths] = np.asarray(lengths, dtype=np.int64).reshape(-1, 1)
-        return Batch(inputs=inputs, member_rows=[1] * len(streams), rows=len(streams))
+        return self._padded(inputs, len(streams))
+
+    def _padded(self, inputs: Dict[str, np.ndarray], rows: int) -> Batch:
+        """The step's batch of `rows` streams, padded with copies of its first row up to min_rows."""
+        short = self.min_rows - rows
+        if short > 0:
+            inputs = {name: np.concatenate([array, np.repeat(array[:1], short, axis=0)])
+                      for name, array in inputs.items()}
+            rows = self.min_rows
+        return Batch(inputs=inputs, member_rows=[1] * rows, rows=rows)
 
     # -- answering ----------------------------------------------------------------------
     def _emit(self, stream: Stream, outputs, i: int, following: bool = False) -> List[Emission]:

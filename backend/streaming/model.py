@@ -82,6 +82,7 @@ class StreamingModel:
             raise ConfigError(f"model {name!r}: the stream pools do not fit arena_bytes="
                               f"{serving.arena_bytes}: {exc}; lower max_streams or cache_blocks, or raise "
                               "arena_bytes") from None
+        engine.min_rows = options.min_batch_rows or self._invariant_rows(engine)
         self.engine = engine
         self.runner = StreamRunner(engine, StreamScheduler(options.max_streams, options.joins_per_iteration,
                                                            options.max_waiting), options.cancel_check_ms / 1000.0,
@@ -109,7 +110,17 @@ class StreamingModel:
             f"{options.joins_per_iteration}, max_tokens={options.max_tokens}"
             + (f", cache {options.cache_blocks} blocks of {cache.block_tokens} tokens "
                f"({engine.cache.block_bytes * options.cache_blocks >> 10} KiB)" if cache else "")
-            + f", state {held['state_slots']}/{options.max_streams} slots, arena={serving.arena_bytes >> 20} MiB)")
+            + f", state {held['state_slots']}/{options.max_streams} slots, min_batch_rows={engine.min_rows}"
+            + f"{' (measured)' if options.min_batch_rows is None else ''}, arena={serving.arena_bytes >> 20} MiB)")
+
+    def _invariant_rows(self, engine: StreamEngine) -> int:
+        try:
+            return engine.measure_invariant_rows()
+        except Exception as exc:  # the step refuses made-up state: served unpadded, as before
+            self.pb.Logger.log_warn(f"latte: {self.name}: min_batch_rows could not be measured ({exc}); batches are "
+                                    "not padded, so a stream's outputs may differ with the streams beside it: set "
+                                    "min_batch_rows")
+            return 1
 
     @staticmethod
     def auto_complete_config(auto_complete_model_config, pb):

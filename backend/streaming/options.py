@@ -10,6 +10,9 @@
     cancel_check_ms      how often each running stream asks Triton whether its client gave up
     response_threads     threads sending responses: each send waits for the server's answer,
                          so several keep several in flight
+    min_batch_rows       a batch of fewer rows is padded up to it, so that a stream's outputs do
+                         not depend on how many share its batch (invariance.py); auto: measured
+                         at load; 1 (the default): never padded, as batching engines run
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ class StreamOptions:
     max_waiting: int = 4096
     cancel_check_ms: int = 100
     response_threads: int = 4
+    min_batch_rows: Optional[int] = 1  # None: measured at load (auto)
 
 
 DEFAULTS = StreamOptions()
@@ -44,6 +48,12 @@ def parse_stream_options(name: str, params: Mapping[str, str], definition: Strea
         max_waiting = _int_param(params, "max_waiting", DEFAULTS.max_waiting)
         cancel_ms = _int_param(params, "cancel_check_ms", DEFAULTS.cancel_check_ms)
         senders = _int_param(params, "response_threads", DEFAULTS.response_threads)
+        asked = params.get("min_batch_rows", "").strip().lower()
+        try:
+            min_rows = None if asked == "auto" else _int_param(params, "min_batch_rows", DEFAULTS.min_batch_rows)
+        except ConfigError:
+            raise ConfigError(f"parameters['min_batch_rows'] must be auto or an integer >= 1, got "
+                              f"{params['min_batch_rows']!r}") from None
         cache = definition.cache
         whole: Optional[int] = None if cache is None else max_streams * -(-cache.max_tokens // cache.block_tokens)
         blocks = _int_param(params, "cache_blocks", whole) if cache is not None else 0
@@ -54,4 +64,4 @@ def parse_stream_options(name: str, params: Mapping[str, str], definition: Strea
                           "declares no cache")
     return StreamOptions(max_streams=max_streams, joins_per_iteration=joins, max_tokens=max_tokens,
                          cache_blocks=blocks or 0, max_waiting=max_waiting, cancel_check_ms=cancel_ms,
-                         response_threads=senders)
+                         response_threads=senders, min_batch_rows=min_rows)

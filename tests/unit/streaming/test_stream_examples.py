@@ -28,10 +28,10 @@ def served(kind, tmp_path, **parameters):
     return StreamingModel(args, StandinStub), folder
 
 
-def request(prompt, max_tokens, stream=True):
+def request(prompt, max_tokens, stream=True, ignore_eos=False):
+    sampling = {"max_tokens": max_tokens, **({"ignore_eos": True} if ignore_eos else {})}
     return InferenceRequest({"text_input": np.array([prompt], dtype=object), "stream": np.array([stream]),
-                             "sampling_parameters": np.array([json.dumps({"max_tokens": max_tokens}).encode()],
-                                                             dtype=object)})
+                             "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=object)})
 
 
 def wait_final(requests, timeout=60.0):
