@@ -182,3 +182,9 @@ def test_a_summary_fills_the_results_and_an_unknown_field_is_refused(tmp_path):
     assert (written.summary, written.targets[0].target, written.figures) == ("one run", "t", {"raw": 1})
     with pytest.raises(TypeError, match="speed"):
         write_summary(example(), {"speed": "fast"}, tmp_path)
+
+
+def test_a_load_just_under_the_quiet_line_is_not_shown_above_it():
+    from latte.bench.results import cut_load
+
+    assert cut_load(0.4956) == 0.49 and cut_load(0.5) == 0.5 and cut_load(None) is None

@@ -144,9 +144,13 @@ def new_results(benchmark: str, area: str, title: str, command: str, load_at_sta
     """Results of a run on this machine that started at `date` (by default now), at the
     revision checked out in `where`."""
     return Results(benchmark=benchmark, area=area, title=title, command=command, machine=machine_description(),
-                   # Cut, not rounded: 0.497 is below the quiet line, and the page must not say 0.50.
-                   load_at_start=None if load_at_start is None else math.floor(load_at_start * 100) / 100,
-                   date=date or utc_now(), revision=git_revision(where))
+                   load_at_start=cut_load(load_at_start), date=date or utc_now(), revision=git_revision(where))
+
+
+def cut_load(load: Optional[float]) -> Optional[float]:
+    """A load average as the page shows it, two decimals cut, not rounded: 0.497 is below the
+    quiet line, and the page must not say 0.50."""
+    return None if load is None else math.floor(load * 100) / 100
 
 
 def write_summary(results: Results, summary: Mapping, directory: Path, figures: Optional[dict] = None) -> Path:
