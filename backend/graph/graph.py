@@ -79,7 +79,7 @@ def load_model(spec: ModelSpec) -> Tuple["Graph", Optional[AccuracyReport]]:
                           "many responses per request; set model_transaction_policy { decoupled: true }")
     if signature.runtime == "graph":
         return Graph(signature.model_path, [t.name for t in signature.inputs], [t.name for t in signature.outputs],
-                     serving.intra_op_threads, serving.inter_op_threads, serving.device), None
+                     serving.intra_op_threads, serving.inter_op_threads, serving.device, serving.freeze), None
     step, accuracy = ModelStep.load(signature.name, spec)
     return Graph.of_step(step), accuracy
 
@@ -103,14 +103,14 @@ class Graph:
         graph.input_names = [t.name for t in step.inputs]
         graph.output_names = [t.name for t in step.outputs]
         graph.definition, graph.device, graph.steps = None, step.device, [step]
-        graph.notes = list(step.runtime.notes)
+        graph.notes = list(getattr(step.runtime, "notes", ()))
         graph.planner = step.planner
         graph._branches = None
         graph.run_batch = step.runtime.run_batch  # the walk of one step: its call on the batch as packed
         return graph
 
     def __init__(self, path, input_names: Sequence[str], output_names: Sequence[str], intra_op_threads: int,
-                 inter_op_threads: int, device: str = "cpu") -> None:
+                 inter_op_threads: int, device: str = "cpu", freeze: bool = True) -> None:
         self.input_names, self.output_names = list(input_names), list(output_names)
         self.definition = graph = load_graph(Path(path))
         declared_in, declared_out = [t.name for t in graph.inputs], [t.name for t in graph.outputs]
@@ -119,6 +119,7 @@ class Graph:
                               f"config declares inputs {list(input_names)} and outputs {list(output_names)}")
         self.device = device
         self._threads = (intra_op_threads, inter_op_threads)
+        self._freeze = freeze  # the steps' default: a step's own config may say otherwise
         # Set before any step loads: close() after a failed load must not fail in its turn.
         self._branches: Optional[ThreadPoolExecutor] = None
         self.steps: List[Step] = []
@@ -191,7 +192,8 @@ class Graph:
         intra, inter = self._threads
         # The graph's thread budget is the fused model's: every step computes on it.
         threaded = dict(config)
-        threaded["parameters"] = {**(config.get("parameters") or {}),
+        threaded["parameters"] = {"freeze": {"string_value": str(self._freeze).lower()},
+                                  **(config.get("parameters") or {}),
                                   "intra_op_threads": {"string_value": str(intra)},
                                   "inter_op_threads": {"string_value": str(inter)}}
         threaded.pop("instance_group", None)
@@ -476,6 +478,10 @@ class Graph:
                     figures[2] += 1
             return {step.name: {"seconds": f[0], "rows": f[1], "calls": f[2]}
                     for step, f in zip(self.steps, self._figures)}
+
+    def forget_batches(self) -> None:
+        """The batches run so far are not served ones (a measurement's at load)."""
+        self._unfolded = []
 
     def describe(self) -> str:
         """What the server log's ready line adds: the steps, and where their tensors stay."""

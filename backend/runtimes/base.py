@@ -55,7 +55,7 @@ def load_runtime(kind: str, path, input_names: Sequence[str], output_names: Sequ
             raise RuntimeLoadError("a graph of steps runs each step at its own precision; set precision per step")
         from latte.backend.graph.graph import Graph
 
-        return Graph(path, input_names, output_names, intra_op_threads, inter_op_threads, device)
+        return Graph(path, input_names, output_names, intra_op_threads, inter_op_threads, device, freeze)
     if kind in ("torchscript", "torch_export"):
         from latte.backend.runtimes.torch_runtime import TorchRuntime
 

@@ -19,7 +19,7 @@ from latte.backend.engine import model_failure
 from latte.backend.errors import OutOfMemory, RequestError
 from latte.backend.streaming.blocks import Allocate, BlockPool, ShortOfBlocks, StatePool
 from latte.backend.streaming.definition import StreamDefinition
-from latte.backend.streaming.invariance import PROBE_ROWS, fewest_invariant_rows, probe_feed
+from latte.backend.streaming.invariance import PROBE_MOST_ROWS, PROBE_ROWS, fewest_invariant_rows, probe_feed
 from latte.backend.streaming.options import StreamOptions
 from latte.backend.streaming.streams import Outputs, Stream
 
@@ -71,21 +71,30 @@ class StreamEngine:
         rows = [{name: stream.inputs[name][None] for name in self._start_inputs} for stream in streams]
         return self.start_graph.batch_of(rows + rows[:1] * (self.min_rows - len(rows)))
 
-    def measure_invariant_rows(self) -> int:
+    def measure_invariant_rows(self, most_rows: int) -> int:
         """The fewest rows a step batch needs for each row to be computed alike however many
-        share it (invariance.py), measured on made-up state."""
+        share it, up to `most_rows` (invariance.py), measured on made-up state. The start graph
+        is assumed to agree (its inputs cannot be made up), and so is the cache's width."""
         tensors = {name: (array.shape[1:], array.dtype) for name, array in self.state.arrays.items()}
         cache = self.definition.cache
         if cache is not None:
             tensors[cache.name] = ((self.cache.block_rows, *self.cache.array.shape[2:]), self.cache.array.dtype)
-            tensors[cache.lengths] = ((1,), np.int64)
-        feed = probe_feed(tensors, PROBE_ROWS)
+        probe_rows = max(PROBE_ROWS, min(most_rows, PROBE_MOST_ROWS))
+        feed = probe_feed(tensors, probe_rows)
+        if cache is not None:
+            # Rows already held, so attention reads some: a fully masked cache would hide a
+            # difference there. One row of the block stays free for the new token's.
+            rows_held = np.random.default_rng(1).integers(1, max(self.cache.block_rows, 2), size=(probe_rows, 1))
+            feed[cache.lengths] = np.minimum(rows_held, self.cache.block_rows - 1).astype(np.int64)
 
         def run(rows: int):  # each run its own copy: a step may write into its cache input
             inputs = {name: array[:rows].copy() for name, array in feed.items()}
             return self.step_graph.run_batch(Batch(inputs=inputs, member_rows=[1] * rows, rows=rows))[0]
 
-        return fewest_invariant_rows(run)
+        try:
+            return fewest_invariant_rows(run, probe_rows)
+        finally:
+            self.step_graph.forget_batches()
 
     def _hold(self, stream: Stream, outputs, lengths, i: int) -> None:
         """The stream's state slot and cache blocks, filled with what start made."""

@@ -35,7 +35,7 @@ def is_decoupled(config) -> bool:
 def _graph(graph_definition, serving) -> Graph:
     return Graph(graph_definition.path, [t.name for t in graph_definition.inputs],
                  [t.name for t in graph_definition.outputs], serving.intra_op_threads, serving.inter_op_threads,
-                 serving.device)
+                 serving.device, serving.freeze)
 
 
 class StreamingModel:
@@ -82,7 +82,8 @@ class StreamingModel:
             raise ConfigError(f"model {name!r}: the stream pools do not fit arena_bytes="
                               f"{serving.arena_bytes}: {exc}; lower max_streams or cache_blocks, or raise "
                               "arena_bytes") from None
-        engine.min_rows = options.min_batch_rows or self._invariant_rows(engine)
+        engine.min_rows, self._rows_found = ((options.min_batch_rows, "") if options.min_batch_rows
+                                             else self._invariant_rows(engine, options.max_streams))
         self.engine = engine
         self.runner = StreamRunner(engine, StreamScheduler(options.max_streams, options.joins_per_iteration,
                                                            options.max_waiting), options.cancel_check_ms / 1000.0,
@@ -111,16 +112,18 @@ class StreamingModel:
             + (f", cache {options.cache_blocks} blocks of {cache.block_tokens} tokens "
                f"({engine.cache.block_bytes * options.cache_blocks >> 10} KiB)" if cache else "")
             + f", state {held['state_slots']}/{options.max_streams} slots, min_batch_rows={engine.min_rows}"
-            + f"{' (measured)' if options.min_batch_rows is None else ''}, arena={serving.arena_bytes >> 20} MiB)")
+            + f"{self._rows_found}, arena={serving.arena_bytes >> 20} MiB)")
 
-    def _invariant_rows(self, engine: StreamEngine) -> int:
+    def _invariant_rows(self, engine: StreamEngine, max_streams: int):
+        """min_batch_rows auto: the count measured (never past max_streams, where every batch
+        is padded alike already), and how it was found, for the ready line."""
         try:
-            return engine.measure_invariant_rows()
+            return min(engine.measure_invariant_rows(max_streams), max_streams), " (measured)"
         except Exception as exc:  # the step refuses made-up state: served unpadded, as before
             self.pb.Logger.log_warn(f"latte: {self.name}: min_batch_rows could not be measured ({exc}); batches are "
                                     "not padded, so a stream's outputs may differ with the streams beside it: set "
-                                    "min_batch_rows")
-            return 1
+                                    "min_batch_rows to a count of rows")
+            return 1, " (auto: not measured)"
 
     @staticmethod
     def auto_complete_config(auto_complete_model_config, pb):

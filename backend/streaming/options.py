@@ -59,6 +59,9 @@ def parse_stream_options(name: str, params: Mapping[str, str], definition: Strea
         blocks = _int_param(params, "cache_blocks", whole) if cache is not None else 0
     except ConfigError as exc:
         raise ConfigError(f"model {name!r}: {exc}") from None
+    if min_rows is not None and min_rows > max_streams:
+        raise ConfigError(f"model {name!r}: parameters[\"min_batch_rows\"] is {min_rows}, more than max_streams="
+                          f"{max_streams}: a batch never holds more streams than that")
     if cache is None and params.get("cache_blocks"):
         raise ConfigError(f"model {name!r}: parameters[\"cache_blocks\"] is set, but {definition.path.name} "
                           "declares no cache")

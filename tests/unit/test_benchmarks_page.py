@@ -188,3 +188,4 @@ def test_a_load_just_under_the_quiet_line_is_not_shown_above_it():
     from latte.bench.results import cut_load
 
     assert cut_load(0.4956) == 0.49 and cut_load(0.5) == 0.5 and cut_load(None) is None
+    assert [cut_load(x) for x in (0.29, 0.57, 1.13)] == [0.29, 0.57, 1.13]

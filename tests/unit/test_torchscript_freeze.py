@@ -57,7 +57,7 @@ def test_a_module_torch_cannot_freeze_runs_as_loaded_and_says_why(decode_path, m
     assert runtime.run(_feed(dims))["next_token"].shape == (3, 1)
 
 
-def _config(path, **parameters):
+def _config(**parameters):
     return {"name": "decode", "backend": "latte", "max_batch_size": 0,
             "input": [{"name": "token", "data_type": "TYPE_INT64", "dims": [-1, 1]},
                       {"name": "cache", "data_type": "TYPE_FP32", "dims": [-1, -1, 2, 2, 4, 16]},
@@ -72,13 +72,13 @@ def test_the_freeze_parameter_reaches_the_runtime_and_the_ready_line(decode_path
     version = path.parent / "1"
     version.mkdir()
     path.rename(version / "model.pt")
-    assert parse_model_config(_config(path), path.parent, "1").serving.freeze is True
-    spec = parse_model_config(_config(path, freeze="false"), path.parent, "1")
+    assert parse_model_config(_config(), path.parent, "1").serving.freeze is True
+    spec = parse_model_config(_config(freeze="false"), path.parent, "1")
     assert spec.serving.freeze is False
     graph, _ = load_model(spec)
     assert len(list(graph.steps[0].runtime.module.parameters())) > 0
     monkeypatch.setattr(torch.jit, "freeze", lambda module, **kwargs: (_ for _ in ()).throw(RuntimeError("no")))
-    graph, _ = load_model(parse_model_config(_config(path), path.parent, "1"))
+    graph, _ = load_model(parse_model_config(_config(), path.parent, "1"))
     assert graph.describe() == "TorchScript runs unfrozen (torch.jit.freeze: no)"
     with pytest.raises(ConfigError, match="freeze"):
-        parse_model_config(_config(path, freeze="sometimes"), path.parent, "1")
+        parse_model_config(_config(freeze="sometimes"), path.parent, "1")

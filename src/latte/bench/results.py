@@ -150,7 +150,8 @@ def new_results(benchmark: str, area: str, title: str, command: str, load_at_sta
 def cut_load(load: Optional[float]) -> Optional[float]:
     """A load average as the page shows it, two decimals cut, not rounded: 0.497 is below the
     quiet line, and the page must not say 0.50."""
-    return None if load is None else math.floor(load * 100) / 100
+    # Rounded to a millionth first: 0.29 * 100 is 28.999..., which a floor alone makes 0.28.
+    return None if load is None else math.floor(round(load * 100, 6)) / 100
 
 
 def write_summary(results: Results, summary: Mapping, directory: Path, figures: Optional[dict] = None) -> Path:

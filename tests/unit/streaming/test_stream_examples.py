@@ -109,3 +109,15 @@ def test_a_stream_model_that_is_not_decoupled_is_refused_saying_how_to_fix_it(tm
               "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]}]}
     with pytest.raises(ConfigError, match=r"set model_transaction_policy \{ decoupled: true \}"):
         load_model(parse_model_config(config, folder, "1"))
+
+
+@pytest.mark.parametrize("freeze, frozen", [("true", True), ("false", False)])
+def test_the_models_freeze_parameter_reaches_the_steps_of_both_graphs(tmp_path, freeze, frozen):
+    model, _ = served("gpt", tmp_path, freeze=freeze)
+    try:
+        torch_steps = [step for graph in (model.start_graph, model.step_graph) for step in graph.steps
+                       if getattr(step, "runtime", None) is not None and step.runtime.kind == "torchscript"]
+        assert len(torch_steps) == 2  # prefill and decode
+        assert all((list(step.runtime.module.parameters()) == []) == frozen for step in torch_steps)
+    finally:
+        model.finalize()

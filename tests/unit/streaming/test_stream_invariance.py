@@ -31,6 +31,8 @@ def test_the_fewest_rows_are_those_from_which_every_batch_agrees_with_the_larges
     values = np.random.default_rng(3).standard_normal((8, 1000)).astype(np.float32)
     assert fewest_invariant_rows(summed_in_blocks(values, block=7)) == 4
     assert fewest_invariant_rows(lambda rows: {"y": values[:rows] * 2}) == 1
+    nan = np.full((8, 2), np.nan)
+    assert fewest_invariant_rows(lambda rows: {"y": nan[:rows]}) == 1  # the same bits, though NaN != NaN
     asked = []
     fewest_invariant_rows(lambda rows: asked.append(rows) or {"y": values[:rows] * 2}, probe_rows=5)
     assert asked == [5, 4, 3, 2, 1]
@@ -72,6 +74,8 @@ def test_min_batch_rows_is_auto_or_a_count(counting_path):
     assert parse_stream_options("m", {"min_batch_rows": "4"}, definition).min_batch_rows == 4
     with pytest.raises(ConfigError, match=r"min_batch_rows'\] must be auto or an integer >= 1, got 'some'"):
         parse_stream_options("m", {"min_batch_rows": "some"}, definition)
+    with pytest.raises(ConfigError, match=r"min_batch_rows\"\] is 9, more than max_streams=8"):
+        parse_stream_options("m", {"min_batch_rows": "9", "max_streams": "8"}, definition)
 
 
 PROMPTS = [b"Once upon a time", b"The quick brown fox jumps", b"hello", b"Streams join and leave between steps",
@@ -82,6 +86,7 @@ PROMPTS = [b"Once upon a time", b"The quick brown fox jumps", b"hello", b"Stream
 def test_with_min_batch_rows_auto_every_stream_equals_itself_served_alone(kind, tmp_path):
     model, _ = served(kind, tmp_path, max_streams=16, min_batch_rows="auto")
     try:
+        assert model.engine.min_rows == model.engine.measure_invariant_rows(16)  # measured, not fallen back
         together = [request(p, 64, ignore_eos=True) for p in PROMPTS * 2]
         model.execute(together)
         wait_final(together)
