@@ -165,27 +165,23 @@ class StreamEngine:
         return emissions
 
     def _step_batch(self, streams: Sequence[Stream], slots: np.ndarray) -> Batch:
+        # Padding rows (min_rows) are the first stream's again, picked by the gathers themselves:
+        # no second copy of what they gathered.
+        rows = max(len(streams), self.min_rows)
+        padded = [*streams, *streams[:1] * (rows - len(streams))]
+        if rows > len(streams):
+            slots = np.concatenate([slots, np.repeat(slots[:1], rows - len(streams))])
         inputs = self.state.gather(slots)
         cache = self.definition.cache
-        if cache is None:
-            return self._padded(inputs, len(streams))
-        lengths = [s.length for s in streams]
-        table = np.zeros((len(streams), max(len(s.blocks) for s in streams)), dtype=np.int64)
-        for row, stream in zip(table, streams):
-            row[:len(stream.blocks)] = stream.blocks
-        # Whole blocks, past each stream's length (at least the row its next token takes: _room),
-        # read with `lengths`; handed on as gathered (one copy, contiguous: nothing trims it again).
-        inputs[cache.name] = self.cache.gather(table)
-        inputs[cache.lengths] = np.asarray(lengths, dtype=np.int64).reshape(-1, 1)
-        return self._padded(inputs, len(streams))
-
-    def _padded(self, inputs: Dict[str, np.ndarray], rows: int) -> Batch:
-        """The step's batch of `rows` streams, padded with copies of its first row up to min_rows."""
-        short = self.min_rows - rows
-        if short > 0:
-            inputs = {name: np.concatenate([array, np.repeat(array[:1], short, axis=0)])
-                      for name, array in inputs.items()}
-            rows = self.min_rows
+        if cache is not None:
+            table = np.zeros((rows, max(len(s.blocks) for s in streams)), dtype=np.int64)
+            for row, stream in zip(table, padded):
+                row[:len(stream.blocks)] = stream.blocks
+            # Whole blocks, past each stream's length (at least the row its next token takes:
+            # _room), read with `lengths`; handed on as gathered (one copy, contiguous: nothing
+            # trims it again).
+            inputs[cache.name] = self.cache.gather(table)
+            inputs[cache.lengths] = np.fromiter((s.length for s in padded), dtype=np.int64, count=rows).reshape(-1, 1)
         return Batch(inputs=inputs, member_rows=[1] * rows, rows=rows)
 
     # -- answering ----------------------------------------------------------------------
