@@ -4,7 +4,8 @@ first outputs go out then, not after the step) and step every stream already run
 part's emissions go to the outboxes, whose readers send them (the model's sender threads, so
 the next iteration computes while they go out). Each send is a round trip to the server that
 waits for its answer: several senders keep several in flight, as a thread per request does. A
-stream's emissions all go to one outbox (by its number), so they leave in order.
+stream's emissions all go to one outbox (by its number), so they leave in order; a stream's
+first ones go ahead of the running streams' backlog there (outbox.py).
 
 Data flows one way: submit -> schedule -> start/step -> outbox. Nothing here calls back; a
 stream found cancelled by the sender is a flag on the stream, read at the next iteration.
@@ -13,22 +14,32 @@ stream found cancelled by the sender is a flag on the stream, read at the next i
 from __future__ import annotations
 
 import collections
-import queue
 import threading
 import time
-from typing import Callable, Deque, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, List, NamedTuple, Optional, Sequence
 
 from latte.backend.errors import DeadlineExceeded, Overloaded, RequestCancelled
 from latte.backend.streaming.engine import Emission, StreamEngine
+from latte.backend.streaming.outbox import Outbox
 from latte.backend.streaming.scheduler import StreamScheduler
 from latte.backend.streaming.streams import Stream
 
 # Iterations whose emissions may wait for the sender: past it the loop waits, so a slow
-# client side cannot make outputs pile up in memory. An iteration posts twice at most (the
-# joins' first outputs, then the step's).
+# client side cannot make outputs pile up in memory. An iteration posts twice (the joins'
+# first outputs, then the step's), and once more when running streams were cancelled.
 OUTBOX_ITERATIONS = 4
 # How a stream that ended with an error is counted; any other error is the model's failure.
 _ENDED_BY = {RequestCancelled: "cancelled", DeadlineExceeded: "expired", Overloaded: "refused"}
+
+
+class Admitted(NamedTuple):
+    """What `admit` gives: `openings`, each a stream's first emission (refused, expired or
+    cancelled before it started, or a join's first output); `cancelled`, the running streams'
+    last (their earlier outputs may still wait to be sent); `running`, the streams running
+    before the joins, the ones `advance` steps."""
+    openings: List[Emission]
+    cancelled: List[Emission]
+    running: List[Stream]
 
 
 def _is_cancelled(stream: Stream) -> bool:
@@ -54,8 +65,7 @@ class StreamRunner:
         self._inbox: Deque[Stream] = collections.deque()
         self._wake = threading.Condition()
         self._closing = False
-        self.outboxes: List["queue.Queue[Optional[List[Emission]]]"] = [queue.Queue(maxsize=2 * OUTBOX_ITERATIONS)
-                                                                          for _ in range(outboxes)]
+        self.outboxes = [Outbox(2 * OUTBOX_ITERATIONS) for _ in range(outboxes)]
         self.iterations = 0
         self.figures = {"joined": 0, "finished": 0, "cancelled": 0, "expired": 0, "refused": 0, "failed": 0,
                         "outputs": 0}
@@ -75,19 +85,19 @@ class StreamRunner:
     def run_once(self) -> List[Emission]:
         """One iteration: who joins (and their first outputs), then a step of every stream that
         was running before they joined."""
-        emissions, running = self.admit()
-        return emissions + self.advance(running)
+        openings, cancelled, running = self.admit()
+        return openings + cancelled + self.advance(running)
 
-    def admit(self) -> Tuple[List[Emission], List[Stream]]:
+    def admit(self) -> Admitted:
         """The streams that arrived queue; those whose clients gave up or that waited too long
-        leave; the scheduler's joins start. Gives what to send, and the streams running before
-        the joins (the ones `advance` steps): a first output need not wait for their step."""
+        leave; the scheduler's joins start. A first output need not wait for the running
+        streams' step: it is given here, before `advance`."""
         now = self.clock()
-        emissions: List[Emission] = []
+        openings: List[Emission] = []
         while self._inbox:
             stream = self._inbox.popleft()
             if not self.scheduler.add(stream):
-                emissions.append((stream, Overloaded(
+                openings.append((stream, Overloaded(
                     f"{self.scheduler.waiting} streams are waiting to join (max_waiting); try again later"), True))
         checked = now >= self._next_check
         if checked:
@@ -98,24 +108,26 @@ class StreamRunner:
             for stream in [*self.engine.live, *self.scheduler.waiting_streams()]:
                 if not stream.cancelled and stream.arrival <= since and self.is_cancelled(stream):
                     stream.cancelled = True
+        cancelled: List[Emission] = []
         for stream in [s for s in self.engine.live if s.cancelled]:
             self.engine.drop(stream)
-            emissions.append((stream, RequestCancelled("the client cancelled the stream"), True))
+            cancelled.append((stream, RequestCancelled("the client cancelled the stream"), True))
         free = self.engine.cache.free if self.engine.cache is not None else None
         plan = self.scheduler.schedule(now, len(self.engine.live), free, sweep=checked)
         for stream in plan.cancelled:
-            emissions.append((stream, RequestCancelled("the client cancelled the stream before it started"), True))
+            openings.append((stream, RequestCancelled("the client cancelled the stream before it started"), True))
         for stream in plan.expired:
             waited = (now - stream.arrival) * 1000
-            emissions.append((stream, DeadlineExceeded(
+            openings.append((stream, DeadlineExceeded(
                 f"timed out: waited {waited:.1f} ms to start, longer than timeout_ms="
                 f"{stream.controls.options.timeout_ms:g}"), True))
         running = list(self.engine.live)
         if plan.joins:
-            emissions.extend(self.engine.start(plan.joins))
+            openings.extend(self.engine.start(plan.joins))
         self.figures["joined"] += len(plan.joins)
-        self._count(emissions)
-        return emissions, running
+        self._count(openings)
+        self._count(cancelled)
+        return Admitted(openings, cancelled, running)
 
     def advance(self, running: Sequence[Stream]) -> List[Emission]:
         """A step of `running`, the streams `admit` gave: each one's next output."""
@@ -145,30 +157,32 @@ class StreamRunner:
                     self._wake.wait()
                 if self._closing:
                     break
-            admitted, running = self.admit()
-            if admitted:
-                self._post(admitted)
+            openings, cancelled, running = self.admit()
+            if openings:
+                self._post(openings, opening=True)
+            if cancelled:
+                self._post(cancelled)
             stepped = self.advance(running)
             if stepped:
                 self._post(stepped)
-            elif not admitted and (self.engine.live or self.scheduler.waiting):
+            elif not openings and not cancelled and (self.engine.live or self.scheduler.waiting):
                 time.sleep(0.0005)  # streams wait for room (blocks, a slot): let the sender free some
         self._post(self._unloading())
         for outbox in self.outboxes:
             outbox.put(None)
 
-    def _post(self, emissions: List[Emission]) -> None:
+    def _post(self, emissions: List[Emission], opening: bool = False) -> None:
         """The emissions to the outboxes, each stream's to its own."""
         count = len(self.outboxes)
         if count == 1:
-            self.outboxes[0].put(emissions)
+            self.outboxes[0].put(emissions, opening)
             return
         shares: List[List[Emission]] = [[] for _ in range(count)]
         for emission in emissions:
             shares[emission[0].number % count].append(emission)
         for outbox, share in zip(self.outboxes, shares):
             if share:
-                outbox.put(share)
+                outbox.put(share, opening)
 
     def _unloading(self) -> List[Emission]:
         """Every stream still running or waiting ends with an error: the model is unloading."""

@@ -108,8 +108,11 @@ def test_a_cancelled_stream_gives_its_blocks_back_within_one_iteration(model_pat
     held = runner.engine.cache.taken
     blocks = len(leaving.blocks)
     gone.add(leaving)
-    emissions = runner.run_once()
-    assert [(s, type(o)) for s, o, final in emissions if s is leaving] == [(leaving, RequestCancelled)]
+    openings, cancelled, running = runner.admit()
+    # Its end follows whatever of its outputs still waits to be sent: it is no opening.
+    assert openings == [] and [(s, type(o), final) for s, o, final in cancelled] == [(leaving, RequestCancelled, True)]
+    assert running == [staying]
+    runner.advance(running)
     assert leaving not in runner.engine.live and leaving.blocks == []
     assert runner.engine.cache.taken <= held - blocks + 1  # the staying stream may have taken one more
 
@@ -229,8 +232,9 @@ def test_a_joining_streams_first_output_comes_before_the_step_of_those_already_r
     new = stream(40, max_tokens=10)
     runner.submit([new])
 
-    admitted, running = runner.admit()
-    assert [(s, int(outcome["y"][0]), final) for s, outcome, final in admitted] == [(new, 40, False)]
+    openings, cancelled, running = runner.admit()
+    assert [(s, int(outcome["y"][0]), final) for s, outcome, final in openings] == [(new, 40, False)]
+    assert cancelled == []
     assert running == [old]  # the newcomer's next output is the next iteration's
     stepped = runner.advance(running)
     assert [(s, int(outcome["y"][0])) for s, outcome, _ in stepped] == [(old, 3)]

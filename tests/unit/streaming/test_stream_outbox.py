@@ -1,0 +1,96 @@
+"""The outboxes between the iteration loop and the sender threads: a stream's first output
+goes ahead of the running streams' backlog, everything else leaves in order, and a full
+outbox holds the loop back."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from counting_stream import counting_runner, write_counting_stream
+from latte.backend.options import RequestOptions
+from latte.backend.streaming.controls import StreamControls
+from latte.backend.streaming.outbox import Outbox
+from latte.backend.streaming.streams import Stream
+
+
+def test_openings_leave_first_and_the_rest_in_the_order_posted():
+    outbox = Outbox(8)
+    outbox.put(["step 1"])
+    outbox.put(["step 2"])
+    outbox.put(["first of a", "first of b"], opening=True)
+    outbox.put(None)
+    outbox.put(["first of c"], opening=True)
+    assert outbox.waiting() == (2, 3)
+    assert [outbox.get() for _ in range(5)] == [["first of a", "first of b"], ["first of c"], ["step 1"], ["step 2"],
+                                                None]
+
+
+def test_a_full_outbox_holds_the_poster_until_a_sender_takes_a_list():
+    outbox = Outbox(2)
+    outbox.put(["a"])
+    outbox.put(["b"])
+    outbox.put(["first"], opening=True)   # openings count apart: the backlog does not hold them
+    posted = threading.Event()
+    poster = threading.Thread(target=lambda: (outbox.put(["c"]), posted.set()), daemon=True)
+    poster.start()
+    assert not posted.wait(0.2)
+    assert outbox.get() == ["first"]
+    assert not posted.wait(0.2)           # taking an opening makes no room for the rest
+    assert outbox.get() == ["a"]
+    assert posted.wait(10)
+    assert [outbox.get(), outbox.get()] == [["b"], ["c"]]
+
+
+def test_bad_outboxes_are_refused():
+    with pytest.raises(ValueError, match="at least one list"):
+        Outbox(0)
+    with pytest.raises(ValueError, match="follows everything"):
+        Outbox(1).put(None, opening=True)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    return write_counting_stream(tmp_path_factory.mktemp("counting"), max_tokens=256)
+
+
+def stream(x, max_tokens):
+    controls = StreamControls(stream=True, max_tokens=max_tokens, options=RequestOptions())
+    return Stream({"x": np.array([x], dtype=np.int64)}, controls, 0.0)
+
+
+def _until(condition, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def test_a_newcomers_first_output_is_sent_before_the_backlog_of_running_streams(model_path):
+    runner = counting_runner(model_path, np.empty)
+    (outbox,) = runner.outboxes
+    old = stream(14, max_tokens=200)   # done at 50 (counting_stream.py)
+    runner.submit([old])
+    runner.start("outbox-test")
+    try:
+        assert _until(lambda: outbox.waiting()[1] == outbox.bound)  # the loop ran ahead, waits for the sender
+        outputs = outbox.get()   # the old stream's first output, an opening itself
+        newcomer = stream(51, max_tokens=5)
+        runner.submit([newcomer])
+        outputs += outbox.get()  # room for one more list: the loop goes on and admits the newcomer
+        assert [s for s, _, _ in outputs] == [old, old]
+        assert _until(lambda: outbox.waiting()[0] == 1)
+        (first,) = outbox.get()
+        assert first[0] is newcomer and int(first[1]["y"][0]) == 51 and first[2] is False
+        # The rest of the old stream's outputs follow in order, none lost or repeated.
+        ys = [int(outcome["y"][0]) for s, outcome, _ in outputs]
+        while ys[-1] < 50:
+            ys += [int(o["y"][0]) for s, o, _ in outbox.get() if s is old]
+        assert ys == list(range(14, 51))
+    finally:
+        runner.close()
+        while len(outbox):
+            outbox.get()
