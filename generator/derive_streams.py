@@ -13,11 +13,12 @@ C_p99 + S + jitter x sqrt((n + j) / m) <= the ITL SLO.
 
 TTFT: a stream that arrives waits for the iteration under way, joins in the next if it is
 among the first j waiting, and its first output goes out once the joins have started (before
-that iteration's step), after what the senders still hold: the loop runs up to
-OUTBOX_ITERATIONS ahead of senders slower than it. The start and the server's intake under
-load are taken as one more iteration: served, TTFT P99 measured up to 2.5x the iteration under
-way plus the joins' start. So 2 x ITL_p99, plus (OUTBOX_ITERATIONS - 1) x S when S > C, plus
-the round trip of a first response, <= the TTFT SLO.
+that iteration's step). First outputs go ahead of the running streams' outputs still waiting
+to be sent (outbox.py), but where the senders are slower than the loop, the loop waits for room
+before it admits anyone and the sender finishes the list under way: one more S when S > C. The
+start and the server's intake under load are taken as one more iteration: served, TTFT P99
+measured up to 2.5x the iteration under way plus the joins' start. So 2 x ITL_p99, plus S when
+S > C, plus the round trip of a first response, <= the TTFT SLO.
 
 Joins: each iteration, streams arrive (the spec's arrival_rate times an iteration; else, with
 every stream replaced as it ends, n / tokens per stream). j covers the 99th percentile of
@@ -34,7 +35,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from latte.backend.streaming.runner import OUTBOX_ITERATIONS
 from latte.generator.stream_profile import ResponseCost, StreamProfile
 
 # A profile without a measured response cost: this much per output, said in the report.
@@ -128,7 +128,7 @@ def _candidate(profile: StreamProfile, response: ResponseCost, streams: int, joi
     compute = point.step_p99_ms + _start(profile, joins, True)
     sends = (streams + joins) * response.response_ms
     itl = compute + sends + response.jitter_ms * math.sqrt((streams + joins) / max(1, response.jitter_streams))
-    behind = (OUTBOX_ITERATIONS - 1) * sends if sends > point.step_mean_ms + _start(profile, joins, False) else 0.0
+    behind = sends if sends > point.step_mean_ms + _start(profile, joins, False) else 0.0
     ttft = 2 * itl + behind + response.first_response_ms
     return _Candidate(streams, joins, itl, ttft, streams * 1000.0 / mean_iteration, arrivals)
 
@@ -170,7 +170,7 @@ def derive_streams(profile: StreamProfile, ttft_ms: float, itl_ms: float, max_to
         f"an iteration at n streams with j joining: step(n) + start(j) + (n + j) x {response.response_ms:.3f} ms "
         f"of responses; inter-token P99 is its P99 plus the host's tail ({response.jitter_ms:.1f} ms at "
         f"{response.jitter_streams} streams, x sqrt((n + j) / {response.jitter_streams})), TTFT P99 "
-        f"twice that, the responses of up to {OUTBOX_ITERATIONS - 1} iterations the senders may still hold, and "
+        f"twice that, one more iteration's responses when the senders are slower than the loop, and "
         f"{response.first_response_ms:.2f} ms to a first response",
         f"max_streams {chosen.streams}: the most tokens/s ({chosen.tokens_per_s:.0f}) among {len(feasible)} of "
         f"1..{top} live streams whose predicted inter-token P99 and TTFT P99 ({chosen.itl_p99_ms:.2f} and "
