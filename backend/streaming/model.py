@@ -21,7 +21,7 @@ from latte.backend.streaming.controls import CONTROL_INPUTS, read_controls
 from latte.backend.streaming.definition import check_outputs, load_stream
 from latte.backend.streaming.engine import StreamEngine
 from latte.backend.streaming.options import parse_stream_options
-from latte.backend.streaming.runner import StreamRunner
+from latte.backend.streaming.runner import Ready, StreamRunner
 from latte.backend.streaming.scheduler import StreamScheduler
 from latte.backend.streaming.streams import Stream
 from latte.backend.triton_model import host_arena, instance_device, stop_parts
@@ -85,11 +85,11 @@ class StreamingModel:
         engine.min_rows, self._rows_found = ((options.min_batch_rows, "") if options.min_batch_rows
                                              else self._invariant_rows(engine, options.max_streams))
         self.engine = engine
-        self.runner = StreamRunner(engine, StreamScheduler(options.max_streams, options.joins_per_iteration,
-                                                           options.max_waiting), options.cancel_check_ms / 1000.0,
-                                   outboxes=options.response_threads)
         self.reader = RequestReader(spec)
         self.responses = ResponseBuilder(self.pb, outputs)
+        self.runner = StreamRunner(engine, StreamScheduler(options.max_streams, options.joins_per_iteration,
+                                                           options.max_waiting), options.cancel_check_ms / 1000.0,
+                                   outboxes=options.response_threads, prepare=self.responses.build)
         self._declares_stream = any(t.name == "stream" for t in spec.signature.inputs)
         self._text = next((t.name for t in spec.signature.outputs if is_string(t.dtype)), None)
         self._prompt = next((t.name for t in spec.signature.inputs
@@ -166,6 +166,8 @@ class StreamingModel:
             for stream, outcome, final in emissions:
                 if outcome is None:  # the end: the final flag alone
                     self._send(stream.sender, None, final=True, stream=stream)
+                elif type(outcome) is Ready:
+                    self._send(stream.sender, outcome.response, final, stream=stream)
                 else:
                     self._send(stream.sender, self.responses.build(outcome), final, stream=stream)
 

@@ -1,11 +1,12 @@
 """The iteration loop of a streaming model, on a thread of its own: take the streams that
 arrived, drop those whose clients gave up, let the scheduler pick who joins, start them (their
 first outputs go out then, not after the step) and step every stream already running; each
-part's emissions go to the outboxes, whose readers send them (the model's sender threads, so
-the next iteration computes while they go out). Each send is a round trip to the server that
-waits for its answer: several senders keep several in flight, as a thread per request does. A
-stream's emissions all go to one outbox (by its number), so they leave in order; a stream's
-first ones go ahead of the running streams' backlog there (outbox.py).
+part's emissions, made into responses (`prepare`), go to the outboxes, whose readers send
+them (the model's sender threads, so the next iteration computes while they go out). Each
+send is a round trip to the server that waits for its answer: several senders keep several in
+flight, as a thread per request does. A stream's emissions all go to one outbox (by its
+number), so they leave in order; a stream's first ones go ahead of the running streams'
+backlog there (outbox.py).
 
 Data flows one way: submit -> schedule -> start/step -> outbox. Nothing here calls back; a
 stream found cancelled by the sender is a flag on the stream, read at the next iteration.
@@ -19,7 +20,7 @@ import time
 from typing import Callable, Deque, List, NamedTuple, Optional, Sequence
 
 from latte.backend.errors import DeadlineExceeded, Overloaded, RequestCancelled
-from latte.backend.streaming.engine import Emission, StreamEngine
+from latte.backend.streaming.engine import Emission, Outcome, StreamEngine
 from latte.backend.streaming.outbox import Outbox
 from latte.backend.streaming.scheduler import StreamScheduler
 from latte.backend.streaming.streams import Stream
@@ -42,6 +43,11 @@ class Admitted(NamedTuple):
     running: List[Stream]
 
 
+class Ready(NamedTuple):
+    """An outcome already made into what the sender sends (the runner's `prepare`)."""
+    response: object
+
+
 def _is_cancelled(stream: Stream) -> bool:
     request = stream.request
     if request is None:
@@ -55,8 +61,10 @@ def _is_cancelled(stream: Stream) -> bool:
 class StreamRunner:
     def __init__(self, engine: StreamEngine, scheduler: StreamScheduler, cancel_check_s: float = 0.1,
                  clock: Callable[[], float] = time.monotonic,
-                 is_cancelled: Callable[[Stream], bool] = _is_cancelled, outboxes: int = 1) -> None:
+                 is_cancelled: Callable[[Stream], bool] = _is_cancelled, outboxes: int = 1,
+                 prepare: Optional[Callable[[Outcome], object]] = None) -> None:
         self.engine = engine
+        self.prepare = prepare
         self.scheduler = scheduler
         self.clock = clock
         self.is_cancelled = is_cancelled
@@ -175,14 +183,31 @@ class StreamRunner:
         """The emissions to the outboxes, each stream's to its own."""
         count = len(self.outboxes)
         if count == 1:
-            self.outboxes[0].put(emissions, opening)
+            self.outboxes[0].put(self._ready(emissions), opening)
             return
         shares: List[List[Emission]] = [[] for _ in range(count)]
         for emission in emissions:
             shares[emission[0].number % count].append(emission)
         for outbox, share in zip(self.outboxes, shares):
             if share:
-                outbox.put(share, opening)
+                outbox.put(self._ready(share), opening)
+
+    def _ready(self, emissions: List[Emission]) -> List[Emission]:
+        """The responses made here (`prepare`), so that the senders only send: made while the
+        outputs are fresh in this thread's caches, and with no hand-over of the GIL to a sender
+        between its making and its send (docs/streaming.md has the figures)."""
+        prepare = self.prepare
+        if prepare is None:
+            return emissions
+        ready: List[Emission] = []
+        for stream, outcome, final in emissions:
+            if outcome is not None:
+                try:
+                    outcome = Ready(prepare(outcome))
+                except Exception:  # left to the sender, whose making of it answers the failure
+                    pass
+            ready.append((stream, outcome, final))
+        return ready
 
     def _unloading(self) -> List[Emission]:
         """Every stream still running or waiting ends with an error: the model is unloading."""

@@ -12,6 +12,7 @@ from counting_stream import counting_runner, write_counting_stream
 from latte.backend.options import RequestOptions
 from latte.backend.streaming.controls import StreamControls
 from latte.backend.streaming.outbox import Outbox
+from latte.backend.streaming.runner import Ready
 from latte.backend.streaming.streams import Stream
 
 
@@ -94,3 +95,26 @@ def test_a_newcomers_first_output_is_sent_before_the_backlog_of_running_streams(
         runner.close()
         while len(outbox):
             outbox.get()
+
+
+def test_the_loop_makes_the_responses_and_leaves_one_it_cannot_make_to_the_sender(model_path):
+    def prepare(outcome):
+        if isinstance(outcome, dict) and int(outcome["y"][0]) == 16:
+            raise RuntimeError("an output the response cannot carry")
+        return ("response", outcome)
+
+    runner = counting_runner(model_path, np.empty)
+    runner.prepare = prepare
+    (outbox,) = runner.outboxes
+    runner.submit([stream(14, max_tokens=4)])
+    runner.start("prepare-test")
+    try:
+        sent = []
+        while not sent or not sent[-1][2]:
+            sent += outbox.get()
+    finally:
+        runner.close()
+    ready = [outcome.response[1] if isinstance(outcome, Ready) else outcome for _, outcome, _ in sent]
+    assert [int(o["y"][0]) for o in ready] == [14, 15, 16, 17]
+    assert [isinstance(outcome, Ready) for _, outcome, _ in sent] == [True, True, False, True]
+    assert [final for _, _, final in sent] == [False, False, False, True]
