@@ -8,8 +8,12 @@ joins, an iteration computes C = step(n) + start(j) and sends S = (n + j) x resp
 
 ITL: a stream's next output comes one iteration later, so its P99 is the P99 iteration with
 the joins it may hold, and the host's tail on a stream's gaps: the echo's, measured with
-m responses in each gap, grown as independent delays add, by sqrt((n + j) / m):
-C_p99 + S + jitter x sqrt((n + j) / m) <= the ITL SLO.
+m responses in each gap, grown as independent delays add, by sqrt((n + j) / m). Where the
+senders are slower than the loop (S > C), the loop runs OUTBOX_ITERATIONS ahead of them, and a
+newcomer, whose first output went ahead of that backlog, waits behind it for its second:
+C_p99 + S + jitter x sqrt((n + j) / m), plus (OUTBOX_ITERATIONS - 1) x S when S > C, <= the
+ITL SLO. (C is profiled without making responses, which the served loop also does, and S is
+the echo's, which includes making them: the split moves a little, not the sum.)
 
 TTFT: a stream that arrives waits for the iteration under way, joins in the next if it is
 among the first j waiting, and its first output goes out once the joins have started (before
@@ -35,6 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+from latte.backend.streaming.runner import OUTBOX_ITERATIONS
 from latte.generator.stream_profile import ResponseCost, StreamProfile
 
 # A profile without a measured response cost: this much per output, said in the report.
@@ -127,9 +132,10 @@ def _candidate(profile: StreamProfile, response: ResponseCost, streams: int, joi
                       + arrivals * response.response_ms)
     compute = point.step_p99_ms + _start(profile, joins, True)
     sends = (streams + joins) * response.response_ms
-    itl = compute + sends + response.jitter_ms * math.sqrt((streams + joins) / max(1, response.jitter_streams))
+    gap = compute + sends + response.jitter_ms * math.sqrt((streams + joins) / max(1, response.jitter_streams))
     behind = sends if sends > point.step_mean_ms + _start(profile, joins, False) else 0.0
-    ttft = 2 * itl + behind + response.first_response_ms
+    itl = gap + (OUTBOX_ITERATIONS - 1) * behind
+    ttft = 2 * gap + behind + response.first_response_ms
     return _Candidate(streams, joins, itl, ttft, streams * 1000.0 / mean_iteration, arrivals)
 
 
@@ -169,8 +175,10 @@ def derive_streams(profile: StreamProfile, ttft_ms: float, itl_ms: float, max_to
         f"{response.describe()}",
         f"an iteration at n streams with j joining: step(n) + start(j) + (n + j) x {response.response_ms:.3f} ms "
         f"of responses; inter-token P99 is its P99 plus the host's tail ({response.jitter_ms:.1f} ms at "
-        f"{response.jitter_streams} streams, x sqrt((n + j) / {response.jitter_streams})), TTFT P99 "
-        f"twice that, one more iteration's responses when the senders are slower than the loop, and "
+        f"{response.jitter_streams} streams, x sqrt((n + j) / {response.jitter_streams})), plus "
+        f"{OUTBOX_ITERATIONS - 1} iteration's responses when the senders are slower than the loop (a "
+        f"newcomer's second output waits behind them); TTFT P99 twice the gap, one iteration's responses "
+        f"when the senders are slower, and "
         f"{response.first_response_ms:.2f} ms to a first response",
         f"max_streams {chosen.streams}: the most tokens/s ({chosen.tokens_per_s:.0f}) among {len(feasible)} of "
         f"1..{top} live streams whose predicted inter-token P99 and TTFT P99 ({chosen.itl_p99_ms:.2f} and "

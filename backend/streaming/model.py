@@ -165,11 +165,16 @@ class StreamingModel:
                 return
             for stream, outcome, final in emissions:
                 if outcome is None:  # the end: the final flag alone
-                    self._send(stream.sender, None, final=True, stream=stream)
+                    response = None
                 elif type(outcome) is Ready:
-                    self._send(stream.sender, outcome.response, final, stream=stream)
+                    response = outcome.response
                 else:
-                    self._send(stream.sender, self.responses.build(outcome), final, stream=stream)
+                    try:
+                        response = self.responses.build(outcome)
+                    except Exception as exc:  # not even its error could be made: the stream ends
+                        self.pb.Logger.log_error(f"latte: {self.name}: could not make a response: {exc}")
+                        response, final, stream.cancelled = None, True, True
+                self._send(stream.sender, response, final, stream=stream)
 
     def _send(self, sender, response, final: bool, stream: Optional[Stream] = None) -> None:
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0

@@ -25,10 +25,13 @@ from latte.backend.streaming.outbox import Outbox
 from latte.backend.streaming.scheduler import StreamScheduler
 from latte.backend.streaming.streams import Stream
 
-# Iterations whose emissions may wait for the sender: past it the loop waits, so a slow
-# client side cannot make outputs pile up in memory. An iteration posts twice (the joins'
-# first outputs, then the step's), and once more when running streams were cancelled.
-OUTBOX_ITERATIONS = 4
+# Lists of each kind an outbox holds (outbox.py): past it the loop waits, so a slow client
+# side cannot make outputs pile up in memory. An iteration posts at most one list of each
+# kind to an outbox (its openings; its step's outputs, with the running streams it found
+# cancelled before them), so the loop runs this many iterations ahead of senders slower than
+# it: two, so that one iteration's responses go out while the next is computed, and no more,
+# since a newcomer's second output waits behind them.
+OUTBOX_ITERATIONS = 2
 # How a stream that ended with an error is counted; any other error is the model's failure.
 _ENDED_BY = {RequestCancelled: "cancelled", DeadlineExceeded: "expired", Overloaded: "refused"}
 
@@ -73,7 +76,7 @@ class StreamRunner:
         self._inbox: Deque[Stream] = collections.deque()
         self._wake = threading.Condition()
         self._closing = False
-        self.outboxes = [Outbox(2 * OUTBOX_ITERATIONS) for _ in range(outboxes)]
+        self.outboxes = [Outbox(OUTBOX_ITERATIONS) for _ in range(outboxes)]
         self.iterations = 0
         self.figures = {"joined": 0, "finished": 0, "cancelled": 0, "expired": 0, "refused": 0, "failed": 0,
                         "outputs": 0}
@@ -168,12 +171,10 @@ class StreamRunner:
             openings, cancelled, running = self.admit()
             if openings:
                 self._post(openings, opening=True)
-            if cancelled:
-                self._post(cancelled)
-            stepped = self.advance(running)
+            stepped = cancelled + self.advance(running)
             if stepped:
                 self._post(stepped)
-            elif not openings and not cancelled and (self.engine.live or self.scheduler.waiting):
+            elif not openings and (self.engine.live or self.scheduler.waiting):
                 time.sleep(0.0005)  # streams wait for room (blocks, a slot): let the sender free some
         self._post(self._unloading())
         for outbox in self.outboxes:
@@ -204,7 +205,7 @@ class StreamRunner:
             if outcome is not None:
                 try:
                     outcome = Ready(prepare(outcome))
-                except Exception:  # left to the sender, whose making of it answers the failure
+                except Exception:  # left to the sender, which ends the stream if it cannot either
                     pass
             ready.append((stream, outcome, final))
         return ready

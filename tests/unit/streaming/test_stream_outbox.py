@@ -77,7 +77,9 @@ def test_a_newcomers_first_output_is_sent_before_the_backlog_of_running_streams(
     runner.submit([old])
     runner.start("outbox-test")
     try:
-        assert _until(lambda: outbox.waiting()[1] == outbox.bound)  # the loop ran ahead, waits for the sender
+        # The loop ran ahead and waits for the sender: iteration 1 started the stream (its
+        # first output, an opening), each later one posted a step, the last of which waits.
+        assert _until(lambda: outbox.waiting()[1] == outbox.bound and runner.iterations == outbox.bound + 2)
         outputs = outbox.get()   # the old stream's first output, an opening itself
         newcomer = stream(51, max_tokens=5)
         runner.submit([newcomer])
