@@ -32,6 +32,8 @@ from latte.backend.streaming.streams import Stream
 # it: two, so that one iteration's responses go out while the next is computed, and no more,
 # since a newcomer's second output waits behind them.
 OUTBOX_ITERATIONS = 2
+# Spreads the streams' first cancellation questions over half an interval (Weyl's sequence).
+_GOLDEN = 0.6180339887498949
 # How a stream that ended with an error is counted; any other error is the model's failure.
 _ENDED_BY = {RequestCancelled: "cancelled", DeadlineExceeded: "expired", Overloaded: "refused"}
 
@@ -104,21 +106,34 @@ class StreamRunner:
         leave; the scheduler's joins start. A first output need not wait for the running
         streams' step: it is given here, before `advance`."""
         now = self.clock()
+        interval = self.cancel_check_s
         openings: List[Emission] = []
         while self._inbox:
             stream = self._inbox.popleft()
+            # Its first question after at least half an interval, spread by its number, so
+            # that streams which came together are not all asked in the same iteration.
+            stream.check_at = stream.arrival + interval * (0.5 + 0.5 * ((stream.number * _GOLDEN) % 1.0))
             if not self.scheduler.add(stream):
                 openings.append((stream, Overloaded(
                     f"{self.scheduler.waiting} streams are waiting to join (max_waiting); try again later"), True))
+        # Each question is a round trip to the server that holds the loop up: each running
+        # stream is asked once an interval on its own clock, so an iteration asks a few, not all
+        # of them at once (a stall every interval that would show in inter-token P99). The
+        # waiting streams are asked together every interval, which spares a scan of the queue
+        # at every iteration.
+        for stream in self.engine.live:
+            if now >= stream.check_at and not stream.cancelled:
+                stream.check_at = now + interval
+                if self.is_cancelled(stream):  # a sender may mark it too: never unmarked here
+                    stream.cancelled = True
         checked = now >= self._next_check
         if checked:
-            # Streams that arrived since the last check are not asked yet: each question is a
-            # round trip to the server, and a new stream's would delay its first output.
-            since = now - self.cancel_check_s
-            self._next_check = now + self.cancel_check_s
-            for stream in [*self.engine.live, *self.scheduler.waiting_streams()]:
-                if not stream.cancelled and stream.arrival <= since and self.is_cancelled(stream):
-                    stream.cancelled = True
+            self._next_check = now + interval
+            for stream in self.scheduler.waiting_streams():
+                if now >= stream.check_at and not stream.cancelled:
+                    stream.check_at = now + interval
+                    if self.is_cancelled(stream):
+                        stream.cancelled = True
         cancelled: List[Emission] = []
         for stream in [s for s in self.engine.live if s.cancelled]:
             self.engine.drop(stream)

@@ -22,7 +22,7 @@ class Stream:
     `text`: the string output stop strings are matched in, and the prompt is put before."""
 
     __slots__ = ("number", "inputs", "controls", "arrival", "deadline", "sender", "request", "text", "prompt",
-                 "slot", "blocks", "length", "produced", "pieces", "said", "cancelled", "ended")
+                 "slot", "blocks", "length", "produced", "pieces", "said", "cancelled", "check_at", "ended")
 
     def __init__(self, inputs: Dict[str, np.ndarray], controls: StreamControls, arrival: float, sender=None,
                  request=None, text: Optional[str] = None, prompt: bytes = b"") -> None:
@@ -43,6 +43,7 @@ class Stream:
         self.pieces: List[Outputs] = []    # outputs kept for a response that is not streamed
         self.said = b""                    # the text so far, where stop strings are looked for
         self.cancelled = False             # set where its client is found gone
+        self.check_at = float("inf")       # when the loop next asks whether its client gave up
         self.ended = False
 
     @property

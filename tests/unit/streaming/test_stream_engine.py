@@ -239,3 +239,31 @@ def test_a_joining_streams_first_output_comes_before_the_step_of_those_already_r
     stepped = runner.advance(running)
     assert [(s, int(outcome["y"][0])) for s, outcome, _ in stepped] == [(old, 3)]
     assert runner.figures["joined"] == 2 and runner.figures["outputs"] == 3 and runner.iterations == 2
+
+
+def test_running_streams_are_asked_about_cancellation_a_few_an_iteration_each_once_an_interval(model_path):
+    now, asked = [0.0], []
+
+    def is_cancelled(s):
+        asked.append((now[0], s))
+        return False
+
+    runner = counting_runner(model_path, np.empty, is_cancelled=is_cancelled, max_streams=16, joins_per_iteration=16,
+                             cache_blocks=512)
+    runner.clock, runner.cancel_check_s = (lambda: now[0]), 0.05
+    together = [stream(51, max_tokens=200) for _ in range(16)]  # all arrive at 0; each ends at 100
+    runner.submit(together)
+    per_iteration = []
+    while runner.engine.live or not per_iteration:
+        before = len(asked)
+        runner.run_once()
+        per_iteration.append(len(asked) - before)
+        now[0] += 0.0025
+    assert len(per_iteration) >= 50   # 125 ms of iterations
+    # Streams that came together are asked over half an interval, not all in one iteration...
+    assert max(per_iteration) <= 4 and sum(1 for n in per_iteration if n) >= 8
+    # ...and each is asked once an interval: the first after half to one interval, then every interval.
+    for s in together:
+        times = [t for t, asked_about in asked if asked_about is s]
+        assert 0.025 <= times[0] <= 0.0525
+        assert len(times) >= 2 and all(0.05 <= b - a <= 0.0525 for a, b in zip(times, times[1:]))
