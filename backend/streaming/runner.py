@@ -53,6 +53,15 @@ class Ready(NamedTuple):
     response: object
 
 
+def _next_check(due: float, now: float, interval: float) -> float:
+    """The first time after `now` on the stream's own schedule (due + k intervals), not `now`
+    plus an interval: streams asked in one iteration would keep one time from then on, and
+    drift into one group as iterations vary in length."""
+    if interval <= 0:
+        return now
+    return due + interval * (1 + (now - due) // interval)
+
+
 def _is_cancelled(stream: Stream) -> bool:
     request = stream.request
     if request is None:
@@ -123,7 +132,7 @@ class StreamRunner:
         # at every iteration.
         for stream in self.engine.live:
             if now >= stream.check_at and not stream.cancelled:
-                stream.check_at = now + interval
+                stream.check_at = _next_check(stream.check_at, now, interval)
                 if self.is_cancelled(stream):  # a sender may mark it too: never unmarked here
                     stream.cancelled = True
         checked = now >= self._next_check
@@ -131,7 +140,7 @@ class StreamRunner:
             self._next_check = now + interval
             for stream in self.scheduler.waiting_streams():
                 if now >= stream.check_at and not stream.cancelled:
-                    stream.check_at = now + interval
+                    stream.check_at = _next_check(stream.check_at, now, interval)
                     if self.is_cancelled(stream):
                         stream.cancelled = True
         cancelled: List[Emission] = []

@@ -43,7 +43,7 @@ class Stream:
         self.pieces: List[Outputs] = []    # outputs kept for a response that is not streamed
         self.said = b""                    # the text so far, where stop strings are looked for
         self.cancelled = False             # set where its client is found gone
-        self.check_at = float("inf")       # when the loop next asks whether its client gave up
+        self.check_at = arrival            # when the loop next asks whether its client gave up
         self.ended = False
 
     @property
