@@ -48,7 +48,7 @@ from latte.bench import cpu
 from latte.bench.budget import another_round_fits
 from latte.bench.prometheus_scrape import scrape, split_key
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary
+from latte.bench.results import Chart, Series, Table, Target, command_line, cut_load, new_results, write_summary
 from latte.bench.triton_stats import fetch_stats
 from latte.examples.pipeline import PIPELINES, InProcess, side_by_side
 from latte.generator.validate import parse_config_file
@@ -372,7 +372,7 @@ def main(argv=None) -> int:
                           command_line("benchmarks/pipelines.py", argv), None, HERE)
     results = run_each(names, run_pipeline, args, "latte-pipelines-")
     print_results(results)
-    started.load_at_start = round(max(r["load_average_at_start"] for r in results), 2)
+    started.load_at_start = cut_load(max(r["load_average_at_start"] for r in results))
     print(f"wrote {write_summary(started, summarize(results), args.results_dir, {'runs': results})}")
     return 0
 

@@ -130,19 +130,11 @@ class StreamRunner:
         # of them at once (a stall every interval that would show in inter-token P99). The
         # waiting streams are asked together every interval, which spares a scan of the queue
         # at every iteration.
-        for stream in self.engine.live:
-            if now >= stream.check_at and not stream.cancelled:
-                stream.check_at = _next_check(stream.check_at, now, interval)
-                if self.is_cancelled(stream):  # a sender may mark it too: never unmarked here
-                    stream.cancelled = True
+        self._ask(self.engine.live, now)
         checked = now >= self._next_check
         if checked:
             self._next_check = now + interval
-            for stream in self.scheduler.waiting_streams():
-                if now >= stream.check_at and not stream.cancelled:
-                    stream.check_at = _next_check(stream.check_at, now, interval)
-                    if self.is_cancelled(stream):
-                        stream.cancelled = True
+            self._ask(self.scheduler.waiting_streams(), now)
         cancelled: List[Emission] = []
         for stream in [s for s in self.engine.live if s.cancelled]:
             self.engine.drop(stream)
@@ -163,6 +155,14 @@ class StreamRunner:
         self._count(openings)
         self._count(cancelled)
         return Admitted(openings, cancelled, running)
+
+    def _ask(self, streams: Sequence[Stream], now: float) -> None:
+        """Whether each client gave up, of the streams whose time to ask has come."""
+        for stream in streams:
+            if now >= stream.check_at and not stream.cancelled:
+                stream.check_at = _next_check(stream.check_at, now, self.cancel_check_s)
+                if self.is_cancelled(stream):  # a sender may mark it too: never unmarked here
+                    stream.cancelled = True
 
     def advance(self, running: Sequence[Stream]) -> List[Emission]:
         """A step of `running`, the streams `admit` gave: each one's next output."""
@@ -206,16 +206,17 @@ class StreamRunner:
 
     def _post(self, emissions: List[Emission], opening: bool = False) -> None:
         """The emissions to the outboxes, each stream's to its own."""
+        emissions = self._ready(emissions)
         count = len(self.outboxes)
         if count == 1:
-            self.outboxes[0].put(self._ready(emissions), opening)
+            self.outboxes[0].put(emissions, opening)
             return
         shares: List[List[Emission]] = [[] for _ in range(count)]
         for emission in emissions:
             shares[emission[0].number % count].append(emission)
         for outbox, share in zip(self.outboxes, shares):
             if share:
-                outbox.put(self._ready(share), opening)
+                outbox.put(share, opening)
 
     def _ready(self, emissions: List[Emission]) -> List[Emission]:
         """The responses made here (`prepare`), so that the senders only send: made while the
