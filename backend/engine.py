@@ -12,7 +12,7 @@ import numpy as np
 from latte.backend.batching import (Batch, affinity_key, assemble, assemble_columns, conform_outputs, ragged_length,
                                     row_views, split)
 from latte.backend.config import ModelSpec
-from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError
+from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError, device_out_of_memory
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
 from latte.backend.planner import BatchPlanner
 from latte.backend.requests import Call, ParsedRequest, requests_call
@@ -324,6 +324,8 @@ class BatchEngine:
         count = len(members)
         if isinstance(exc, MemoryError):
             return [exc if isinstance(exc, OutOfMemory) else OutOfMemory(str(exc))] * count
+        if device_out_of_memory(exc):
+            return [OutOfMemory(f"model {self.spec.signature.name!r}: {failure_text(exc)}")] * count
         if batch is not None:
             self._record_failed(batch, count, started)
         if count == 1:

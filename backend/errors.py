@@ -93,6 +93,15 @@ class ModelError(LatteError, RuntimeError):
         self.detail = detail
 
 
+def device_out_of_memory(exc: BaseException) -> bool:
+    """Whether a runtime's exception is its device running out of memory: torch's own
+    OutOfMemoryError, or the RuntimeError latte's device arena raises through torch (its text
+    starts "CUDA out of memory", inside a TorchScript traceback too). Like the host arena's
+    MemoryError, that is not the request's fault: it is answered as OutOfMemory."""
+    return type(exc).__name__ == "OutOfMemoryError" or (
+        isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc))
+
+
 def error_class(exc: BaseException) -> Type[LatteError]:
     """The class whose `code` and `label` answer `exc`: its own for latte's errors. The arena
     (latte.memory) raises the builtin MemoryError, which the engine turns into OutOfMemory

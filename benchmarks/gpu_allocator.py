@@ -137,9 +137,9 @@ def run_child(args) -> dict:
                 out.float().sum(dim=-1).cpu()
                 del out
             except (torch.OutOfMemoryError, RuntimeError) as error:
-                # A pluggable allocator's refusal (a null pointer) reaches PyTorch's callers as a
-                # RuntimeError about lazy allocation, not as OutOfMemoryError.
-                if not isinstance(error, torch.OutOfMemoryError) and "lazy allocation" not in str(error):
+                # The arena's refusal reaches PyTorch's callers as a RuntimeError saying
+                # "CUDA out of memory: latte device arena ...", not as OutOfMemoryError.
+                if not isinstance(error, torch.OutOfMemoryError) and "out of memory" not in str(error):
                     raise
                 ooms += 1
                 torch.cuda.synchronize()

@@ -29,7 +29,7 @@ from latte.backend.config import ModelSpec, TensorSpec, parameters_of, parse_mod
 from latte.backend.precision import AccuracyReport
 from latte.backend.dtypes import NUMPY_TO_TRITON, to_numpy, wire_name
 from latte.backend.samples import decode_sample
-from latte.backend.errors import ConfigError, ModelError, RequestError
+from latte.backend.errors import ConfigError, ModelError, OutOfMemory, RequestError, device_out_of_memory
 from latte.backend.graph.definition import GraphDefinition, StepDefinition, TensorDeclaration, load_graph
 from latte.backend.graph.python_model import STEP_FILE, PythonModelStep, load_step_module, step_function
 from latte.backend.graph.steps import FunctionStep, ModelStep, Step
@@ -313,6 +313,8 @@ class Graph:
         except (RequestError, MemoryError):
             raise  # worded for the client already (RequestError), or the arena's (MemoryError)
         except Exception as exc:
+            if device_out_of_memory(exc):
+                raise OutOfMemory(f"step {step.name!r}: {failure_text(exc)}") from exc
             raise ModelError(f"step {step.name!r} failed: {failure_text(exc)}",
                              detail=f"step {step.name!r}: {type(exc).__name__}: {exc}") from exc
         if check:

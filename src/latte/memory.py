@@ -171,10 +171,13 @@ def torch_pluggable_allocator() -> Any:
     ``torch.cuda.memory.change_current_allocator(torch_pluggable_allocator())``; the arena's
     capacity comes from LATTE_CUDA_ARENA_BYTES (default: 80% of the device's free memory), and
     LATTE_CUDA_ARENA_PAGES=1 makes it a paged arena over the driver's pages (``paged=True``).
+    A request the arena refuses raises RuntimeError("CUDA out of memory: latte device arena ...")
+    in the caller, naming what was short.
     """
     import torch
 
-    return torch.cuda.memory.CUDAPluggableAllocator(str(torch_allocator_library()), "latte_malloc", "latte_free")
+    return torch.cuda.memory.CUDAPluggableAllocator(str(torch_allocator_library()), "latte_torch_malloc",
+                                                     "latte_free")
 
 
 def torch_mem_pool() -> Any:
@@ -184,4 +187,8 @@ def torch_mem_pool() -> Any:
 
     if not hasattr(torch.cuda, "MemPool"):
         raise RuntimeError(f"torch.cuda.MemPool needs torch >= 2.5, this is torch {torch.__version__}")
-    return torch.cuda.MemPool(torch_pluggable_allocator().allocator())
+    # The pool's caching allocator takes a null pointer as a refusal: it frees its cached blocks,
+    # tries again, and raises torch.OutOfMemoryError.
+    refusing_with_null = torch.cuda.memory.CUDAPluggableAllocator(str(torch_allocator_library()), "latte_malloc",
+                                                                  "latte_free")
+    return torch.cuda.MemPool(refusing_with_null.allocator())

@@ -171,6 +171,28 @@ def test_a_full_arena_fails_the_batch_with_memory_error_and_the_next_request_suc
     assert arena.stats()["live"] == 0  # every batch buffer went back
 
 
+def test_a_device_out_of_memory_is_answered_as_out_of_memory_and_the_next_batch_runs(example_engine):
+    """latte's device arena refuses through torch with a RuntimeError, not a MemoryError; the
+    request is answered as the host arena's refusal is (UNAVAILABLE: retry), not as a model error."""
+    spec, engine = example_engine("cnn_onnx")
+    runtime = engine.graph.steps[0].runtime
+    original_run = runtime.run
+    refusals = iter([RuntimeError("CUDA out of memory: latte device arena on device 0: BuddyArena: cannot "
+                                  "allocate 25165824 bytes: no free run holds it")])
+
+    def run_refused_once(*args, **kwargs):
+        for refusal in refusals:
+            raise refusal
+        return original_run(*args, **kwargs)
+
+    runtime.run = run_refused_once
+    rng = np.random.default_rng(5)
+    refused, = engine.infer([ParsedRequest(inputs=EXAMPLES["cnn"].sample(2, rng), rows=2)])
+    served, = engine.infer([ParsedRequest(inputs=EXAMPLES["cnn"].sample(2, rng), rows=2)])
+    assert isinstance(refused, OutOfMemory) and "cannot allocate 25165824 bytes" in str(refused)
+    assert served["logits"].shape == (2, 10)
+
+
 def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(example_engine):
     """What lets the backend answer a request before later batches of the same call run."""
     # One batch per bucket, so the call runs two batches.

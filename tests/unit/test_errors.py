@@ -8,7 +8,7 @@ import pytest
 
 from latte.backend import errors
 from latte.backend.errors import (ConfigError, DeadlineExceeded, LatteError, ModelError, OutOfMemory, Overloaded,
-                                  RequestCancelled, RequestError, RuntimeLoadError, error_class)
+                                  RequestCancelled, RequestError, RuntimeLoadError, device_out_of_memory, error_class)
 from latte.backend.metrics import outcome_label
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "backend.md"
@@ -70,3 +70,16 @@ def test_the_documented_error_table_matches_the_code():
     assert set(documented) == set(classes)
     for name, cls in classes.items():
         assert documented[name] == (cls.code, cls.label), name
+
+
+def test_a_device_running_out_of_memory_is_told_from_a_model_error():
+    class OutOfMemoryError(RuntimeError):  # torch.OutOfMemoryError's name, without torch
+        pass
+
+    scripted = RuntimeError("The following operation failed in the TorchScript interpreter.\nTraceback of "
+                            "TorchScript ...\nRuntimeError: CUDA out of memory: latte device arena on device 0: "
+                            "BuddyArena: cannot allocate 1048576 bytes: ...")
+    assert device_out_of_memory(OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB"))
+    assert device_out_of_memory(scripted)
+    assert not device_out_of_memory(RuntimeError("shape '[2, 3]' is invalid for input of size 5"))
+    assert not device_out_of_memory(ValueError("CUDA out of memory"))  # not what a runtime raises

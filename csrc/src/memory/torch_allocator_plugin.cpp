@@ -9,6 +9,8 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 
 #include "latte/memory/arena_stack.hpp"
 
@@ -19,8 +21,12 @@ constexpr int kMaxDevices = 64;
 std::mutex arenas_mutex;
 std::array<std::unique_ptr<latte::memory::ArenaStack>, kMaxDevices> arenas;
 
-latte::memory::ArenaStack* arena_for(int device) {
-  if (device < 0 || device >= kMaxDevices) return nullptr;
+// The device's arena, made on its first use; null when it cannot be, with the reason in `why`.
+latte::memory::ArenaStack* arena_for(int device, std::string* why = nullptr) {
+  if (device < 0 || device >= kMaxDevices) {
+    if (why) *why = "device " + std::to_string(device) + " is outside 0.." + std::to_string(kMaxDevices - 1);
+    return nullptr;
+  }
   std::lock_guard<std::mutex> lock(arenas_mutex);
   if (!arenas[device]) {
     std::size_t capacity = 0;
@@ -28,6 +34,7 @@ latte::memory::ArenaStack* arena_for(int device) {
     if (capacity == 0) {
       std::size_t free_bytes = 0, total_bytes = 0;
       if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+        if (why) *why = "cannot read device " + std::to_string(device) + "'s free memory";
         return nullptr;
       }
       capacity = free_bytes / 10 * 8;
@@ -40,7 +47,8 @@ latte::memory::ArenaStack* arena_for(int device) {
     if (const char* env = std::getenv("LATTE_CUDA_ARENA_PAGES")) options.paged = std::strcmp(env, "1") == 0;
     try {
       arenas[device] = std::make_unique<latte::memory::ArenaStack>(options);
-    } catch (const std::exception&) {
+    } catch (const std::exception& error) {
+      if (why) *why = error.what();
       return nullptr;
     }
   }
@@ -58,7 +66,23 @@ __attribute__((visibility("default"))) void* latte_malloc(ssize_t size, int devi
   try {
     return arena->resource().allocate(static_cast<std::size_t>(size));
   } catch (const std::exception&) {
-    return nullptr;  // PyTorch turns a null pointer into torch.OutOfMemoryError
+    return nullptr;  // a caching allocator above (torch.cuda.MemPool) frees its cache, retries, then raises OOM
+  }
+}
+
+// The same for PyTorch's process-wide allocator: a refusal is thrown, as PyTorch's own allocator
+// throws, so the caller's Python sees a RuntimeError saying why. A null pointer there is not
+// checked by every operator: a fill launched on it faults and leaves the CUDA context unusable.
+__attribute__((visibility("default"))) void* latte_torch_malloc(ssize_t size, int device, cudaStream_t) {
+  std::string why;
+  latte::memory::ArenaStack* arena = arena_for(device, &why);
+  if (arena == nullptr) throw std::runtime_error("CUDA out of memory: latte has no device arena: " + why);
+  if (size < 0) throw std::invalid_argument("latte device arena: negative size " + std::to_string(size));
+  try {
+    return arena->resource().allocate(static_cast<std::size_t>(size));
+  } catch (const std::bad_alloc& error) {
+    throw std::runtime_error(std::string("CUDA out of memory: latte device arena on device ") +
+                             std::to_string(device) + ": " + error.what());
   }
 }
 

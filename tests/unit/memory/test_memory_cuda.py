@@ -125,15 +125,16 @@ floats = (2 << 20) // 4
 tensors = [torch.full((floats,), float(i), device="cuda") for i in range(24)]
 kept = tensors[1::2]
 del tensors
+refusal = ""
 try:
     big = torch.ones(10 * floats, device="cuda")
     big_sum = float(big.sum())
-except (torch.OutOfMemoryError, RuntimeError):
-    big_sum = None
+except RuntimeError as error:
+    big_sum, refusal = None, str(error)
 sums = [float(t.sum()) / floats for t in kept]
 torch.cuda.synchronize()
 torch_arena_check(0)
-print(json.dumps({"big_sum": big_sum, "sums": sums, "figures": torch_arena_statistics(0)}))
+print(json.dumps({"big_sum": big_sum, "refusal": refusal, "sums": sums, "figures": torch_arena_statistics(0)}))
 """
 
 
@@ -155,6 +156,9 @@ def _checkerboard(paged: bool) -> dict:
 def test_a_paged_device_arena_serves_torch_a_block_the_plain_buddy_has_no_room_for():
     plain, paged = _checkerboard(paged=False), _checkerboard(paged=True)
     assert plain["big_sum"] is None and plain["figures"]["failures"] >= 1 and plain["figures"]["page_bytes"] == 0
+    # Refused with an error that says so, and the device stays usable: the kept tensors read back.
+    assert plain["refusal"].startswith("CUDA out of memory: latte device arena on device 0: BuddyArena: cannot allocate")
+    assert plain["sums"] == [float(i) for i in range(1, 24, 2)]
     assert paged["big_sum"] == 10 * (2 << 20) // 4
     assert paged["sums"] == [float(i) for i in range(1, 24, 2)]      # the kept tensors' pages stayed theirs
     figures = paged["figures"]
