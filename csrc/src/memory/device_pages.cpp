@@ -236,6 +236,14 @@ bool DevicePages::unmap(std::uint32_t first, std::uint32_t count) noexcept {
   return ok;
 }
 
+std::uint32_t DevicePages::unmap_each(const std::uint32_t* pages, std::uint32_t count) noexcept {
+  ScopedContext scope(*driver_, context_);
+  driver_->synchronize();  // once for all of them
+  std::uint32_t done = 0;
+  while (done < count && (!mapped_[pages[done]] || unmap_page(pages[done]))) ++done;
+  return done;
+}
+
 void DevicePages::discard(std::uint32_t physical, std::uint32_t count) noexcept {
   ScopedContext scope(*driver_, context_);
   for (std::uint32_t p = physical; p < physical + count; ++p) {

@@ -43,6 +43,7 @@ PageTable::PageTable(std::unique_ptr<PageMapper> mapper)
   prev_.assign(pages, kNone);
   next_.assign(pages, kNone);
   held_.assign(frames, 0);
+  evicting_.assign(frames, 0);  // no more pages can be idle than have physical pages
   // Taken from the back: the lowest physical pages first, in order, so a fresh range maps
   // with one call per run.
   free_.reserve(frames);
@@ -67,16 +68,25 @@ void PageTable::unlink_idle(std::uint32_t page) noexcept {
   --idle_;
 }
 
-bool PageTable::evict(std::uint32_t page) noexcept {
-  unlink_idle(page);
-  ++unmap_calls_;
-  if (!mapper_->unmap(page, 1)) {  // still mapped: its physical page must not be handed out again
-    link_idle(page);
-    return false;
+bool PageTable::evict(std::uint32_t count) noexcept {
+  count = std::min(count, idle_);
+  if (count == 0) return true;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    evicting_[i] = idle_head_;
+    unlink_idle(idle_head_);
   }
-  free_.push_back(frame_[page]);  // never reallocates: reserved for every physical page
-  frame_[page] = kNone;
-  return true;
+  ++unmap_calls_;
+  const std::uint32_t unmapped = mapper_->unmap_each(evicting_.data(), count);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const std::uint32_t page = evicting_[i];
+    if (i < unmapped) {
+      free_.push_back(frame_[page]);  // never reallocates: reserved for every physical page
+      frame_[page] = kNone;
+    } else {  // still mapped: its physical page must not be handed out again
+      link_idle(page);
+    }
+  }
+  return unmapped == count;
 }
 
 std::uint32_t PageTable::missing(std::size_t offset, std::size_t bytes) const noexcept {
@@ -153,8 +163,18 @@ PageTable::Shortage PageTable::acquire(std::size_t offset, std::size_t bytes) no
   for (std::uint32_t p = first; p <= last; ++p) {
     if (users_[p] == 0 && frame_[p] != kNone) unlink_idle(p);
   }
-  bool room = true;
-  for (std::uint32_t tries = idle_; room && free_.size() < need && tries > 0; --tries) room = evict(idle_head_);
+  // Evicted: what the free list lacks, and what keeps the pages held within the idle share.
+  // The free pages that hold memory already are taken first (evicted ones go to the back).
+  const std::uint32_t free_held = held_count_ - in_use_ - idle_ - idle_here;
+  const std::uint32_t fresh = need > free_held ? need - free_held : 0;
+  const std::uint32_t in_use_after = in_use_ + idle_here + need;
+  const std::uint32_t share = std::max(in_use_after / kIdleShare, kIdleFloor);
+  std::uint32_t evicted = free_.size() < need ? need - static_cast<std::uint32_t>(free_.size()) : 0;
+  if (fresh > 0 && held_count_ + fresh > in_use_after + share) {
+    // A share more than this range needs, so the next ranges find pages evicted already.
+    evicted = std::max(evicted, std::min(fresh, held_count_ + fresh - in_use_after - share) + share);
+  }
+  evict(evicted);  // a refusal leaves the free list short, which fails the acquire below
   if (need > 0 && (free_.size() < need || !map_missing(first, last))) {
     for (std::uint32_t p = first; p <= last; ++p) {
       if (users_[p] == 0 && frame_[p] != kNone) link_idle(p);
@@ -181,9 +201,7 @@ void PageTable::release(std::size_t offset, std::size_t bytes) noexcept {
 }
 
 std::uint32_t PageTable::trim() noexcept {
-  for (std::uint32_t tries = idle_; tries > 0 && idle_head_ != kNone; --tries) {
-    if (!evict(idle_head_)) break;
-  }
+  evict(idle_);
   std::uint32_t discarded = 0;
   for (std::uint32_t f : free_) {
     if (!held_[f]) continue;

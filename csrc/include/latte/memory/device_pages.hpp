@@ -38,6 +38,7 @@ class DevicePages final : public detail::PageMapper {
   // A physical page's memory is created on its first map and released by discard.
   bool map(std::uint32_t first, std::uint32_t physical, std::uint32_t count) noexcept override;
   bool unmap(std::uint32_t first, std::uint32_t count) noexcept override;
+  std::uint32_t unmap_each(const std::uint32_t* pages, std::uint32_t count) noexcept override;
   void discard(std::uint32_t physical, std::uint32_t count) noexcept override;
   const char* refusal() const noexcept override {
     return "the driver refused to map or unmap its pages (cuMemCreate may have found no free device memory)";

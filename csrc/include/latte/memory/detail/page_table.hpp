@@ -4,8 +4,11 @@
 // mapped under a block's virtual pages when the block is taken, from any free physical page.
 // So a large block never needs contiguous physical memory, and a request fails only when the
 // pages are not there. A page stays mapped while any block touches it; when none does it is
-// kept mapped (idle) and reused without a system call, and unmapped only when another range
-// needs its physical page. Pages are counted from free lists, never searched. Not
+// kept mapped (idle) and reused without a system call. Idle pages are unmapped, oldest first,
+// when another range needs their physical pages: when no free page is left, and when taking
+// free pages that hold no memory yet would make the pages held exceed those in use by more
+// than an eighth (kIdleShare), so the memory held follows what live blocks touch instead of
+// every range they ever touched. Pages are counted from free lists, never searched. Not
 // thread-safe: BuddyArena serialises access.
 #include <cstddef>
 #include <cstdint>
@@ -34,6 +37,14 @@ class PageMapper {
   // Makes virtual pages [first, first + count) inaccessible again; the range stays reserved.
   // False when the system refuses: the pages stay mapped as they were.
   virtual bool unmap(std::uint32_t first, std::uint32_t count) noexcept = 0;
+  // Makes each of the single virtual pages `pages[0..count)` inaccessible, in turn, and stops
+  // at the first the system refuses; returns how many it unmapped (the rest stay as they were).
+  // One call for the pages an eviction takes, so a device waits for its kernels once.
+  virtual std::uint32_t unmap_each(const std::uint32_t* pages, std::uint32_t count) noexcept {
+    std::uint32_t done = 0;
+    while (done < count && unmap(pages[done], 1)) ++done;
+    return done;
+  }
   // Returns physical pages [physical, physical + count), mapped nowhere, to the system.
   virtual void discard(std::uint32_t physical, std::uint32_t count) noexcept = 0;
   // What a refused map or unmap most likely means here, for the error the request gets.
@@ -58,7 +69,7 @@ struct PageCounts {
   std::uint32_t held = 0;            // physical pages holding memory (mapped, or touched and not discarded)
   std::uint32_t peak_in_use = 0;
   std::uint64_t map_calls = 0;
-  std::uint64_t unmap_calls = 0;
+  std::uint64_t unmap_calls = 0;    // an eviction's pages count as one call (one wait on a device)
   std::uint64_t mapped_pages = 0;    // pages mapped by those calls, for the cost per MiB
 };
 
@@ -74,9 +85,15 @@ class PageTable {
   PageMapper& mapper() noexcept { return *mapper_; }
   const PageMapper& mapper() const noexcept { return *mapper_; }
 
+  // Idle pages kept beyond the pages in use: at most in_use / kIdleShare, and kIdleFloor pages
+  // whatever the use, so a small arena does not unmap on every range it moves to.
+  static constexpr std::uint32_t kIdleShare = 8;
+  static constexpr std::uint32_t kIdleFloor = 4;
+
   // Backs every page of [offset, offset + bytes) of the range for one more block: idle pages
   // are reused, missing ones mapped from free physical pages, evicting the least recently
-  // idle pages of other ranges when no free one is left. Shortage::physical: the range's
+  // idle pages of other ranges when no free one is left or when the idle pages would pass
+  // their share of the pages held. Shortage::physical: the range's
   // missing pages exceed the free and idle pages together (nothing changed); Shortage::mapping:
   // the system refused a map, or the unmap of an idle page it needed (the range is as it was;
   // idle pages of other ranges evicted for it stay unmapped, their physical pages free).
@@ -98,9 +115,10 @@ class PageTable {
   static constexpr std::uint32_t kNone = 0xFFFFFFFFu;
   void link_idle(std::uint32_t page) noexcept;
   void unlink_idle(std::uint32_t page) noexcept;
-  // Unmaps an idle page and frees its physical page; false when the system refuses (it stays
-  // idle, now the most recent, and the acquire that needed it fails as a refused map).
-  bool evict(std::uint32_t page) noexcept;
+  // Unmaps the `count` least recently idle pages and frees their physical pages; false when
+  // the system refuses one (it and those after it stay idle, now the most recent, and the
+  // acquire that needed them fails as a refused map).
+  bool evict(std::uint32_t count) noexcept;
   bool map_missing(std::uint32_t first, std::uint32_t last) noexcept;
 
   std::unique_ptr<PageMapper> mapper_;
@@ -110,6 +128,7 @@ class PageTable {
   std::vector<std::uint32_t> free_;    // physical pages mapped nowhere; the next taken is at the back
   std::vector<std::uint8_t> held_;     // per physical page: holds memory (touched, not discarded)
   std::vector<std::uint8_t> fresh_;    // per virtual page: mapped by the acquire under way (undone if it fails)
+  std::vector<std::uint32_t> evicting_;  // the pages of the eviction under way (room for every physical page)
   // Idle pages in the order they became idle (evicted oldest first): a list through the pages.
   std::vector<std::uint32_t> prev_, next_;
   std::uint32_t idle_head_ = kNone, idle_tail_ = kNone;
