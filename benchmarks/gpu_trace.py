@@ -7,7 +7,8 @@ host arena paged as the device one is, so that a page policy can be tried withou
         writes OUT/<model>.npz: every tensor allocation and free, in order, with its size.
     .venv/bin/python benchmarks/gpu_trace.py replay benchmarks/traces/encoder.npz --page-mib 2
         here: replays a trace into latte's paged host arena (pages of the device's 2 MiB
-        granularity) and prints peak live, peak held and held / live, and the map calls.
+        granularity) and the device's idle share, and prints peak live, peak held and held /
+        live, and the map calls; --idle-share 0 keeps every idle page, as the host does.
 
 benchmarks/traces/ holds the two models' traces as recorded on an H200 (torch 2.11, 6,000 steps).
 
@@ -26,6 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
 ALLOC, FREE = 0, 1
+DEVICE_IDLE_SHARE = 8  # a CUDA device's pages' own (DevicePagesOptions); the host's keep every idle page
 
 
 def record(model_name: str, steps: int, seed: int, out: Path) -> dict:
@@ -66,7 +68,7 @@ def record(model_name: str, steps: int, seed: int, out: Path) -> dict:
             "bytes": path.stat().st_size}
 
 
-def replay(path: Path, page_mib: int, capacity_mib: int, min_block: int) -> dict:
+def replay(path: Path, page_mib: int, capacity_mib: int, min_block: int, idle_share: int = DEVICE_IDLE_SHARE) -> dict:
     import numpy as np
 
     from latte.memory import BuddyArena
@@ -74,7 +76,7 @@ def replay(path: Path, page_mib: int, capacity_mib: int, min_block: int) -> dict
     trace = np.load(path)
     kinds, ids, sizes = trace["kind"], trace["id"], trace["size"]
     arena = BuddyArena(capacity_mib * MIB, min_block=min_block, prefault=False, paged=True,
-                       page_bytes=page_mib * MIB)
+                       page_bytes=page_mib * MIB, idle_share=idle_share)
     blocks: dict[int, object] = {}  # an array over each live block; dropping it frees the block
     live = peak_live = peak_held = 0
     failures = 0
@@ -113,6 +115,8 @@ def main() -> int:
     replaying.add_argument("--page-mib", type=int, default=2, help="the device's page granularity")
     replaying.add_argument("--capacity-mib", type=int, default=16 << 10)
     replaying.add_argument("--min-block", type=int, default=256)
+    replaying.add_argument("--idle-share", type=int, default=DEVICE_IDLE_SHARE,
+                           help="idle pages kept beyond those in use, as a divisor (0: all, as on the host)")
     args = parser.parse_args()
     if args.command == "record":
         args.out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +124,8 @@ def main() -> int:
             print(json.dumps(record(name, args.steps, args.seed, args.out)), flush=True)
     else:
         for path in args.traces:
-            print(json.dumps(replay(path, args.page_mib, args.capacity_mib, args.min_block)), flush=True)
+            print(json.dumps(replay(path, args.page_mib, args.capacity_mib, args.min_block, args.idle_share)),
+                  flush=True)
     return 0
 
 

@@ -37,7 +37,7 @@ struct BlockOwner {
 
 PyArena make_arena(std::size_t capacity, const std::string& device, std::size_t min_block,
                    std::optional<std::size_t> limit, bool size_classes, bool prefault, bool paged,
-                   std::size_t page_bytes) {
+                   std::size_t page_bytes, std::optional<unsigned> idle_share) {
   latte::memory::ArenaStackOptions options;
   options.capacity = capacity;
   if (device == "cpu") {
@@ -54,6 +54,7 @@ PyArena make_arena(std::size_t capacity, const std::string& device, std::size_t 
   options.prefault = prefault;
   options.paged = paged;
   options.page_bytes = page_bytes;
+  if (idle_share) options.idle_share = static_cast<int>(*idle_share);
   return PyArena{std::make_shared<ArenaStack>(options)};
 }
 
@@ -166,13 +167,14 @@ void bind_memory(nb::module_& m) {
       .def("__init__",
            [](PyArena* self, std::size_t capacity, const std::string& device, std::size_t min_block,
               std::optional<std::size_t> limit, bool size_classes, bool prefault, bool paged,
-              std::size_t page_bytes) {
+              std::size_t page_bytes, std::optional<unsigned> idle_share) {
              new (self) PyArena(make_arena(capacity, device, min_block, limit, size_classes, prefault, paged,
-                                           page_bytes));
+                                           page_bytes, idle_share));
            },
            nb::arg("capacity"), nb::arg("device") = "cpu", nb::arg("min_block") = 256,
            nb::arg("limit") = nb::none(), nb::arg("size_classes") = true, nb::arg("prefault") = true,
-           nb::arg("paged") = false, nb::arg("page_bytes") = std::size_t{1} << 20)
+           nb::arg("paged") = false, nb::arg("page_bytes") = std::size_t{1} << 20,
+           nb::arg("idle_share") = nb::none())
       .def("empty", &empty_array, nb::arg("shape"), nb::arg("dtype") = nb::none(),
            "numpy.empty over a new block; the block returns to the arena with the last reference.")
       .def("stats", &statistics_dict)

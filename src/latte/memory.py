@@ -58,9 +58,14 @@ class BuddyArena(_NativeArena):
         rounded up to the device's granularity) are mapped under each block as it is taken,
         so a large block needs no contiguous physical memory: a request fails only when live pages plus its own exceed
         the capacity. Freed pages stay mapped and are reused without a system call; they are
-        unmapped only when another range needs them, or by ``release_cached()``. Where the
-        machine cannot map pages the plain buddy serves, with a warning naming the reason
-        (``fallback_reason``).
+        unmapped when another range needs them (see ``idle_share``), or by
+        ``release_cached()``. Where the machine cannot map pages the plain buddy serves, with a
+        warning naming the reason (``fallback_reason``).
+    idle_share: paged only. Idle pages kept beyond the pages in use are at most that
+        many / ``idle_share``; past it, a range's missing pages come from the oldest idle ones
+        (unmapped and mapped again) instead of memory not yet held. 0 keeps every idle page
+        until the capacity runs out. None: the pages' own, 0 on the host (a remapped page
+        is faulted in again) and 8 on a CUDA device (device memory is what runs short).
 
     Inherited from the native class (no Python frame on the hot path):
     ``empty(shape, dtype)`` -- an uninitialised C-contiguous numpy array over an arena block,
@@ -86,6 +91,7 @@ class BuddyArena(_NativeArena):
         prefault: bool = True,
         paged: bool = False,
         page_bytes: int = 1 << 20,
+        idle_share: int | None = None,
     ) -> None:
         capacity = operator.index(capacity)
         if capacity <= 0:
@@ -94,7 +100,9 @@ class BuddyArena(_NativeArena):
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
         if limit is not None and operator.index(limit) <= 0:
             raise ValueError(f"limit must be a positive number of bytes or None, got {limit}")
-        super().__init__(capacity, device, min_block, limit, size_classes, prefault, paged, page_bytes)
+        if idle_share is not None and operator.index(idle_share) < 0:
+            raise ValueError(f"idle_share must be 0 (keep every idle page) or a divisor, got {idle_share}")
+        super().__init__(capacity, device, min_block, limit, size_classes, prefault, paged, page_bytes, idle_share)
         if self.fallback_reason:
             warnings.warn(f"BuddyArena: paged arena unavailable, the plain buddy serves: {self.fallback_reason}",
                           RuntimeWarning, stacklevel=2)

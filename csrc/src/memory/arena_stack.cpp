@@ -12,6 +12,28 @@
 #endif
 
 namespace latte::memory {
+namespace {
+
+HostPagesOptions host_pages_options(const ArenaStackOptions& options) {
+  HostPagesOptions pages;
+  pages.page_bytes = options.page_bytes;
+  pages.virtual_factor = options.virtual_factor;
+  pages.prefault = options.prefault;
+  if (options.idle_share >= 0) pages.idle_share = static_cast<std::uint32_t>(options.idle_share);
+  return pages;
+}
+
+#ifdef LATTE_WITH_CUDA
+DevicePagesOptions device_pages_options(const ArenaStackOptions& options) {
+  DevicePagesOptions pages;
+  pages.page_bytes = options.page_bytes;
+  pages.virtual_factor = options.virtual_factor;
+  if (options.idle_share >= 0) pages.idle_share = static_cast<std::uint32_t>(options.idle_share);
+  return pages;
+}
+#endif
+
+}  // namespace
 
 bool cuda_device_memory_compiled() noexcept {
 #ifdef LATTE_WITH_CUDA
@@ -25,8 +47,7 @@ ArenaStack::ArenaStack(const ArenaStackOptions& options) : options_(options) {
   if (options.paged && options.device == Device::cpu) {
     try {
       arena_ = std::make_unique<BuddyArena>(
-          std::make_unique<HostPages>(options.capacity,
-                                      HostPagesOptions{options.page_bytes, options.virtual_factor, options.prefault}),
+          std::make_unique<HostPages>(options.capacity, host_pages_options(options)),
           options.arena);
     } catch (const bad_alloc& refused) {  // the machine cannot map pages: the plain buddy serves
       fallback_reason_ = refused.what();
@@ -38,8 +59,7 @@ ArenaStack::ArenaStack(const ArenaStackOptions& options) : options_(options) {
 #ifdef LATTE_WITH_CUDA
     try {
       arena_ = std::make_unique<BuddyArena>(
-          std::make_unique<DevicePages>(options.capacity, options.device_id,
-                                        DevicePagesOptions{options.page_bytes, options.virtual_factor}),
+          std::make_unique<DevicePages>(options.capacity, options.device_id, device_pages_options(options)),
           options.arena);
     } catch (const bad_alloc& refused) {  // no device, driver or virtual memory management here
       fallback_reason_ = refused.what();

@@ -101,7 +101,7 @@ CUdeviceptr address(const std::byte* at) { return reinterpret_cast<CUdeviceptr>(
 }  // namespace
 
 DevicePages::DevicePages(std::size_t capacity, int device, DevicePagesOptions options)
-    : driver_(nullptr), device_(device) {
+    : driver_(nullptr), device_(device), idle_share_(options.idle_share) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {

@@ -85,7 +85,7 @@ int create_memfd(std::size_t capacity, std::size_t page_bytes, bool& hugetlb) {
 }  // namespace
 
 HostPages::HostPages(std::size_t capacity, HostPagesOptions options)
-    : page_bytes_(options.page_bytes), prefault_(options.prefault) {
+    : page_bytes_(options.page_bytes), prefault_(options.prefault), idle_share_(options.idle_share) {
   const auto system_page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   LATTE_EXPECTS(page_bytes_ >= system_page && (page_bytes_ & (page_bytes_ - 1)) == 0,
                 "page_bytes must be a power of two of at least the system page (" + std::to_string(system_page) +

@@ -168,9 +168,10 @@ PageTable::Shortage PageTable::acquire(std::size_t offset, std::size_t bytes) no
   const std::uint32_t free_held = held_count_ - in_use_ - idle_ - idle_here;
   const std::uint32_t fresh = need > free_held ? need - free_held : 0;
   const std::uint32_t in_use_after = in_use_ + idle_here + need;
-  const std::uint32_t share = std::max(in_use_after / kIdleShare, kIdleFloor);
+  const std::uint32_t divisor = mapper_->idle_share();
+  const std::uint32_t share = divisor ? std::max(in_use_after / divisor, kIdleFloor) : 0;
   std::uint32_t evicted = free_.size() < need ? need - static_cast<std::uint32_t>(free_.size()) : 0;
-  if (fresh > 0 && held_count_ + fresh > in_use_after + share) {
+  if (divisor && fresh > 0 && held_count_ + fresh > in_use_after + share) {
     // A share more than this range needs, so the next ranges find pages evicted already.
     evicted = std::max(evicted, std::min(fresh, held_count_ + fresh - in_use_after - share) + share);
   }

@@ -73,13 +73,14 @@ class RefusingPages final : public detail::PageMapper {
 // the test says (the nth map call from now; every unmap).
 class ScriptedPages final : public detail::PageMapper {
  public:
-  explicit ScriptedPages(std::uint32_t physical = 8, std::uint32_t virtual_pages = 16)
-      : physical_(physical), virtual_(virtual_pages) {}
+  explicit ScriptedPages(std::uint32_t physical = 8, std::uint32_t virtual_pages = 16, std::uint32_t idle_share = 0)
+      : physical_(physical), virtual_(virtual_pages), idle_share_(idle_share) {}
   std::byte* base() const noexcept override { return nullptr; }
   std::size_t page_bytes() const noexcept override { return Page; }
   std::uint32_t virtual_pages() const noexcept override { return virtual_; }
   std::uint32_t physical_pages() const noexcept override { return physical_; }
   const char* kind() const noexcept override { return "scripted"; }
+  std::uint32_t idle_share() const noexcept override { return idle_share_; }
   bool map(std::uint32_t, std::uint32_t, std::uint32_t) noexcept override { return ++maps != refuse_map; }
   bool unmap(std::uint32_t, std::uint32_t) noexcept override { return !refuse_unmaps; }
   void discard(std::uint32_t, std::uint32_t) noexcept override {}
@@ -87,7 +88,7 @@ class ScriptedPages final : public detail::PageMapper {
   bool refuse_unmaps = false;
 
  private:
-  std::uint32_t physical_, virtual_;
+  std::uint32_t physical_, virtual_, idle_share_;
 };
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
@@ -190,11 +191,12 @@ TEST_CASE("idle pages are reused without a call, and unmapped when another range
   arena->check_invariants();
 }
 
-TEST_CASE("the pages held follow the pages in use, not every range blocks ever touched") {
+TEST_CASE("with an idle share, the pages held follow the pages in use, not every range ever touched") {
   // Blocks of 1-16 pages come and go at random ranges of a range four times the memory, at
   // most 12 live at once. Keeping every idle page until the memory runs out would hold all 256
   // pages; the pages held stay within an eighth (or four pages) over the most ever in use.
-  detail::PageTable table(std::make_unique<ScriptedPages>(256, 1024));
+  constexpr std::uint32_t share = 8;
+  detail::PageTable table(std::make_unique<ScriptedPages>(256, 1024, share));
   std::uint64_t state = 20261127;
   auto next = [&state](std::uint32_t below) {
     state = state * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -218,7 +220,7 @@ TEST_CASE("the pages held follow the pages in use, not every range blocks ever t
     live.emplace_back(offset, bytes);
     const detail::PageCounts c = table.counts();
     most_in_use = std::max(most_in_use, c.in_use);
-    CHECK(c.held <= most_in_use + std::max(most_in_use / detail::PageTable::kIdleShare, detail::PageTable::kIdleFloor));
+    CHECK(c.held <= most_in_use + std::max(most_in_use / share, detail::PageTable::kIdleFloor));
   }
   table.check_invariants();
   const detail::PageCounts c = table.counts();

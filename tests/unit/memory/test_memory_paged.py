@@ -74,6 +74,11 @@ def test_a_warm_large_block_reuses_its_mapping():
     assert stats["mapped"] == 0 and stats["physical_held"] == 0 and stats["unmap_calls"] >= 1
 
 
+def test_a_negative_idle_share_is_refused():
+    with pytest.raises(ValueError, match="idle_share must be 0"):
+        BuddyArena(1 * MiB, paged=True, page_bytes=PAGE, idle_share=-1)
+
+
 def test_bad_page_sizes_are_refused_with_the_reason():
     with pytest.raises(ValueError, match="page_bytes must be a power of two"):
         BuddyArena(1 * MiB, paged=True, page_bytes=3 * KiB)
@@ -97,10 +102,11 @@ operations = st.lists(
 
 
 @settings(max_examples=100, deadline=None)
-@given(ops=operations, size_classes=st.booleans())
-def test_a_paged_arena_refuses_only_what_its_free_pages_cannot_hold(ops, size_classes):
-    """Through random allocations, frees and resizes, every invariant holds after each step."""
-    arena = paged(CAPACITY, size_classes=size_classes)
+@given(ops=operations, size_classes=st.booleans(), idle_share=st.sampled_from([0, 1, 8]))
+def test_a_paged_arena_refuses_only_what_its_free_pages_cannot_hold(ops, size_classes, idle_share):
+    """Through random allocations, frees and resizes, every invariant holds after each step,
+    whether idle pages are kept (0) or remapped past their share of the pages in use."""
+    arena = paged(CAPACITY, size_classes=size_classes, idle_share=idle_share)
     live = []
     for kind, value in ops:
         if kind in ("alloc", "resize"):

@@ -19,6 +19,7 @@ namespace latte::memory {
 struct DevicePagesOptions {
   std::size_t page_bytes = 2u << 20;  // rounded up to a multiple of the device's granularity
   unsigned virtual_factor = 4;        // the reserved range, in multiples of the capacity
+  std::uint32_t idle_share = 8;       // PageMapper::idle_share: idle pages beyond an eighth are remapped
 };
 
 class DevicePages final : public detail::PageMapper {
@@ -33,6 +34,7 @@ class DevicePages final : public detail::PageMapper {
   std::uint32_t virtual_pages() const noexcept override { return virtual_pages_; }
   std::uint32_t physical_pages() const noexcept override { return physical_pages_; }
   const char* kind() const noexcept override { return "cuda"; }
+  std::uint32_t idle_share() const noexcept override { return idle_share_; }
   int device() const noexcept { return device_; }
 
   // A physical page's memory is created on its first map and released by discard.
@@ -56,6 +58,7 @@ class DevicePages final : public detail::PageMapper {
   std::byte* base_ = nullptr;
   std::uint32_t physical_pages_ = 0;
   std::uint32_t virtual_pages_ = 0;
+  std::uint32_t idle_share_ = 0;
   std::vector<unsigned long long> handles_;  // per physical page: its allocation, 0 when none
   std::vector<std::uint8_t> created_;        // per physical page: made by the map call under way
   std::vector<std::uint32_t> mapped_;        // per virtual page: its physical page + 1, 0 when unmapped

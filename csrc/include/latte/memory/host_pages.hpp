@@ -15,6 +15,7 @@ struct HostPagesOptions {
   unsigned virtual_factor = 4;        // the reserved range, in multiples of the capacity
   bool prefault = true;               // MAP_POPULATE: a page is faulted in when it is mapped
   std::size_t mapping_limit = 0;      // the process's mappings at most; 0: the system's vm.max_map_count
+  std::uint32_t idle_share = 0;       // PageMapper::idle_share (0: idle pages kept until the memory runs out)
 };
 
 class HostPages final : public detail::PageMapper {
@@ -29,6 +30,7 @@ class HostPages final : public detail::PageMapper {
   std::uint32_t virtual_pages() const noexcept override { return virtual_pages_; }
   std::uint32_t physical_pages() const noexcept override { return physical_pages_; }
   const char* kind() const noexcept override { return hugetlb_ ? "memfd-hugetlb" : "memfd"; }
+  std::uint32_t idle_share() const noexcept override { return idle_share_; }
 
   bool map(std::uint32_t first, std::uint32_t physical, std::uint32_t count) noexcept override;
   bool unmap(std::uint32_t first, std::uint32_t count) noexcept override;
@@ -40,6 +42,7 @@ class HostPages final : public detail::PageMapper {
  private:
   std::size_t page_bytes_;
   bool prefault_;
+  std::uint32_t idle_share_;
   bool hugetlb_ = false;
   int fd_ = -1;
   std::byte* base_ = nullptr;

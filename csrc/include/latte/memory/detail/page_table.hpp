@@ -5,11 +5,11 @@
 // So a large block never needs contiguous physical memory, and a request fails only when the
 // pages are not there. A page stays mapped while any block touches it; when none does it is
 // kept mapped (idle) and reused without a system call. Idle pages are unmapped, oldest first,
-// when another range needs their physical pages: when no free page is left, and when taking
-// free pages that hold no memory yet would make the pages held exceed those in use by more
-// than an eighth (kIdleShare), so the memory held follows what live blocks touch instead of
-// every range they ever touched. Pages are counted from free lists, never searched. Not
-// thread-safe: BuddyArena serialises access.
+// when another range needs their physical pages: when no free page is left, and, where the
+// mapper sets an idle share, when taking free pages that hold no memory yet would make the
+// pages held exceed those in use by more than that share, so the memory held follows
+// what live blocks touch instead of every range they ever touched. Pages are counted from
+// free lists, never searched. Not thread-safe: BuddyArena serialises access.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,6 +47,12 @@ class PageMapper {
   }
   // Returns physical pages [physical, physical + count), mapped nowhere, to the system.
   virtual void discard(std::uint32_t physical, std::uint32_t count) noexcept = 0;
+  // Idle pages kept beyond the pages in use: at most that many / idle_share() (and
+  // PageTable::kIdleFloor pages whatever the use); 0 keeps every idle page until the memory
+  // runs out. Remapping a page costs a device little next to the memory it holds; on the
+  // host the page is faulted in again when touched, and one large block after another of
+  // other sizes would pay that every time.
+  virtual std::uint32_t idle_share() const noexcept { return 0; }
   // What a refused map or unmap most likely means here, for the error the request gets.
   virtual const char* refusal() const noexcept { return "the system refused a map or an unmap"; }
 };
@@ -85,15 +91,14 @@ class PageTable {
   PageMapper& mapper() noexcept { return *mapper_; }
   const PageMapper& mapper() const noexcept { return *mapper_; }
 
-  // Idle pages kept beyond the pages in use: at most in_use / kIdleShare, and kIdleFloor pages
-  // whatever the use, so a small arena does not unmap on every range it moves to.
-  static constexpr std::uint32_t kIdleShare = 8;
+  // Idle pages a mapper's idle share keeps whatever the use, so a small arena does not unmap
+  // on every range it moves to.
   static constexpr std::uint32_t kIdleFloor = 4;
 
   // Backs every page of [offset, offset + bytes) of the range for one more block: idle pages
   // are reused, missing ones mapped from free physical pages, evicting the least recently
   // idle pages of other ranges when no free one is left or when the idle pages would pass
-  // their share of the pages held. Shortage::physical: the range's
+  // the mapper's idle share. Shortage::physical: the range's
   // missing pages exceed the free and idle pages together (nothing changed); Shortage::mapping:
   // the system refused a map, or the unmap of an idle page it needed (the range is as it was;
   // idle pages of other ranges evicted for it stay unmapped, their physical pages free).
