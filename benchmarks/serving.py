@@ -78,6 +78,8 @@ ABLATIONS = {
     "respond_per_batch": {"respond": "per_batch"},
     "respond_per_call": {"respond": "per_call"},
     "async_execute": {"async_execute": "true"},
+    # TorchScript served as loaded, not frozen (torch.jit.freeze at load is the default).
+    "unfrozen": {"freeze": "false"},
 }
 
 
@@ -369,7 +371,11 @@ def print_results(results: List[dict]) -> None:
         for label, figures in r.get("ablations", {}).items():
             defaults = r["latte"]["throughput"]
             relative = f"{figures['throughput'] / defaults:.2f}x" if defaults > 0 else "-"
-            print(f"  {r['model']} ablation {label:18} {figures['throughput']:>8.0f} infer/s ({relative} latte's defaults)")
+            low = r["latte"]["p50_ms_lowest_level"]
+            p50 = (f", P50 at level {r['levels'][0]} {figures['p50_ms_lowest_level']:.2f} ms against "
+                   f"{low:.2f}" if low else "")
+            print(f"  {r['model']} ablation {label:18} {figures['throughput']:>8.0f} infer/s ({relative} latte's "
+                  f"defaults{p50})")
     print(f"\n{'model':9} {'level':>5} {'latte CPU us/req (server+stub+client)':>40} "
           f"{'stock CPU us/req':>30} {'stock/latte':>11} {'rounds':>18}")
     for r in results:
