@@ -97,7 +97,10 @@ def device_out_of_memory(exc: BaseException) -> bool:
     """Whether a runtime's exception is its device running out of memory: torch's own
     OutOfMemoryError, or the RuntimeError latte's device arena raises through torch (its text
     starts "CUDA out of memory", inside a TorchScript traceback too). Like the host arena's
-    MemoryError, that is not the request's fault: it is answered as OutOfMemory."""
+    MemoryError, that is not the request's fault: it is answered as OutOfMemory. Latte's own
+    errors are worded already (a ModelError quotes whatever the model raised)."""
+    if isinstance(exc, LatteError):
+        return False
     return type(exc).__name__ == "OutOfMemoryError" or (
         isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc))
 

@@ -100,8 +100,8 @@ class BuddyArena(_NativeArena):
             raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
         if limit is not None and operator.index(limit) <= 0:
             raise ValueError(f"limit must be a positive number of bytes or None, got {limit}")
-        if idle_share is not None and operator.index(idle_share) < 0:
-            raise ValueError(f"idle_share must be 0 (keep every idle page) or a divisor, got {idle_share}")
+        if idle_share is not None and not 0 <= operator.index(idle_share) < 2**31:
+            raise ValueError(f"idle_share must be 0 (keep every idle page) or a divisor below 2**31, got {idle_share}")
         super().__init__(capacity, device, min_block, limit, size_classes, prefault, paged, page_bytes, idle_share)
         if self.fallback_reason:
             warnings.warn(f"BuddyArena: paged arena unavailable, the plain buddy serves: {self.fallback_reason}",

@@ -83,3 +83,5 @@ def test_a_device_running_out_of_memory_is_told_from_a_model_error():
     assert device_out_of_memory(scripted)
     assert not device_out_of_memory(RuntimeError("shape '[2, 3]' is invalid for input of size 5"))
     assert not device_out_of_memory(ValueError("CUDA out of memory"))  # not what a runtime raises
+    # A model's own error that quotes such a text stays the model's error.
+    assert not device_out_of_memory(ModelError("model 'm' failed: ValueError: CUDA out of memory"))

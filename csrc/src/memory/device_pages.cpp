@@ -228,7 +228,9 @@ bool DevicePages::map(std::uint32_t first, std::uint32_t physical, std::uint32_t
 
 bool DevicePages::unmap(std::uint32_t first, std::uint32_t count) noexcept {
   ScopedContext scope(*driver_, context_);
-  driver_->synchronize();  // kernels may still read the pages: unmapping does not wait for them
+  // Kernels may still read the pages, and unmapping does not wait for them: without the wait
+  // (a faulted context, a stream being captured) the pages stay mapped.
+  if (driver_->synchronize() != CUDA_SUCCESS) return false;
   bool ok = true;
   for (std::uint32_t page = first; page < first + count; ++page) {
     if (mapped_[page]) ok = unmap_page(page) && ok;
@@ -238,7 +240,7 @@ bool DevicePages::unmap(std::uint32_t first, std::uint32_t count) noexcept {
 
 std::uint32_t DevicePages::unmap_each(const std::uint32_t* pages, std::uint32_t count) noexcept {
   ScopedContext scope(*driver_, context_);
-  driver_->synchronize();  // once for all of them
+  if (driver_->synchronize() != CUDA_SUCCESS) return 0;  // once for all of them; as in unmap
   std::uint32_t done = 0;
   while (done < count && (!mapped_[pages[done]] || unmap_page(pages[done]))) ++done;
   return done;
