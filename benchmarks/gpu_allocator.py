@@ -79,6 +79,12 @@ def make_input(torch, shape, vocab):
     return torch.randn(batch, length, 512, device="cuda")
 
 
+def run_step(torch, model, shape, vocab) -> None:
+    """One step of the loop: the input made on the device, the model, the answer to the host."""
+    out = model(make_input(torch, shape, vocab))
+    out.float().sum(dim=-1).cpu()
+
+
 def shapes(steps: int, seed: int):
     import numpy as np
 
@@ -133,9 +139,7 @@ def run_child(args) -> dict:
         for step, shape in enumerate(plan):
             t0 = time.perf_counter()
             try:
-                out = model(make_input(torch, shape, vocab))
-                out.float().sum(dim=-1).cpu()
-                del out
+                run_step(torch, model, shape, vocab)
             except (torch.OutOfMemoryError, RuntimeError) as error:
                 # The arena's refusal reaches PyTorch's callers as a RuntimeError saying
                 # "CUDA out of memory: latte device arena ...", not as OutOfMemoryError.
