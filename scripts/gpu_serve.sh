@@ -49,18 +49,18 @@ if [ ! -f "$archive" ]; then
   echo "gpu_serve: $archive is missing; build it with: python3 scripts/gpu_pack.py --python $pyver"
   exit 2
 fi
-# Seconds of measuring per part (RANKER_S, SEQUENCE_S, MEMORY_S, PIPELINE_S, CHECKS_S, ALLOCATOR_S;
+# Seconds of measuring per part (RANKER_S, SEQUENCE_S, MEMORY_S, PIPELINE_S, CHECKS_S, ALLOCATOR_S, CALL_S;
 # 0 leaves a part out) and the served-memory run's windows at most (MEMORY_WINDOWS).
 if [ "$rehearse" = 1 ]; then
   kind=KIND_CPU; gpus=0; ranker_s=${RANKER_S:-20}; sequence_s=${SEQUENCE_S:-20}; memory_s=${MEMORY_S:-20}
-  pipeline_s=${PIPELINE_S:-20}; checks_s=${CHECKS_S:-60}; allocator_s=${ALLOCATOR_S:-0}
+  pipeline_s=${PIPELINE_S:-20}; checks_s=${CHECKS_S:-60}; allocator_s=${ALLOCATOR_S:-0}; call_s=${CALL_S:-0}
 else
   kind=KIND_GPU; gpus=1; ranker_s=${RANKER_S:-95}; sequence_s=${SEQUENCE_S:-110}; memory_s=${MEMORY_S:-55}
-  pipeline_s=${PIPELINE_S:-60}; checks_s=${CHECKS_S:-90}; allocator_s=${ALLOCATOR_S:-200}
+  pipeline_s=${PIPELINE_S:-60}; checks_s=${CHECKS_S:-90}; allocator_s=${ALLOCATOR_S:-200}; call_s=${CALL_S:-0}
 fi
 memory_windows=${MEMORY_WINDOWS:-4}
 total_s=${TOTAL_S:-540}
-for name in ranker_s sequence_s memory_s pipeline_s checks_s allocator_s memory_windows total_s; do
+for name in ranker_s sequence_s memory_s pipeline_s checks_s allocator_s call_s memory_windows total_s; do
   [[ "${!name}" =~ ^[0-9]+$ ]] || { echo "gpu_serve: ${name^^} must be a whole number of seconds (or windows), got ${!name}"; exit 2; }
 done
 
@@ -111,7 +111,7 @@ say "ready"
 export LATTE_QUIET_WAIT_S=0 PYTHONUNBUFFERED=1
 # The page names the command as it was typed, its settings included.
 settings=""
-for name in RANKER_S SEQUENCE_S MEMORY_S PIPELINE_S CHECKS_S ALLOCATOR_S MEMORY_WINDOWS TOTAL_S; do
+for name in RANKER_S SEQUENCE_S MEMORY_S PIPELINE_S CHECKS_S ALLOCATOR_S CALL_S MEMORY_WINDOWS TOTAL_S; do
   [ -n "${!name:-}" ] && settings+="$name=${!name} "
 done
 export LATTE_RESULTS_COMMAND="${settings}scripts/gpu_serve.sh"
@@ -158,14 +158,16 @@ mkdir -p "$root/results/logs"
 export -f device_checks
 export venv root
 measure checks "$checks_s" 0 bash -c device_checks
+# One request at a time in process, no server: the stock loop's code, latte's runtime and latte's
+# execute, each frozen and not, so a served P50 gap at concurrency 1 is traced to its part.
+measure one-call "$call_s" 40 "$venv/bin/python" benchmarks/one_call.py --device "$( [ "$gpus" = 1 ] && echo cuda || echo cpu )" \
+  --calls 300 --rounds 5 --profile --json "$root/results/logs/one-call.json"
 measure ranker "$ranker_s" 70 "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,32,128 --measurement-ms 1000 --budget-s @BUDGET@ \
   --results-dir "$root/results"
-# The unfrozen ablation: at one request at a time the sequence encoder's P50 was 1.30x the stock
-# loop's on an H200, 1.07x before TorchScript was frozen at load.
 measure sequence "$sequence_s" 70 "$venv/bin/python" benchmarks/serving.py --model sequence --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 --budget-s @BUDGET@ \
-  --ablation unfrozen --results-dir "$root/results"
+  --results-dir "$root/results"
 measure served-memory "$memory_s" 70 "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
   --budget-s @BUDGET@ --windows "$memory_windows" --results-dir "$root/results"
 if [ "$gpus" = 1 ]; then

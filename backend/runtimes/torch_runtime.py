@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Dict, Sequence
 
@@ -59,6 +58,7 @@ class TorchRuntime(Runtime):
             module = self._frozen(module)
         self.module = module
         self._arg_order = self._argument_order(module, list(input_names))
+        self._loading_thread = threading.get_ident()
 
     def _frozen(self, module):
         """The module frozen for inference: its weights and attributes folded into the graph as
@@ -91,22 +91,25 @@ class TorchRuntime(Runtime):
             return [p for p in params if p in names]
         return names
 
-    def lane_stream(self):
-        """The calling thread's own CUDA stream on this runtime's device (None on CPU).
-
-        Each scheduler lane is a thread, so lanes get a stream each: one lane's copies and
-        kernels do not queue behind another's on the device's default stream."""
-        if self.device.type != "cuda":
-            return None
+    def _enter_thread(self) -> None:
+        """Once per thread and device: the thread's CUDA stream. The thread that loaded the model
+        (the stub's, which serves one call at a time) keeps the device's default stream; any
+        other thread that runs it (a scheduler lane, a branch or stream runner) gets a stream of
+        its own, made its current stream for good, so that lanes' copies and kernels do not queue
+        behind one another's and no call pays for entering and leaving a stream context (an
+        H200, one request at a time: 50-100 us a call, 10-25 % of a small model's)."""
+        torch = self._torch
         streams = getattr(_lane, "streams", None)
         if streams is None:
             streams = _lane.streams = {}
-        stream = streams.get(self.device)
-        if stream is None:
-            stream = streams[self.device] = self._torch.cuda.Stream(device=self.device)
-            # The weights were copied on the default stream at load: work on this one follows them.
-            stream.wait_stream(self._torch.cuda.default_stream(self.device))
-        return stream
+        if threading.get_ident() == self._loading_thread:
+            streams[self.device] = None
+            return
+        stream = torch.cuda.Stream(device=self.device)
+        # The weights were copied on the default stream at load: work on this one follows them.
+        stream.wait_stream(torch.cuda.default_stream(self.device))
+        torch.cuda.set_stream(stream)
+        streams[self.device] = stream
 
     def run(self, feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         return self._on_lane(feed, to_host=True)
@@ -120,19 +123,21 @@ class TorchRuntime(Runtime):
         return self._on_lane(feed, to_host=False)
 
     def _on_lane(self, feed, to_host: bool):
-        torch = self._torch
         if getattr(_lane, "threads", None) != self.intra_op_threads:
             # OpenMP's thread count is per calling thread: scheduler lanes set their own.
-            torch.set_num_threads(self.intra_op_threads)
+            self._torch.set_num_threads(self.intra_op_threads)
             _lane.threads = self.intra_op_threads
-        stream = self.lane_stream()
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        if self._on_cpu:
             outputs = self._run_on_current_stream(feed)
-            if to_host and self._on_cpu:  # made under inference_mode: only a returned weight needs detaching
+            if to_host:  # made under inference_mode: only a returned weight needs detaching
                 return {name: (t.detach() if t.requires_grad else t).numpy() for name, t in outputs.items()}
-            if to_host:  # copied on the lane's stream, after the kernels that made them
-                outputs = {name: t.detach().to("cpu").numpy() for name, t in outputs.items()}
             return outputs
+        if self.device not in getattr(_lane, "streams", ()):
+            self._enter_thread()
+        outputs = self._run_on_current_stream(feed)
+        if to_host:  # copied on the thread's stream, after the kernels that made them
+            return {name: t.detach().to("cpu").numpy() for name, t in outputs.items()}
+        return outputs
 
     def _tensor(self, value):
         torch = self._torch
