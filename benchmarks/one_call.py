@@ -154,7 +154,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda or cpu (default: %(default)s)")
     parser.add_argument("--calls", type=int, default=300, help="calls of each contender per round (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--json", type=Path, help="write the raw figures here")
+    parser.add_argument("--results-dir", type=Path, help="write the results file (one-call-DEVICE.json) here")
     parser.add_argument("--profile", action="store_true", help="also print a cProfile of latte's execute")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda"):
@@ -164,6 +165,7 @@ def main(argv=None) -> int:
             print("one_call: no CUDA device", file=sys.stderr)
             return 2
     found = []
+    load = os.getloadavg()[0]
     for model in args.models.split(","):
         with tempfile.TemporaryDirectory(prefix=f"latte-one-call-{model}-") as work:
             figures = measure(model, args.device, args.calls, args.rounds, Path(work), args.profile)
@@ -175,7 +177,36 @@ def main(argv=None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(found, indent=1) + "\n")
+    if args.results_dir:
+        from latte.bench.results import command_line, new_results
+
+        record = new_results(f"one-call-{'gpu' if args.device.startswith('cuda') else 'cpu'}",
+                             "gpu" if args.device.startswith("cuda") else "serving",
+                             "One request at a time, in process: latte's runtime and execute against the stock loop",
+                             os.environ.get("LATTE_RESULTS_COMMAND") or command_line("benchmarks/one_call.py", argv),
+                             load, HERE)
+        print(f"wrote {write_record(record, found, args.results_dir)}")
     return 0
+
+
+def write_record(record, found, directory: Path) -> Path:
+    """The results file of `found` (measure's figures of each model) on `record`'s machine."""
+    from latte.bench.results import Table, write_summary
+
+    rows = []
+    for figures in found:
+        times, ratio = figures["us_per_call"], figures["ratio_to_stock"]
+        rows.append([figures["model"]] + [f"{times[name]:.0f} ({ratio[name]:.2f}x)" for name in CONTENDERS])
+    rounds = found[0]["rounds"]
+    sequence = {f["model"]: f["ratio_to_stock"] for f in found}
+    summary = ("One request a call, in process with no server, the serving benchmark's lengths on the "
+               f"instance's device: µs per call (medians of {rounds} interleaved rounds) and the ratio to the "
+               "stock Python model's own code. "
+               + "; ".join(f"`{model}`: latte's runtime {r['runtime']:.2f}x, its execute {r['execute']:.2f}x"
+                           for model, r in sequence.items())
+               + ". Frozen or not, the module runs alike; what is left is latte's Python around the call.")
+    tables = [Table("µs per call (ratio to stock):", ["model", *CONTENDERS], rows)]
+    return write_summary(record, dict(summary=summary, tables=tables), directory, figures={"models": found})
 
 
 if __name__ == "__main__":

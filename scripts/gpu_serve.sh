@@ -161,7 +161,7 @@ measure checks "$checks_s" 0 bash -c device_checks
 # One request at a time in process, no server: the stock loop's code, latte's runtime and latte's
 # execute, each frozen and not, so a served P50 gap at concurrency 1 is traced to its part.
 measure one-call "$call_s" 40 "$venv/bin/python" benchmarks/one_call.py --device "$( [ "$gpus" = 1 ] && echo cuda || echo cpu )" \
-  --calls 300 --rounds 5 --profile --json "$root/results/logs/one-call.json"
+  --calls 300 --rounds 5 --profile --json "$root/results/logs/one-call.json" --results-dir "$root/results"
 measure ranker "$ranker_s" 70 "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,32,128 --measurement-ms 1000 --budget-s @BUDGET@ \
   --results-dir "$root/results"
