@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
 ALLOC, FREE = 0, 1
-DEVICE_IDLE_SHARE = 8  # a CUDA device's pages' own (DevicePagesOptions); the host's keep every idle page
+DEVICE_IDLE_SHARE = 2  # a CUDA device's pages' own (DevicePagesOptions); the host's keep every idle page
 
 
 def record(model_name: str, steps: int, seed: int, out: Path) -> dict:

@@ -13,12 +13,17 @@ gpu_trace = load("gpu_trace")
 def test_a_paged_arena_holds_what_the_models_live_blocks_touch(model):
     figures = gpu_trace.replay(BENCHMARKS / "traces" / f"{model}.npz", page_mib=2, capacity_mib=16 << 10,
                                min_block=256)
+    kept = gpu_trace.replay(BENCHMARKS / "traces" / f"{model}.npz", page_mib=2, capacity_mib=16 << 10,
+                            min_block=256, idle_share=0)
     assert figures["failures"] == 0
-    # Within an eighth over the most pages in use, and those over the live bytes by the pages'
-    # rounding: keeping every idle page held 1.30x (sequence) and 1.48x (encoder).
-    assert figures["held_over_live"] <= 1.20
-    # Evictions come in batches: a few hundred unmap calls for the 6,000 steps at most.
-    assert figures["unmap_calls"] <= 400
+    # Within half over the most pages in use, and those over the live bytes by the pages'
+    # rounding; never more than keeping every idle page (1.30x on the sequence encoder, 1.48x
+    # on the 6-layer one, which the share brings down to 1.18x).
+    assert figures["held_over_live"] <= min(1.35, kept["held_over_live"])
+    if model == "encoder":
+        assert figures["held_over_live"] <= kept["held_over_live"] - 0.2
+    # Evictions, each a wait for the device's kernels, are rare: a few dozen in 6,000 steps.
+    assert 0 < figures["unmap_calls"] <= 50
 
 
 def test_the_host_keeps_every_idle_page_unless_told():
