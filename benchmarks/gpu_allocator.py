@@ -295,11 +295,9 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
         targets.append(Target("paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's",
                               ", ".join(f"{m} {h:.2f}x / {q:.2f}x" for m, h, q, _, _ in paged),
                               "yes" if all(h <= 0.5 and q <= 1.0 for _, h, q, _, _ in paged) else "no",
-                              why="a freed block's pages stay mapped at its addresses for its next use, and new "
-                                  "blocks take pages the arena has not made yet before they unmap idle ones, so "
-                                  "what it holds grows to the most ever mapped, up to its capacity (under the cap "
-                                  "it held the cap and refused nothing); the plain arena's held counts its blocks, "
-                                  "inside a capacity taken from the device whole"))
+                              why="idle pages stay mapped up to half the pages in use (a device's idle_share "
+                                  "2), so that few blocks wait for the device's kernels while pages are unmapped: a "
+                                  "smaller share holds less and waits more (docs/memory.md, On a CUDA device)"))
     return dict(summary=(f"Each step draws a batch and a lognormal length, makes the input on the device, runs the "
                          "model in inference mode and copies the answer to the host; \"held\" is what the allocator "
                          "held at its peak. One process per contender, one after the other."),
