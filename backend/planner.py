@@ -44,7 +44,8 @@ class BatchPlanner:
     def plan(self, rows: Sequence[int], lengths: Optional[Sequence[int]]) -> List[Sequence[int]]:
         """Indices of requests of one shape key (`rows` each, ragged `lengths` or None) in
         batches within max_batch_size; a plan of one batch is all of them, in order."""
-        if lengths is None and self._batched and sum(rows) <= self.max_rows:  # fits, asked without a call
+        if (lengths is None or len(rows) == 1) and self._batched and sum(rows) <= self.max_rows:
+            # Fits, asked without a call; a lone request runs alone whatever its length.
             return [range(len(rows))]
         plan = plan_rows(self.spec, rows, lengths, self.buckets, self.cost_model)
         if len(plan) == 1 and len(plan[0]) == len(rows):
@@ -66,6 +67,8 @@ class BatchPlanner:
     def plan_requests(self, pairs: Sequence[Tuple[int, ParsedRequest]]) -> List[List[Tuple[int, ParsedRequest]]]:
         """(position, request) pairs in batches: requests of one shape key each, planned by
         `plan`."""
+        if len(pairs) == 1 and self.fits(pairs[0][1].rows):  # a lone request runs alone
+            return [list(pairs)]
         if self._one_shape:
             return [[pairs[i] for i in batch] for batch in self.plan([r.rows for _, r in pairs], None)]
         return plan_batches(self.spec, pairs, self.buckets, self.cost_model)

@@ -8,6 +8,7 @@ import torch
 
 from latte.backend.buckets import BucketPlan
 from latte.backend.planner import BatchPlanner
+from latte.backend.planning import CostModel
 from latte.backend.config import parse_model_config
 from latte.backend.engine import BatchEngine
 from latte.backend.graph.graph import load_model
@@ -97,6 +98,25 @@ def per_token_engine(tmp_path, planning="cost", pad_to="edge", cost_model=None, 
     spec = parse_model_config(config, model_dir, "1")
     graph, _ = load_model(spec)
     return BatchEngine(spec, graph, BatchPlanner(spec, cost_model), **kwargs)
+
+
+class _PricelessModel(CostModel):
+    """A cost model that refuses to price anything: a plan that asks it fails."""
+
+    def row_cost(self, edge):
+        raise AssertionError("the plan asked for a cost")
+
+    def alone_cost(self, length, rows):
+        raise AssertionError("the plan asked for a cost")
+
+
+def test_a_lone_ragged_request_is_planned_without_pricing_a_plan(tmp_path):
+    engine = per_token_engine(tmp_path, cost_model=_PricelessModel(0.0, {16: 1.0, 32: 2.0}))
+    assert [list(batch) for batch in engine.planner.plan([1], [40])] == [[0]]
+    result, = engine.infer([ParsedRequest(inputs={"tokens": np.arange(1, 41, dtype=np.int64)[None]}, rows=1)])
+    assert result["vectors"].shape == (1, 40, 2)
+    with pytest.raises(AssertionError, match="asked for a cost"):  # two requests are priced
+        engine.planner.plan([1, 1], [3, 40])
 
 
 @pytest.mark.parametrize("pad_to, shared_batch", [("edge", (2, 16)), ("longest", (2, 5))])
