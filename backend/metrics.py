@@ -188,6 +188,9 @@ _DESCRIPTIONS = {
     "latte_stream_state_bytes": "Stream state held in the pools (held) and what the live streams' rows need at "
                                 "block granularity (needed)",
     "latte_stream_cache_blocks": "A streaming model's cache blocks, taken and in the pool (capacity)",
+    "latte_stream_first_output_us": "Time from a stream's arrival in execute to its first output sent (time to "
+                                    "first token)",
+    "latte_stream_inter_output_us": "Time between two outputs of one stream sent (inter-token latency)",
     "latte_thread_budget": "Threads the model's instances compute on (instances x lanes x intra_op_threads), "
                            "by state: within the usable cores or oversubscribed",
 }
@@ -297,6 +300,7 @@ class BackendMetrics:
         self._outcome_keys: Dict[str, Tuple[str, Labels]] = {}
         self._priority_keys: Dict[int, Tuple[str, Labels]] = {}
         self._plain_calls = self.aggregate.alike(_fold_plain_calls)
+        self._stream_outputs = self.aggregate.alike(_fold_stream_outputs)
         self._totals_seen: Dict[Tuple[str, Labels], float] = {}  # running totals last read, by counter
 
     def requests(self, counts: Mapping[Tuple[str, int], int], seconds: float) -> None:
@@ -403,6 +407,14 @@ class BackendMetrics:
                              + [(("latte_stream_outputs_total", ()), figures["outputs"]),
                                 (("latte_stream_iterations_total", ()), figures["iterations"])])
 
+    def stream_output(self, first: bool, seconds: float) -> None:
+        """One output of a stream sent: `seconds` since the stream arrived (its first) or since
+        its previous output; a sender thread's append, folded when the figures are read."""
+        queue = self._stream_outputs
+        queue.append((first, seconds))
+        if len(queue) > _MAX_DEFERRED:  # nobody has read the figures for a while
+            self.aggregate.overflow(_fold_stream_outputs)
+
     def sessions(self, live: int, started: int, ended: int, expired: int) -> None:
         for state, value in (("live", live), ("started", started), ("ended", ended), ("expired", expired)):
             self.aggregate.set("latte_sessions", {"state": state}, value)
@@ -449,6 +461,22 @@ def _fold_plain_calls(records: List[tuple]) -> Tuple[list, list, list]:
     bulk = [(_DEFAULT_PRIORITY_LATENCY, LATENCY_BUCKETS_US, latency_s * 1e6, requests),
             (_BATCH_SIZE, BATCH_BUCKETS, rows, np.ones_like(rows))]
     return increments, [], bulk
+
+
+_FIRST_OUTPUT = ("latte_stream_first_output_us", ())
+_INTER_OUTPUT = ("latte_stream_inter_output_us", ())
+
+
+def _fold_stream_outputs(records: List[tuple]) -> Tuple[list, list, list]:
+    """(first, seconds) of each output a streaming model sent: the time to its stream's first
+    output, or since its previous one."""
+    first, seconds = np.array(records, dtype=np.float64).T
+    bulk = []
+    for key, chosen in ((_FIRST_OUTPUT, first > 0), (_INTER_OUTPUT, first == 0)):
+        values = seconds[chosen] * 1e6
+        if len(values):
+            bulk.append((key, LATENCY_BUCKETS_US, values, np.ones_like(values)))
+    return [], [], bulk
 
 
 def outcome_label(exc: Optional[BaseException]) -> str:

@@ -94,13 +94,13 @@ class StreamingModel:
         self._text = next((t.name for t in spec.signature.outputs if is_string(t.dtype)), None)
         self._prompt = next((t.name for t in spec.signature.inputs
                              if is_string(t.dtype) and t.name not in CONTROL_INPUTS), None)
+        self.metrics = BackendMetrics()  # before the senders, which record each output sent
+        self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
         self._senders = [threading.Thread(target=self._send_loop, args=(outbox,), name=f"latte-stream-sender-{name}",
                                           daemon=True) for outbox in self.runner.outboxes]
         for sender in self._senders:
             sender.start()
         self.runner.start(name)
-        self.metrics = BackendMetrics()
-        self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
         self.publisher = TritonPublisher(self.pb, self.metrics.aggregate, name, refresh=self._refresh_gauges,
                                          instance=self._instance)
         held = engine.held()
@@ -164,19 +164,31 @@ class StreamingModel:
             if emissions is None:
                 return
             for stream, outcome, final in emissions:
+                output = False
                 if outcome is None:  # the end: the final flag alone
                     response = None
                 elif type(outcome) is Ready:
-                    response = outcome.response
+                    response, output = outcome.response, outcome.output
                 else:
+                    output = not isinstance(outcome, Exception)
                     try:
                         response = self.responses.build(outcome)
                     except Exception as exc:  # not even its error could be made: the stream ends
                         self.pb.Logger.log_error(f"latte: {self.name}: could not make a response: {exc}")
-                        response, final, stream.cancelled = None, True, True
-                self._send(stream.sender, response, final, stream=stream)
+                        response, final, stream.cancelled, output = None, True, True, False
+                if self._send(stream.sender, response, final, stream=stream) and output:
+                    self._sent_output(stream)
 
-    def _send(self, sender, response, final: bool, stream: Optional[Stream] = None) -> None:
+    def _sent_output(self, stream: Stream) -> None:
+        """Time to the stream's first output, or since its previous one, for the histograms.
+        A stream's outputs all go through one sender, so its `sent_at` has one writer."""
+        now = time.monotonic()
+        last = stream.sent_at
+        self.metrics.stream_output(last is None, now - (stream.arrival if last is None else last))
+        stream.sent_at = now
+
+    def _send(self, sender, response, final: bool, stream: Optional[Stream] = None) -> bool:
+        """Whether the response went out."""
         flags = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         try:
             if response is None:
@@ -188,6 +200,8 @@ class StreamingModel:
                 stream.cancelled = True
             log = getattr(self.pb.Logger, "log_verbose", self.pb.Logger.log_info)
             log(f"latte: {self.name}: could not send a response: {exc}")
+            return False
+        return True
 
     def figures(self) -> dict:
         """The loop's running totals, what the live streams hold, and the streams waiting."""

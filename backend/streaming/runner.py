@@ -49,8 +49,10 @@ class Admitted(NamedTuple):
 
 
 class Ready(NamedTuple):
-    """An outcome already made into what the sender sends (the runner's `prepare`)."""
+    """An outcome already made into what the sender sends (the runner's `prepare`): an output,
+    or an error (`output` False)."""
     response: object
+    output: bool = True
 
 
 def _next_check(due: float, now: float, interval: float) -> float:
@@ -229,7 +231,7 @@ class StreamRunner:
         for stream, outcome, final in emissions:
             if outcome is not None:
                 try:
-                    outcome = Ready(prepare(outcome))
+                    outcome = Ready(prepare(outcome), not isinstance(outcome, Exception))
                 except Exception:  # left to the sender, which ends the stream if it cannot either
                     pass
             ready.append((stream, outcome, final))

@@ -22,7 +22,8 @@ class Stream:
     `text`: the string output stop strings are matched in, and the prompt is put before."""
 
     __slots__ = ("number", "inputs", "controls", "arrival", "deadline", "sender", "request", "text", "prompt",
-                 "slot", "blocks", "length", "produced", "pieces", "said", "cancelled", "check_at", "ended")
+                 "slot", "blocks", "length", "produced", "pieces", "said", "cancelled", "check_at", "ended",
+                 "sent_at")
 
     def __init__(self, inputs: Dict[str, np.ndarray], controls: StreamControls, arrival: float, sender=None,
                  request=None, text: Optional[str] = None, prompt: bytes = b"") -> None:
@@ -45,6 +46,7 @@ class Stream:
         self.cancelled = False             # set where its client is found gone
         self.check_at = arrival            # when the loop next asks whether its client gave up
         self.ended = False
+        self.sent_at: Optional[float] = None  # when its last output was sent (its sender's clock)
 
     @property
     def priority(self) -> int:

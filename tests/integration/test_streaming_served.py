@@ -53,6 +53,22 @@ def test_concurrent_streams_each_equal_the_model_run_alone(streaming_server, mod
         assert len(record.pieces) == len(record.text)  # one response per token
 
 
+def test_the_served_model_publishes_its_time_to_first_output_and_between_outputs(streaming_server):
+    from latte.triton.streams import run_streams
+
+    before = metric(streaming_server, "latte_stream_first_output_us_count") or 0
+    records = run_streams(streaming_server.grpc_url, "textgen", PROMPTS[:2], concurrency=2, max_tokens=8,
+                          ignore_eos=True)
+    assert [len(r.pieces) for r in records] == [8, 8]
+    for _ in range(30):  # the figures are published once a second
+        if (metric(streaming_server, "latte_stream_first_output_us_count") or 0) >= before + 2:
+            break
+        time.sleep(0.2)
+    assert metric(streaming_server, "latte_stream_first_output_us_count") >= before + 2
+    assert metric(streaming_server, "latte_stream_inter_output_us_count") >= 2 * 7
+    assert metric(streaming_server, "latte_stream_inter_output_us_bucket", le="+Inf") >= 2 * 7
+
+
 def test_the_stock_model_says_the_same_so_the_benchmark_compares_like_with_like(streaming_server):
     from latte.triton.streams import generate
 

@@ -85,6 +85,24 @@ def test_bad_prompts_end_only_their_own_stream_with_the_step_named(tmp_path):
         model.finalize()
 
 
+def test_each_output_sent_is_timed_from_its_streams_arrival_or_its_previous_output(tmp_path):
+    model, _ = served("gru", tmp_path)
+    try:
+        calls = [request(b"hello", 5, ignore_eos=True), request(b"world", 3, ignore_eos=True), request(b"", 5)]
+        started = time.monotonic()
+        model.execute(calls)
+        wait_final(calls)
+        took_us = (time.monotonic() - started) * 1e6
+    finally:
+        model.finalize()
+    counters, _ = model.metrics.aggregate.snapshot()
+    # Two streams sent 5 and 3 outputs; the one refused sent none.
+    assert counters[("latte_stream_first_output_us_count", ())] == 2
+    assert counters[("latte_stream_inter_output_us_count", ())] == 4 + 2
+    assert 0 < counters[("latte_stream_first_output_us_sum", ())] <= 2 * took_us
+    assert 0 < counters[("latte_stream_inter_output_us_sum", ())] <= 6 * took_us
+
+
 def test_a_response_not_streamed_is_the_prompt_and_the_text(tmp_path):
     model, folder = served("gru", tmp_path)
     try:
