@@ -2,7 +2,7 @@
 on the instance's device, with no server around either.
 
     .venv/bin/python benchmarks/one_call.py [--models sequence,ranker] [--device cuda] [--calls 300] [--rounds 5]
-        [--profile] [--json FILE]
+        [--profile] [--json FILE] [--results-dir DIR]
 
 Each contender answers the same requests (the serving benchmark's lengths), one per call,
 cycling through 256 of them; contenders are interleaved, `--rounds` times, and the median µs
@@ -198,13 +198,13 @@ def write_record(record, found, directory: Path) -> Path:
         times, ratio = figures["us_per_call"], figures["ratio_to_stock"]
         rows.append([figures["model"]] + [f"{times[name]:.0f} ({ratio[name]:.2f}x)" for name in CONTENDERS])
     rounds = found[0]["rounds"]
-    sequence = {f["model"]: f["ratio_to_stock"] for f in found}
+    ratios = {f["model"]: f["ratio_to_stock"] for f in found}
     summary = ("One request a call, in process with no server, the serving benchmark's lengths on the "
                f"instance's device: µs per call (medians of {rounds} interleaved rounds) and the ratio to the "
                "stock Python model's own code. "
-               + "; ".join(f"`{model}`: latte's runtime {r['runtime']:.2f}x, its execute {r['execute']:.2f}x"
-                           for model, r in sequence.items())
-               + ". Frozen or not, the module runs alike; what is left is latte's Python around the call.")
+               + "; ".join(f"`{model}`: the stock code over the frozen module {r['stock_frozen']:.2f}x, latte's "
+                           f"runtime {r['runtime']:.2f}x, its execute {r['execute']:.2f}x"
+                           for model, r in ratios.items()) + ".")
     tables = [Table("µs per call (ratio to stock):", ["model", *CONTENDERS], rows)]
     return write_summary(record, dict(summary=summary, tables=tables), directory, figures={"models": found})
 
