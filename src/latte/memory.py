@@ -65,7 +65,8 @@ class BuddyArena(_NativeArena):
         many / ``idle_share``; past it, a range's missing pages come from the oldest idle ones
         (unmapped and mapped again) instead of memory not yet held. 0 keeps every idle page
         until the capacity runs out. None: the pages' own, 0 on the host (a remapped page
-        is faulted in again) and 8 on a CUDA device (device memory is what runs short).
+        is faulted in again) and 2 on a CUDA device (device memory is what runs short; each
+        eviction waits for the device).
 
     Inherited from the native class (no Python frame on the hot path):
     ``empty(shape, dtype)`` -- an uninitialised C-contiguous numpy array over an arena block,

@@ -32,7 +32,7 @@ struct ArenaStackOptions {
   std::size_t page_bytes = 1u << 20;
   unsigned virtual_factor = 4;
   // PageMapper::idle_share; -1: the pages' own (the host keeps idle pages until the memory
-  // runs out, a device remaps those beyond an eighth of the pages in use).
+  // runs out, a device remaps those beyond half the pages in use).
   int idle_share = -1;
 };
 
