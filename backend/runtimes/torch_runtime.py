@@ -51,6 +51,10 @@ class TorchRuntime(Runtime):
         # On the CPU a tensor from numpy is where it runs already: no move in, none out (each is
         # a dispatcher call, and a one-stream decode makes a dozen of them per token).
         self._on_cpu = self.device.type == "cpu"
+        # torch.inference_mode's own guard: the same mode with no Python frames around it, which
+        # a call made for every request or token pays for (torch.inference_mode where a torch
+        # has none).
+        self._inference_mode = getattr(torch._C, "_InferenceMode", None) or torch.inference_mode
         self.half = half
         if half:
             module = module.half()
@@ -151,7 +155,7 @@ class TorchRuntime(Runtime):
         args = [self._tensor(feed[name]) for name in self._arg_order]
         if self.half:
             args = [a.half() if a.is_floating_point() else a for a in args]
-        with torch.inference_mode():
+        with self._inference_mode(True):
             result = self.module(*args)
         if isinstance(result, torch.Tensor):
             result = (result,)
@@ -159,5 +163,6 @@ class TorchRuntime(Runtime):
             result = tuple(result[name] for name in self.output_names)
         if len(result) != len(self.output_names):
             raise RuntimeError(f"model returned {len(result)} outputs; the config declares {len(self.output_names)}")
-        return {name: (t.float() if self.half and t.is_floating_point() else t)
-                for name, t in zip(self.output_names, result)}
+        if not self.half:
+            return dict(zip(self.output_names, result))
+        return {name: (t.float() if t.is_floating_point() else t) for name, t in zip(self.output_names, result)}

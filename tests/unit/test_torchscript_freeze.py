@@ -82,3 +82,13 @@ def test_the_freeze_parameter_reaches_the_runtime_and_the_ready_line(decode_path
     assert graph.describe() == "TorchScript runs unfrozen (torch.jit.freeze: no)"
     with pytest.raises(ConfigError, match="freeze"):
         parse_model_config(_config(freeze="sometimes"), path.parent, "1")
+
+
+def test_outputs_are_made_in_inference_mode_whether_frozen_or_not(decode_path):
+    path, dims = decode_path
+    names = (["token", "cache", "cache_lengths"], ["next_token", "row"])
+    for freeze in (True, False):
+        runtime = load_runtime("torchscript", path, *names, 1, 1, freeze=freeze)
+        outputs = runtime.run_tensors(_feed(dims))
+        assert all(t.is_inference() and not t.requires_grad for t in outputs.values())
+        assert not torch.is_inference_mode_enabled()  # the mode ends with the call
