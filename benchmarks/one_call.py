@@ -40,16 +40,6 @@ sys.path.insert(0, str(HERE))
 CONTENDERS = ("stock", "stock_frozen", "runtime", "runtime_unfrozen", "execute", "execute_unfrozen")
 
 
-def stock_call(module, device):
-    """The stock Python model's run(x), as its model.py has it."""
-    import torch
-
-    def run(x):
-        with torch.inference_mode():
-            return module(torch.from_numpy(x).to(device)).cpu().numpy()
-    return run
-
-
 def latte_model(model_dir: Path, device: str, freeze: bool):
     """LatteModel over the stand-in stub, from the served copy's config.pbtxt."""
     from google.protobuf.json_format import MessageToDict
@@ -73,7 +63,7 @@ def contenders_for(model: str, device: str, work: Path):
     from latte.backend.runtimes.torch_runtime import TorchRuntime
     from latte.backend.standin_stub import InferenceRequest
     from latte.examples import CATALOG
-    from serving import SETTINGS, add_contenders, model_file
+    from serving import SETTINGS, add_contenders, model_file, torch_runner
 
     example = CATALOG[model]
     setting = SETTINGS[model]
@@ -85,7 +75,7 @@ def contenders_for(model: str, device: str, work: Path):
     torch.set_num_threads(1)
     loaded = torch.jit.load(str(source), map_location=device).eval()
     frozen = torch.jit.freeze(torch.jit.load(str(source), map_location=device).eval(), optimize_numerics=False)
-    calls = {"stock": (stock_call(loaded, device), None), "stock_frozen": (stock_call(frozen, device), None)}
+    calls = {"stock": (torch_runner(loaded, device), None), "stock_frozen": (torch_runner(frozen, device), None)}
     for name, freeze in (("runtime", True), ("runtime_unfrozen", False)):
         runtime = TorchRuntime("torchscript", source, [input_name], [output_name], 1, 1, device, freeze=freeze)
         calls[name] = ((lambda r: lambda x: r.run({input_name: x})[output_name])(runtime), runtime.close)

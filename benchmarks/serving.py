@@ -157,7 +157,13 @@ def model_runner(source: Path, name: str, device: str = "cpu"):
     import torch
 
     torch.set_num_threads(1)
-    module = torch.jit.load(str(source), map_location=device).eval()
+    return torch_runner(torch.jit.load(str(source), map_location=device).eval(), device)
+
+
+def torch_runner(module, device: str):
+    """The stock Python model's call of a TorchScript module (its model.py's run): the request's
+    array onto the device, the module, the answer back to the host."""
+    import torch
 
     def run(x):
         with torch.inference_mode():
