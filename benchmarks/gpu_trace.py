@@ -24,10 +24,11 @@ import sys
 import time
 from pathlib import Path
 
+from latte.memory import DEVICE_IDLE_SHARE  # a CUDA device's pages' own; the host's keep every idle page
+
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
 ALLOC, FREE = 0, 1
-DEVICE_IDLE_SHARE = 2  # a CUDA device's pages' own (DevicePagesOptions); the host's keep every idle page
 
 
 def record(model_name: str, steps: int, seed: int, out: Path) -> dict:

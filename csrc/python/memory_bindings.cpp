@@ -14,6 +14,7 @@
 #include "bindings.hpp"
 #include "latte/error.hpp"
 #include "latte/memory/arena_stack.hpp"
+#include "latte/memory/device_pages.hpp"
 #include "latte/memory/host_resource.hpp"
 
 namespace nb = nanobind;
@@ -162,6 +163,9 @@ nb::dict statistics_dict(const PyArena& self) {
 }  // namespace
 
 void bind_memory(nb::module_& m) {
+  // A CUDA device's pages' own idle share (BuddyArena's idle_share=None there), for what
+  // replays a device's allocations on the host; a build without CUDA has the same default.
+  m.attr("DEVICE_IDLE_SHARE") = latte::memory::DevicePagesOptions{}.idle_share;
 
   nb::class_<PyArena>(m, "BuddyArena", "A buddy-allocator arena over one pre-reserved region.")
       .def("__init__",

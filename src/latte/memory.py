@@ -16,10 +16,11 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from latte._native import BuddyArena as _NativeArena
-from latte._native import cuda_device_memory_compiled, cuda_runtime_available
+from latte._native import DEVICE_IDLE_SHARE, cuda_device_memory_compiled, cuda_runtime_available
 
 __all__ = [
     "BuddyArena",
+    "DEVICE_IDLE_SHARE",
     "cuda_device_memory_compiled",
     "cuda_runtime_available",
     "torch_allocator_library",
