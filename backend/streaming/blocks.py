@@ -6,13 +6,11 @@ counted from free lists, never searched (vLLM's block pool).
   takes a block when its last is full, and gives all back when it ends.
 
 A step reads the live streams' state gathered into one batch (one indexing call per tensor)
-and its outputs are written back the same way. Starts and steps run on two threads: the free
-lists take a lock; a slot's or block's rows are written only by the thread whose stream holds it.
+and its outputs are written back the same way.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
@@ -30,7 +28,6 @@ class _FreeList:
     def __init__(self, count: int, first: int = 0) -> None:
         self.capacity = count
         self._free = list(range(first + count - 1, first - 1, -1))  # popped lowest first
-        self._lock = threading.Lock()
 
     @property
     def free(self) -> int:
@@ -41,17 +38,14 @@ class _FreeList:
         return self.capacity - len(self._free)
 
     def take(self, count: int, what: str) -> List[int]:
-        with self._lock:
-            free = len(self._free)
-            if count > free:
-                raise ShortOfBlocks(f"{what}: {count} needed, {free} of {self.capacity} free")
-            taken = self._free[free - count:][::-1]
-            del self._free[free - count:]
+        if count > len(self._free):
+            raise ShortOfBlocks(f"{what}: {count} needed, {len(self._free)} of {self.capacity} free")
+        taken = self._free[len(self._free) - count:][::-1]
+        del self._free[len(self._free) - count:]
         return taken
 
     def give_back(self, ids: Sequence[int]) -> None:
-        with self._lock:
-            self._free.extend(reversed(ids))
+        self._free.extend(reversed(ids))
 
 
 class StatePool:

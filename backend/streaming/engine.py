@@ -3,10 +3,6 @@ step graph on every stream already running, each as one batch; their state kept 
 (blocks.py) between iterations. It answers with emissions, (stream, outcome, final), and calls
 nothing back: the runner decides who joins, the model sends.
 
-`start` and `step` may run at once on two threads (the runner's start lane and step loop): a
-stream is the start's until `join` makes it live, and the step's from then on; they share only
-the pools, whose free lists take a lock.
-
 A batch that fails is run again stream by stream, so only the streams the model fails on end
 (with an error naming the step); the others go on.
 """
@@ -53,8 +49,7 @@ class StreamEngine:
 
     # -- joining ------------------------------------------------------------------------
     def start(self, streams: Sequence[Stream]) -> List[Emission]:
-        """The start graph on the joining streams, as one batch: each gets its state and first
-        output. Those not ended by it are `join`ed, to be stepped."""
+        """The start graph on the joining streams, as one batch: each gets its state and first output."""
         try:
             outputs, lengths = self.start_graph.run_batch(self._start_batch(streams))
         except Exception as exc:
@@ -68,19 +63,9 @@ class StreamEngine:
             except OutOfMemory as exc:
                 emissions.append(self._failed(stream, exc))
                 continue
+            self.live.append(stream)
             emissions.extend(self._emit(stream, outputs, i))
         return emissions
-
-    @property
-    def holding(self) -> int:
-        """Streams holding state: live, or started and not yet joined (the state pool's slots
-        taken, counted under its lock, so never fewer than there are)."""
-        return self.state.taken
-
-    def join(self, stream: Stream) -> None:
-        """A started stream among the live ones, which `step` runs."""
-        if not stream.ended:
-            self.live.append(stream)
 
     def _start_batch(self, streams: Sequence[Stream]) -> Batch:
         rows = [{name: stream.inputs[name][None] for name in self._start_inputs} for stream in streams]
@@ -241,7 +226,7 @@ class StreamEngine:
         try:
             self.live.remove(stream)
         except ValueError:
-            pass  # it ended before it joined
+            pass  # it failed before it joined
 
     def held(self) -> Dict[str, int]:
         """Blocks and bytes the live streams hold, and the bytes their rows need."""

@@ -1,20 +1,15 @@
-"""The iteration loop of a streaming model, on two threads of its own. The *start lane* takes
-the streams that arrived, lets the scheduler pick who joins and starts them as one batch (their
-first outputs go out then); the *step loop* takes the streams started since its last iteration,
-drops those whose clients gave up, and steps every stream it holds as one batch. A stream that
-arrives while a step runs starts at once, beside it, instead of waiting for the step to end: a
-step runs mostly outside the GIL, so on a second core, or in the step's waits, the start goes
-on. Each part's emissions, made into responses (`prepare`), go to the outboxes, whose readers
-send them (the model's sender threads, so the next iteration computes while they go out). Each
+"""The iteration loop of a streaming model, on a thread of its own: take the streams that
+arrived, drop those whose clients gave up, let the scheduler pick who joins, start them (their
+first outputs go out then, not after the step) and step every stream already running; each
+part's emissions, made into responses (`prepare`), go to the outboxes, whose readers send
+them (the model's sender threads, so the next iteration computes while they go out). Each
 send is a round trip to the server that waits for its answer: several senders keep several in
 flight, as a thread per request does. A stream's emissions all go to one outbox (by its
-number), so they leave in order: its first is posted before the step loop can hold it; and a
-stream's first ones go ahead of the running streams' backlog there (outbox.py).
+number), so they leave in order; a stream's first ones go ahead of the running streams'
+backlog there (outbox.py).
 
-Data flows one way: submit -> schedule -> start -> (handed over) -> step -> outbox. Nothing here
-calls back; a stream found cancelled by the sender is a flag on the stream, read at the next
-iteration. `run_once` runs both parts in turn on the caller's thread (tests, the in-process
-bound, the profiler).
+Data flows one way: submit -> schedule -> start/step -> outbox. Nothing here calls back; a
+stream found cancelled by the sender is a flag on the stream, read at the next iteration.
 """
 
 from __future__ import annotations
@@ -43,22 +38,12 @@ _GOLDEN = 0.6180339887498949
 _ENDED_BY = {RequestCancelled: "cancelled", DeadlineExceeded: "expired", Overloaded: "refused"}
 
 
-# How long the start lane waits before it looks again at streams that wait for room (a slot,
-# cache blocks) when nothing wakes it: their deadlines and cancellations are read then.
-WAITING_RECHECK_S = 0.005
-
-
 class Admitted(NamedTuple):
     """What `admit` gives: `openings`, each a stream's first emission (refused, expired or
-    cancelled before it started, or a join's first output); `started`, the streams that hold
-    their state now, for the step loop to take over."""
+    cancelled before it started, or a join's first output); `cancelled`, the running streams'
+    last (their earlier outputs may still wait to be sent); `running`, the streams running
+    before the joins, the ones `advance` steps."""
     openings: List[Emission]
-    started: List[Stream]
-
-
-class Collected(NamedTuple):
-    """What `collect` gives: `cancelled`, the running streams' last emissions (their earlier
-    outputs may still wait to be sent); `running`, the streams `advance` steps."""
     cancelled: List[Emission]
     running: List[Stream]
 
@@ -102,23 +87,13 @@ class StreamRunner:
         self.cancel_check_s = cancel_check_s
         self._next_check = 0.0
         self._inbox: Deque[Stream] = collections.deque()
-        self._started: Deque[Stream] = collections.deque()   # started, not yet held by the step loop
-        self._wake = threading.Condition()       # the start lane's: arrivals, room freed, closing
-        self._stepping = threading.Condition()   # the step loop's: streams started, closing
-        self._room_freed = False
+        self._wake = threading.Condition()
         self._closing = False
         self.outboxes = [Outbox(OUTBOX_ITERATIONS) for _ in range(outboxes)]
         self.iterations = 0
-        # Each part counts in its own, so no count is written from two threads.
-        self._start_figures = {"joined": 0, "finished": 0, "cancelled": 0, "expired": 0, "refused": 0, "failed": 0,
-                               "outputs": 0}
-        self._step_figures = dict.fromkeys(self._start_figures, 0)
-        self._threads: List[threading.Thread] = []
-
-    @property
-    def figures(self) -> dict:
-        """Running totals: streams joined, finished, cancelled, expired, refused, failed; outputs."""
-        return {key: value + self._step_figures[key] for key, value in self._start_figures.items()}
+        self.figures = {"joined": 0, "finished": 0, "cancelled": 0, "expired": 0, "refused": 0, "failed": 0,
+                        "outputs": 0}
+        self._thread: Optional[threading.Thread] = None
 
     # -- feeding ------------------------------------------------------------------------
     def submit(self, streams: Sequence[Stream]) -> None:
@@ -127,26 +102,20 @@ class StreamRunner:
             self._wake.notify()
 
     def start(self, name: str) -> None:
-        self._threads = [threading.Thread(target=self._step_loop, name=f"latte-streams-{name}", daemon=True),
-                         threading.Thread(target=self._start_loop, name=f"latte-stream-starts-{name}", daemon=True)]
-        for thread in self._threads:
-            thread.start()
+        self._thread = threading.Thread(target=self._loop, name=f"latte-streams-{name}", daemon=True)
+        self._thread.start()
 
     # -- one iteration ------------------------------------------------------------------
     def run_once(self) -> List[Emission]:
-        """One iteration of both parts on this thread: the streams started before join, those
-        whose clients gave up leave; newcomers start (their first outputs); then a step of every
-        stream held before they started."""
-        cancelled, running = self.collect()
-        openings, started = self.admit()
-        for stream in started:
-            self.engine.join(stream)
+        """One iteration: who joins (and their first outputs), then a step of every stream that
+        was running before they joined."""
+        openings, cancelled, running = self.admit()
         return openings + cancelled + self.advance(running)
 
     def admit(self) -> Admitted:
-        """The start lane's part. The streams that arrived queue; those whose clients gave up or
-        that waited too long leave; the scheduler's joins start, each getting its state and its
-        first output."""
+        """The streams that arrived queue; those whose clients gave up or that waited too long
+        leave; the scheduler's joins start. A first output need not wait for the running
+        streams' step: it is given here, before `advance`."""
         now = self.clock()
         interval = self.cancel_check_s
         openings: List[Emission] = []
@@ -158,14 +127,22 @@ class StreamRunner:
             if not self.scheduler.add(stream):
                 openings.append((stream, Overloaded(
                     f"{self.scheduler.waiting} streams are waiting to join (max_waiting); try again later"), True))
-        # The waiting streams are asked together every interval, which spares a scan of the
-        # queue at every pass.
+        # Each question is a round trip to the server that holds the loop up: each running
+        # stream is asked once an interval on its own clock, so an iteration asks a few, not all
+        # of them at once (a stall every interval that would show in inter-token P99). The
+        # waiting streams are asked together every interval, which spares a scan of the queue
+        # at every iteration.
+        self._ask(self.engine.live, now)
         checked = now >= self._next_check
         if checked:
             self._next_check = now + interval
             self._ask(self.scheduler.waiting_streams(), now)
+        cancelled: List[Emission] = []
+        for stream in [s for s in self.engine.live if s.cancelled]:
+            self.engine.drop(stream)
+            cancelled.append((stream, RequestCancelled("the client cancelled the stream"), True))
         free = self.engine.cache.free if self.engine.cache is not None else None
-        plan = self.scheduler.schedule(now, self.engine.holding, free, sweep=checked)
+        plan = self.scheduler.schedule(now, len(self.engine.live), free, sweep=checked)
         for stream in plan.cancelled:
             openings.append((stream, RequestCancelled("the client cancelled the stream before it started"), True))
         for stream in plan.expired:
@@ -173,34 +150,13 @@ class StreamRunner:
             openings.append((stream, DeadlineExceeded(
                 f"timed out: waited {waited:.1f} ms to start, longer than timeout_ms="
                 f"{stream.controls.options.timeout_ms:g}"), True))
+        running = list(self.engine.live)
         if plan.joins:
             openings.extend(self.engine.start(plan.joins))
-        self._start_figures["joined"] += len(plan.joins)
-        self._count(openings, self._start_figures)
-        return Admitted(openings, [stream for stream in plan.joins if not stream.ended])
-
-    def hand_over(self, started: Sequence[Stream]) -> None:
-        """Streams `admit` started, for the step loop to hold from its next iteration on."""
-        with self._stepping:
-            self._started.extend(started)
-            self._stepping.notify()
-
-    def collect(self) -> Collected:
-        """The step loop's part before its step: the streams started since join; those whose
-        clients gave up leave."""
-        engine = self.engine
-        while self._started:
-            engine.join(self._started.popleft())
-        # Each question is a round trip to the server that holds the loop up: each running
-        # stream is asked once an interval on its own clock, so an iteration asks a few, not all
-        # of them at once (a stall every interval that would show in inter-token P99).
-        self._ask(engine.live, self.clock())
-        cancelled: List[Emission] = []
-        for stream in [s for s in engine.live if s.cancelled]:
-            engine.drop(stream)
-            cancelled.append((stream, RequestCancelled("the client cancelled the stream"), True))
-        self._count(cancelled, self._step_figures)
-        return Collected(cancelled, list(engine.live))
+        self.figures["joined"] += len(plan.joins)
+        self._count(openings)
+        self._count(cancelled)
+        return Admitted(openings, cancelled, running)
 
     def _ask(self, streams: Sequence[Stream], now: float) -> None:
         """Whether each client gave up, of the streams whose time to ask has come."""
@@ -211,14 +167,14 @@ class StreamRunner:
                     stream.cancelled = True
 
     def advance(self, running: Sequence[Stream]) -> List[Emission]:
-        """A step of `running`, the streams `collect` gave: each one's next output."""
+        """A step of `running`, the streams `admit` gave: each one's next output."""
         emissions = self.engine.step(running) if running else []
-        self._count(emissions, self._step_figures)
+        self._count(emissions)
         self.iterations += 1
         return emissions
 
-    @staticmethod
-    def _count(emissions: List[Emission], figures: dict) -> None:
+    def _count(self, emissions: List[Emission]) -> None:
+        figures = self.figures
         for _, outcome, final in emissions:
             if isinstance(outcome, Exception):
                 figures[_ENDED_BY.get(type(outcome), "failed")] += 1
@@ -228,48 +184,24 @@ class StreamRunner:
 
     @property
     def idle(self) -> bool:
-        return not self._inbox and not self._started and not self.engine.live and not self.scheduler.waiting
+        return not self._inbox and not self.engine.live and not self.scheduler.waiting
 
-    # -- the threads --------------------------------------------------------------------
-    def _start_loop(self) -> None:
-        full = self.scheduler.joins_per_iteration
+    # -- the loop -----------------------------------------------------------------------
+    def _loop(self) -> None:
         while True:
             with self._wake:
-                # Streams that wait for room are looked at again when the step loop frees some,
-                # or after a short while (their deadlines); a full batch of joins, at once.
-                if not self._inbox and not self._room_freed and not self._closing:
-                    self._wake.wait(WAITING_RECHECK_S if self.scheduler.waiting else None)
-                self._room_freed = False
-                if self._closing:
-                    return
-            openings, started = self.admit()
-            if openings:
-                # Before the step loop holds the streams, so that nothing of theirs is posted ahead.
-                self._post(openings, opening=True)
-            if started:
-                self.hand_over(started)
-            if len(started) >= full:
-                with self._wake:
-                    self._room_freed = True
-
-    def _step_loop(self) -> None:
-        while True:
-            with self._stepping:
-                while not self._started and not self.engine.live and not self._closing:
-                    self._stepping.wait()
+                while self.idle and not self._closing:
+                    self._wake.wait()
                 if self._closing:
                     break
-            cancelled, running = self.collect()
+            openings, cancelled, running = self.admit()
+            if openings:
+                self._post(openings, opening=True)
             stepped = cancelled + self.advance(running)
             if stepped:
                 self._post(stepped)
-                if self.scheduler.waiting and any(final for _, _, final in stepped):
-                    with self._wake:  # room for a waiting stream
-                        self._room_freed = True
-                        self._wake.notify()
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join()
+            elif not openings and (self.engine.live or self.scheduler.waiting):
+                time.sleep(0.0005)  # streams wait for room (blocks, a slot): let the sender free some
         self._post(self._unloading())
         for outbox in self.outboxes:
             outbox.put(None)
@@ -308,17 +240,15 @@ class StreamRunner:
     def _unloading(self) -> List[Emission]:
         """Every stream still running or waiting ends with an error: the model is unloading."""
         emissions = []
-        for stream in [*self.engine.live, *self._started, *self.scheduler.drain(), *self._inbox]:
+        for stream in [*self.engine.live, *self.scheduler.drain(), *self._inbox]:
             self.engine.drop(stream)
             emissions.append((stream, RequestCancelled("the model is unloading"), True))
         self._inbox.clear()
-        self._started.clear()
         return emissions
 
     def close(self, timeout: float = 5.0) -> None:
-        for condition in (self._wake, self._stepping):
-            with condition:
-                self._closing = True
-                condition.notify_all()
-        for thread in self._threads:
-            thread.join(timeout)
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -77,20 +77,17 @@ def test_a_newcomers_first_output_is_sent_before_the_backlog_of_running_streams(
     runner.submit([old])
     runner.start("outbox-test")
     try:
-        # The loop ran ahead and waits for the sender: the start lane started the stream (its
-        # first output, an opening), each step loop iteration posted a step, the last of which waits.
-        assert _until(lambda: outbox.waiting()[1] == outbox.bound and runner.iterations == outbox.bound + 1)
+        # The loop ran ahead and waits for the sender: iteration 1 started the stream (its
+        # first output, an opening), each later one posted a step, the last of which waits.
+        assert _until(lambda: outbox.waiting()[1] == outbox.bound and runner.iterations == outbox.bound + 2)
         outputs = outbox.get()   # the old stream's first output, an opening itself
         newcomer = stream(51, max_tokens=5)
         runner.submit([newcomer])
-        # The start lane starts it while the step loop still waits for room in the outbox.
-        assert _until(lambda: outbox.waiting()[0] == 1)
-        assert runner.iterations == outbox.bound + 1
-        outputs += outbox.get()  # the newcomer's first output, ahead of the step waiting there
-        assert [s for s, _, _ in outputs] == [old, newcomer]
-        assert int(outputs[1][1]["y"][0]) == 51 and outputs[1][2] is False
-        outputs = outputs[:1] + outbox.get()   # the old stream's next, in order
+        outputs += outbox.get()  # room for one more list: the loop goes on and admits the newcomer
         assert [s for s, _, _ in outputs] == [old, old]
+        assert _until(lambda: outbox.waiting()[0] == 1)
+        (first,) = outbox.get()
+        assert first[0] is newcomer and int(first[1]["y"][0]) == 51 and first[2] is False
         # The rest of the old stream's outputs follow in order, none lost or repeated.
         ys = [int(outcome["y"][0]) for s, outcome, _ in outputs]
         while ys[-1] < 50:
