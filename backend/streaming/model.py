@@ -163,21 +163,32 @@ class StreamingModel:
             emissions = outbox.get()
             if emissions is None:
                 return
-            for stream, outcome, final in emissions:
-                output = False
-                if outcome is None:  # the end: the final flag alone
-                    response = None
-                elif type(outcome) is Ready:
-                    response, output = outcome.response, outcome.output
-                else:
-                    output = not isinstance(outcome, Exception)
-                    try:
-                        response = self.responses.build(outcome)
-                    except Exception as exc:  # not even its error could be made: the stream ends
-                        self.pb.Logger.log_error(f"latte: {self.name}: could not make a response: {exc}")
-                        response, final, stream.cancelled, output = None, True, True, False
-                if self._send(stream.sender, response, final, stream=stream) and output:
-                    self._sent_output(stream)
+            self._send_all(emissions, outbox)
+
+    def _send_all(self, emissions, outbox) -> None:
+        """Each emission in order; a newcomer's first output posted meanwhile goes before the
+        rest (outbox.py says why that keeps every stream's order)."""
+        for stream, outcome, final in emissions:
+            first = outbox.openings()
+            if first:
+                self._send_all(first, outbox)
+            self._send_one(stream, outcome, final)
+
+    def _send_one(self, stream: Stream, outcome, final: bool) -> None:
+        output = False
+        if outcome is None:  # the end: the final flag alone
+            response = None
+        elif type(outcome) is Ready:
+            response, output = outcome.response, outcome.output
+        else:
+            output = not isinstance(outcome, Exception)
+            try:
+                response = self.responses.build(outcome)
+            except Exception as exc:  # not even its error could be made: the stream ends
+                self.pb.Logger.log_error(f"latte: {self.name}: could not make a response: {exc}")
+                response, final, stream.cancelled, output = None, True, True, False
+        if self._send(stream.sender, response, final, stream=stream) and output:
+            self._sent_output(stream)
 
     def _sent_output(self, stream: Stream) -> None:
         """Time to the stream's first output, or since its previous one, for the histograms.

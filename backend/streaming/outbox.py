@@ -5,6 +5,8 @@ ahead of them and each outbox holds a few iterations' outputs of the running str
 stream's opening emissions (its first output, or its only answer: refused, expired, cancelled
 before it started) go ahead of those: nothing of that stream is queued before them, so they
 can, and a newcomer's first token should not wait for the backlog of streams already running.
+They go ahead of the rest of a list a sender is sending, too (`openings`, asked between two
+sends): its later outputs are posted after its opening, so no list taken before holds them.
 Everything else leaves in the order it came, so a stream's outputs keep their order.
 """
 
@@ -53,6 +55,17 @@ class Outbox:
             posted = self._opening.popleft() if self._opening else self._following.popleft()
             self._changed.notify_all()
             return posted
+
+    def openings(self) -> List[Emission]:
+        """The openings waiting, taken out now (none: an empty list, at the cost of a length
+        read); what a sender sends before the rest of the list in hand."""
+        if not self._opening:
+            return []
+        with self._changed:
+            taken = [emission for posted in self._opening for emission in posted]
+            self._opening.clear()
+            self._changed.notify_all()
+        return taken
 
     def waiting(self) -> Tuple[int, int]:
         """Lists waiting: (openings, the rest)."""

@@ -188,21 +188,27 @@ class StreamRunner:
 
     # -- the loop -----------------------------------------------------------------------
     def _loop(self) -> None:
+        stepped: List[Emission] = []
         while True:
             with self._wake:
-                while self.idle and not self._closing:
+                while self.idle and not stepped and not self._closing:
                     self._wake.wait()
                 if self._closing:
                     break
             openings, cancelled, running = self.admit()
             if openings:
                 self._post(openings, opening=True)
-            stepped = cancelled + self.advance(running)
             if stepped:
                 self._post(stepped)
-            elif not openings and (self.engine.live or self.scheduler.waiting):
+            elif not openings and not running and (self.engine.live or self.scheduler.waiting):
                 time.sleep(0.0005)  # streams wait for room (blocks, a slot): let the sender free some
-        self._post(self._unloading())
+            stepped = cancelled + self.advance(running)
+            # Streams that arrived while the step ran start before its outputs are posted (the
+            # next pass): posting may wait for a sender, and their first outputs need not.
+            if stepped and not self._inbox:
+                self._post(stepped)
+                stepped = []
+        self._post(stepped + self._unloading())
         for outbox in self.outboxes:
             outbox.put(None)
 
