@@ -44,6 +44,34 @@ def test_a_full_outbox_holds_the_poster_until_a_sender_takes_a_list():
     assert [outbox.get(), outbox.get()] == [["b"], ["c"]]
 
 
+def test_a_sender_takes_the_openings_posted_while_it_sends_a_list():
+    outbox = Outbox(2)
+    assert outbox.openings() == []
+    outbox.put(["first of a"], opening=True)
+    outbox.put(["first of b", "first of c"], opening=True)
+    outbox.put(["step 1"])
+    assert outbox.openings() == ["first of a", "first of b", "first of c"]
+    assert outbox.waiting() == (0, 1) and outbox.get() == ["step 1"]
+
+
+def test_a_newcomers_first_output_goes_before_the_rest_of_the_list_being_sent():
+    from latte.backend.streaming.model import StreamingModel
+
+    outbox, sent = Outbox(2), []
+
+    class Sender:
+        _send_all = StreamingModel._send_all
+
+        def _send_one(self, stream, outcome, final):
+            sent.append(stream)
+            if stream == "old 1":   # a newcomer starts while this send is under way
+                outbox.put([("new", "its first", False)], opening=True)
+
+    Sender()._send_all([("old 1", "y", False), ("old 2", "y", False), ("old 3", "y", True)], outbox)
+    assert sent == ["old 1", "new", "old 2", "old 3"]
+    assert outbox.waiting() == (0, 0)
+
+
 def test_bad_outboxes_are_refused():
     with pytest.raises(ValueError, match="at least one list"):
         Outbox(0)
@@ -97,6 +125,39 @@ def test_a_newcomers_first_output_is_sent_before_the_backlog_of_running_streams(
         runner.close()
         while len(outbox):
             outbox.get()
+
+
+def test_a_stream_that_arrives_during_a_step_starts_before_the_steps_outputs_are_posted(model_path):
+    runner = counting_runner(model_path, np.empty)
+    (outbox,) = runner.outboxes
+    posted, newcomer = [], stream(51, max_tokens=3)
+    put = outbox.put
+
+    def recording_put(emissions, opening=False):
+        if emissions is not None:
+            posted.append(("opening" if opening else "step", [s for s, _, _ in emissions]))
+        put(emissions, opening)
+
+    step = runner.engine.step
+
+    def step_while_one_arrives(streams):
+        if runner.iterations == 1:   # the old stream's first step
+            runner.submit([newcomer])
+        return step(streams)
+
+    outbox.put, runner.engine.step = recording_put, step_while_one_arrives
+    old = stream(14, max_tokens=4)
+    runner.submit([old])
+    runner.start("arrival-test")
+    try:
+        assert _until(lambda: sum(1 for _, streams in posted if old in streams) == 4)
+    finally:
+        runner.close()
+        while len(outbox):
+            outbox.get()
+    # The old stream's first output, its step that the newcomer arrived during, held back until
+    # the newcomer's first output was posted.
+    assert posted[:3] == [("opening", [old]), ("opening", [newcomer]), ("step", [old])]
 
 
 def test_the_loop_makes_the_responses_and_leaves_one_it_cannot_make_to_the_sender(model_path):
