@@ -89,7 +89,8 @@ class StreamingModel:
         self.responses = ResponseBuilder(self.pb, outputs)
         self.runner = StreamRunner(engine, StreamScheduler(options.max_streams, options.joins_per_iteration,
                                                            options.max_waiting), options.cancel_check_ms / 1000.0,
-                                   outboxes=options.response_threads, prepare=self.responses.build)
+                                   outboxes=options.response_threads, prepare=self.responses.build,
+                                   send=self._send_emission)
         self._declares_stream = any(t.name == "stream" for t in spec.signature.inputs)
         self._text = next((t.name for t in spec.signature.outputs if is_string(t.dtype)), None)
         self._prompt = next((t.name for t in spec.signature.inputs
@@ -174,6 +175,9 @@ class StreamingModel:
                 self._send_all(first, outbox)
             self._send_one(stream, outcome, final)
 
+    def _send_emission(self, emission) -> None:
+        self._send_one(*emission)
+
     def _send_one(self, stream: Stream, outcome, final: bool) -> None:
         output = False
         if outcome is None:  # the end: the final flag alone
@@ -192,7 +196,8 @@ class StreamingModel:
 
     def _sent_output(self, stream: Stream) -> None:
         """Time to the stream's first output, or since its previous one, for the histograms.
-        A stream's outputs all go through one sender, so its `sent_at` has one writer."""
+        A stream's outputs all go through one sender (its first, maybe the loop, before any
+        other is posted), so its `sent_at` has one writer at a time."""
         now = time.monotonic()
         last = stream.sent_at
         self.metrics.stream_output(last is None, now - (stream.arrival if last is None else last))

@@ -6,7 +6,9 @@ them (the model's sender threads, so the next iteration computes while they go o
 send is a round trip to the server that waits for its answer: several senders keep several in
 flight, as a thread per request does. A stream's emissions all go to one outbox (by its
 number), so they leave in order; a stream's first ones go ahead of the running streams'
-backlog there (outbox.py).
+backlog there (outbox.py). When the loop has nothing to step before the newcomers' own first
+step (one stream at a time, say), it sends their first outputs itself (`send`): a sender's
+wake-up is a large part of a lone first token's time.
 
 Data flows one way: submit -> schedule -> start/step -> outbox. Nothing here calls back; a
 stream found cancelled by the sender is a flag on the stream, read at the next iteration.
@@ -78,9 +80,11 @@ class StreamRunner:
     def __init__(self, engine: StreamEngine, scheduler: StreamScheduler, cancel_check_s: float = 0.1,
                  clock: Callable[[], float] = time.monotonic,
                  is_cancelled: Callable[[Stream], bool] = _is_cancelled, outboxes: int = 1,
-                 prepare: Optional[Callable[[Outcome], object]] = None) -> None:
+                 prepare: Optional[Callable[[Outcome], object]] = None,
+                 send: Optional[Callable[[Emission], None]] = None) -> None:
         self.engine = engine
         self.prepare = prepare
+        self.send = send
         self.scheduler = scheduler
         self.clock = clock
         self.is_cancelled = is_cancelled
@@ -196,7 +200,12 @@ class StreamRunner:
                 if self._closing:
                     break
             openings, cancelled, running = self.admit()
-            if openings:
+            if openings and not running and not stepped and self.send is not None:
+                # Nothing to step before the newcomers' own first step: the loop sends their
+                # first outputs itself rather than wake a sender (nothing of theirs is queued).
+                for emission in self._ready(openings):
+                    self.send(emission)
+            elif openings:
                 self._post(openings, opening=True)
             if stepped:
                 self._post(stepped)

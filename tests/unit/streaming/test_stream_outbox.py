@@ -160,6 +160,27 @@ def test_a_stream_that_arrives_during_a_step_starts_before_the_steps_outputs_are
     assert posted[:3] == [("opening", [old]), ("opening", [newcomer]), ("step", [old])]
 
 
+def test_with_nothing_to_step_the_loop_sends_a_newcomers_first_output_itself(model_path):
+    runner = counting_runner(model_path, np.empty)
+    (outbox,) = runner.outboxes
+    sent_by_loop = []
+    runner.send = lambda emission: sent_by_loop.append((threading.current_thread().name, emission))
+    alone = stream(14, max_tokens=10)
+    runner.submit([alone])
+    runner.start("lone-test")
+    try:
+        posted = outbox.get()   # its second output; the loop runs at most two lists ahead
+        beside = stream(30, max_tokens=3)   # arrives while `alone` runs: a step comes first
+        runner.submit([beside])
+        while sum(1 for e in posted if e[2]) < 2:
+            posted += outbox.get()
+    finally:
+        runner.close()
+    assert [(name, e[0], int(e[1]["y"][0])) for name, e in sent_by_loop] == [("latte-streams-lone-test", alone, 14)]
+    assert [int(o["y"][0]) for s, o, _ in posted if s is alone] == list(range(15, 24))
+    assert [int(o["y"][0]) for s, o, _ in posted if s is beside] == [30, 31, 32]
+
+
 def test_the_loop_makes_the_responses_and_leaves_one_it_cannot_make_to_the_sender(model_path):
     def prepare(outcome):
         if isinstance(outcome, dict) and int(outcome["y"][0]) == 16:
