@@ -6,8 +6,8 @@ them (the model's sender threads, so the next iteration computes while they go o
 send is a round trip to the server that waits for its answer: several senders keep several in
 flight, as a thread per request does. A stream's emissions all go to one outbox (by its
 number), so they leave in order; a stream's first ones go ahead of the running streams'
-backlog there (outbox.py). When the loop has nothing to step before the newcomers' own first
-step (one stream at a time, say), it sends their first outputs itself (`send`): a sender's
+backlog there (outbox.py). When the loop has nothing to step before a lone newcomer's own
+first step (one stream at a time, say), it sends its first output itself (`send`): a sender's
 wake-up is a large part of a lone first token's time.
 
 Data flows one way: submit -> schedule -> start/step -> outbox. Nothing here calls back; a
@@ -200,11 +200,11 @@ class StreamRunner:
                 if self._closing:
                     break
             openings, cancelled, running = self.admit()
-            if openings and not running and not stepped and self.send is not None:
-                # Nothing to step before the newcomers' own first step: the loop sends their
-                # first outputs itself rather than wake a sender (nothing of theirs is queued).
-                for emission in self._ready(openings):
-                    self.send(emission)
+            if len(openings) == 1 and not running and not stepped and self.send is not None:
+                # Nothing to step before the newcomer's own first step: the loop sends its first
+                # output itself rather than wake a sender (nothing else of it is queued). A burst
+                # goes to the senders, which send several at once.
+                self.send(self._ready(openings)[0])
             elif openings:
                 self._post(openings, opening=True)
             if stepped:

@@ -174,11 +174,17 @@ def test_with_nothing_to_step_the_loop_sends_a_newcomers_first_output_itself(mod
         runner.submit([beside])
         while sum(1 for e in posted if e[2]) < 2:
             posted += outbox.get()
+        assert _until(lambda: runner.idle)
+        pair = [stream(40, max_tokens=2), stream(42, max_tokens=2)]   # a burst: the senders send it
+        runner.submit(pair)
+        while sum(1 for e in posted if e[2]) < 4:
+            posted += outbox.get()
     finally:
         runner.close()
     assert [(name, e[0], int(e[1]["y"][0])) for name, e in sent_by_loop] == [("latte-streams-lone-test", alone, 14)]
     assert [int(o["y"][0]) for s, o, _ in posted if s is alone] == list(range(15, 24))
     assert [int(o["y"][0]) for s, o, _ in posted if s is beside] == [30, 31, 32]
+    assert [[int(o["y"][0]) for s, o, _ in posted if s is mine] for mine in pair] == [[40, 41], [42, 43]]
 
 
 def test_the_loop_makes_the_responses_and_leaves_one_it_cannot_make_to_the_sender(model_path):
