@@ -90,7 +90,7 @@ class StreamingModel:
         self.runner = StreamRunner(engine, StreamScheduler(options.max_streams, options.joins_per_iteration,
                                                            options.max_waiting), options.cancel_check_ms / 1000.0,
                                    outboxes=options.response_threads, prepare=self.responses.build,
-                                   send=self._send_emission)
+                                   send=self._send_one)
         self._declares_stream = any(t.name == "stream" for t in spec.signature.inputs)
         self._text = next((t.name for t in spec.signature.outputs if is_string(t.dtype)), None)
         self._prompt = next((t.name for t in spec.signature.inputs
@@ -174,9 +174,6 @@ class StreamingModel:
             if first:
                 self._send_all(first, outbox)
             self._send_one(stream, outcome, final)
-
-    def _send_emission(self, emission) -> None:
-        self._send_one(*emission)
 
     def _send_one(self, stream: Stream, outcome, final: bool) -> None:
         output = False

@@ -81,7 +81,7 @@ class StreamRunner:
                  clock: Callable[[], float] = time.monotonic,
                  is_cancelled: Callable[[Stream], bool] = _is_cancelled, outboxes: int = 1,
                  prepare: Optional[Callable[[Outcome], object]] = None,
-                 send: Optional[Callable[[Emission], None]] = None) -> None:
+                 send: Optional[Callable[[Stream, Outcome, bool], None]] = None) -> None:
         self.engine = engine
         self.prepare = prepare
         self.send = send
@@ -204,7 +204,7 @@ class StreamRunner:
                 # Nothing to step before the newcomer's own first step: the loop sends its first
                 # output itself rather than wake a sender (nothing else of it is queued). A burst
                 # goes to the senders, which send several at once.
-                self.send(self._ready(openings)[0])
+                self.send(*self._ready(openings)[0])
             elif openings:
                 self._post(openings, opening=True)
             if stepped:

@@ -164,7 +164,7 @@ def test_with_nothing_to_step_the_loop_sends_a_newcomers_first_output_itself(mod
     runner = counting_runner(model_path, np.empty)
     (outbox,) = runner.outboxes
     sent_by_loop = []
-    runner.send = lambda emission: sent_by_loop.append((threading.current_thread().name, emission))
+    runner.send = lambda *emission: sent_by_loop.append((threading.current_thread().name, emission))
     alone = stream(14, max_tokens=10)
     runner.submit([alone])
     runner.start("lone-test")
