@@ -1,14 +1,17 @@
 """Figures of streaming runs: tokens/s, time to first token, inter-token latency, streams in
 flight; and the in-process batched loop, the bound a served streaming model is measured
-against (with the cost of the responses alone, the echo)."""
+against (with the cost of the responses alone, the echo), by itself and beside the echo's
+traffic."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -65,9 +68,11 @@ def in_process_model(folder: Path):
 
 
 def in_process_tokens_per_s(model, prompts: Sequence[bytes], concurrency: int, max_tokens: int,
-                            seconds: float = 3.0) -> float:
+                            seconds: float = 3.0, clock: Callable[[], float] = time.perf_counter) -> float:
     """Tokens/s of the model's own loop in this process, `concurrency` streams kept live (a new
-    one joins as one ends), nothing sent: the batched loop the served model is bounded by."""
+    one joins as one ends), nothing sent: the batched loop the served model is bounded by.
+    `clock` is what a second is: wall time, or `time.thread_time`, the loop's own CPU time (the
+    window is `seconds` of wall time either way)."""
     from latte.backend.streaming.controls import read_controls
     from latte.backend.streaming.streams import Stream
 
@@ -82,22 +87,67 @@ def in_process_tokens_per_s(model, prompts: Sequence[bytes], concurrency: int, m
 
     runner.submit([new_stream() for _ in range(concurrency)])
     tokens, started, warm = 0, None, time.perf_counter() + min(1.0, seconds / 3)
+    counted_from = 0.0
     while True:
         emissions = runner.run_once()
         now = time.perf_counter()
         if started is None and now >= warm:
-            started, tokens = now, 0
+            started, tokens, counted_from = now, 0, clock()
         tokens += sum(1 for _, outcome, _ in emissions if isinstance(outcome, dict))
         ended = sum(1 for _, _, final in emissions if final)
         if ended:
             runner.submit([new_stream() for _ in range(ended)])
         if started is not None and now - started >= seconds:
             break
+    counted = clock() - counted_from
     while not runner.idle:  # the streams still running end, so the next measurement starts empty
         for stream in list(runner.engine.live):
             stream.cancelled = True
         runner.run_once()
-    return tokens / (time.perf_counter() - started) if started else 0.0
+    return tokens / counted if started and counted > 0 else 0.0
+
+
+# The echo's clients for in_process_beside_echo, in a process of their own: in this one they
+# would share the loop's interpreter lock, which the served model's clients do not.
+_ECHO_CLIENTS = """
+import sys
+from latte.bench.streams import BENCH_PROMPTS
+from latte.triton.streams import run_streams
+url, model, concurrency, seconds, max_tokens = sys.argv[1:]
+try:
+    records = run_streams(url, model, list(BENCH_PROMPTS), concurrency=int(concurrency), max_tokens=int(max_tokens),
+                          duration_s=float(seconds), ignore_eos=True)
+except Exception as exc:  # one line for the caller's error: gRPC's own text is several
+    details = getattr(exc, "details", None)
+    sys.exit(details() if callable(details) else f"{type(exc).__name__}: {exc}")
+print(sum(len(record.arrivals) for record in records))
+"""
+# How long the echo's clients stream before the loop starts: their start (imports, connecting).
+ECHO_LEAD_S = 1.5
+
+
+def in_process_beside_echo(model, grpc_url: str, echo_model: str, prompts: Sequence[bytes], concurrency: int,
+                           max_tokens: int, seconds: float = 3.0) -> float:
+    """Tokens per second of the loop's own CPU time (`in_process_tokens_per_s` on
+    `time.thread_time`) while `concurrency` clients in another process stream from the echo
+    model: what a token's share of the loop costs with the responses' traffic (server, stub,
+    clients) on the same cores, as it runs beside a served model's loop. Alone, the loop's
+    rate per CPU second and per second of wall time are one (it has a core to itself)."""
+    clients = subprocess.Popen([sys.executable, "-c", _ECHO_CLIENTS, grpc_url, echo_model, str(concurrency),
+                                str(ECHO_LEAD_S + seconds + 2.0), str(max_tokens)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(ECHO_LEAD_S)
+        rate = in_process_tokens_per_s(model, prompts, concurrency, max_tokens, seconds, clock=time.thread_time)
+    finally:
+        received, errors = clients.communicate(timeout=ECHO_LEAD_S + seconds + 60)
+    if clients.returncode != 0:
+        raise RuntimeError(f"the echo's clients failed (exit {clients.returncode}): "
+                           f"{errors.strip().splitlines()[-1] if errors.strip() else 'no message'}")
+    if not received.strip() or int(received.split()[-1]) == 0:
+        # Measured beside nothing, the loop would pass for one beside the echo.
+        raise RuntimeError(f"the echo's clients received no tokens from {echo_model!r} at {grpc_url}")
+    return rate
 
 
 def harmonic_bound(echo: float, in_process: float) -> float:
