@@ -8,6 +8,8 @@
                          each filling the model's context)
     max_waiting          streams waiting to join; past it a request is refused as overloaded
     cancel_check_ms      how often each running stream asks Triton whether its client gave up
+    cancel_checks_per_s  those questions a second at most, over all streams: past it each
+                         stream asks less often (each costs the server about what a response does)
     response_threads     threads sending responses: each send waits for the server's answer,
                          so several keep several in flight
     min_batch_rows       a batch of fewer rows is padded up to it, so that a stream's outputs do
@@ -33,6 +35,7 @@ class StreamOptions:
     cache_blocks: int = 0
     max_waiting: int = 4096
     cancel_check_ms: int = 100
+    cancel_checks_per_s: int = 100
     response_threads: int = 4
     min_batch_rows: Optional[int] = 1  # None: measured at load (auto)
 
@@ -47,6 +50,7 @@ def parse_stream_options(name: str, params: Mapping[str, str], definition: Strea
         max_tokens = _int_param(params, "max_tokens", DEFAULTS.max_tokens)
         max_waiting = _int_param(params, "max_waiting", DEFAULTS.max_waiting)
         cancel_ms = _int_param(params, "cancel_check_ms", DEFAULTS.cancel_check_ms)
+        checks_per_s = _int_param(params, "cancel_checks_per_s", DEFAULTS.cancel_checks_per_s)
         senders = _int_param(params, "response_threads", DEFAULTS.response_threads)
         asked = params.get("min_batch_rows", "").strip().lower()
         try:
@@ -67,4 +71,4 @@ def parse_stream_options(name: str, params: Mapping[str, str], definition: Strea
                           "declares no cache")
     return StreamOptions(max_streams=max_streams, joins_per_iteration=joins, max_tokens=max_tokens,
                          cache_blocks=blocks or 0, max_waiting=max_waiting, cancel_check_ms=cancel_ms,
-                         response_threads=senders, min_batch_rows=min_rows)
+                         cancel_checks_per_s=checks_per_s, response_threads=senders, min_batch_rows=min_rows)

@@ -17,6 +17,7 @@ stream found cancelled by the sender is a flag on the stream, read at the next i
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from typing import Callable, Deque, List, NamedTuple, Optional, Sequence
@@ -78,7 +79,7 @@ def _is_cancelled(stream: Stream) -> bool:
 
 class StreamRunner:
     def __init__(self, engine: StreamEngine, scheduler: StreamScheduler, cancel_check_s: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic,
+                 cancel_checks_per_s: float = math.inf, clock: Callable[[], float] = time.monotonic,
                  is_cancelled: Callable[[Stream], bool] = _is_cancelled, outboxes: int = 1,
                  prepare: Optional[Callable[[Outcome], object]] = None,
                  send: Optional[Callable[[Stream, Outcome, bool], None]] = None) -> None:
@@ -89,6 +90,7 @@ class StreamRunner:
         self.clock = clock
         self.is_cancelled = is_cancelled
         self.cancel_check_s = cancel_check_s
+        self.cancel_checks_per_s = cancel_checks_per_s
         self._next_check = 0.0
         self._inbox: Deque[Stream] = collections.deque()
         self._wake = threading.Condition()
@@ -121,7 +123,7 @@ class StreamRunner:
         leave; the scheduler's joins start. A first output need not wait for the running
         streams' step: it is given here, before `advance`."""
         now = self.clock()
-        interval = self.cancel_check_s
+        interval = self.check_interval()
         openings: List[Emission] = []
         while self._inbox:
             stream = self._inbox.popleft()
@@ -136,11 +138,11 @@ class StreamRunner:
         # of them at once (a stall every interval that would show in inter-token P99). The
         # waiting streams are asked together every interval, which spares a scan of the queue
         # at every iteration.
-        self._ask(self.engine.live, now)
+        self._ask(self.engine.live, now, interval)
         checked = now >= self._next_check
         if checked:
             self._next_check = now + interval
-            self._ask(self.scheduler.waiting_streams(), now)
+            self._ask(self.scheduler.waiting_streams(), now, interval)
         cancelled: List[Emission] = []
         for stream in [s for s in self.engine.live if s.cancelled]:
             self.engine.drop(stream)
@@ -162,11 +164,19 @@ class StreamRunner:
         self._count(cancelled)
         return Admitted(openings, cancelled, running)
 
-    def _ask(self, streams: Sequence[Stream], now: float) -> None:
+    def check_interval(self) -> float:
+        """How long each stream goes between two questions: cancel_check_s, or longer when the
+        streams there are would ask more than cancel_checks_per_s a second. Each question holds
+        up the thread of the server's Python backend that hands on every response, for about
+        what a response costs it, so their number is kept from growing with the streams."""
+        asking = len(self.engine.live) + self.scheduler.waiting + len(self._inbox)
+        return max(self.cancel_check_s, asking / self.cancel_checks_per_s)
+
+    def _ask(self, streams: Sequence[Stream], now: float, interval: float) -> None:
         """Whether each client gave up, of the streams whose time to ask has come."""
         for stream in streams:
             if now >= stream.check_at and not stream.cancelled:
-                stream.check_at = _next_check(stream.check_at, now, self.cancel_check_s)
+                stream.check_at = _next_check(stream.check_at, now, interval)
                 if self.is_cancelled(stream):  # a sender may mark it too: never unmarked here
                     stream.cancelled = True
 

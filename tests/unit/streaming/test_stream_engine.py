@@ -313,3 +313,53 @@ def test_streams_asked_together_drift_apart_not_into_one_group_over_many_interva
     assert max(per_iteration) <= 6
     counts = [sum(1 for _, s in asked if s is mine) for mine in together]
     assert min(counts) >= 295 and max(counts) <= 300
+
+
+def test_past_the_question_budget_each_stream_is_asked_less_often_and_the_total_stays_within_it():
+    """64 streams and at most 100 questions a second: each stream asks every 0.64 s, not every
+    0.1 s; 8 streams keep the 0.1 s interval (they ask 80 a second)."""
+    from latte.backend.streaming.runner import StreamRunner
+    from latte.backend.streaming.scheduler import StreamScheduler
+
+    for count, interval in ((64, 0.64), (8, 0.1)):
+        now, asked = [0.0], []
+
+        def is_cancelled(s):
+            asked.append((now[0], s))
+            return False
+
+        runner = StreamRunner(EndlessEngine(), StreamScheduler(64, 64, 64), cancel_check_s=0.1, cancel_checks_per_s=100,
+                              clock=lambda: now[0], is_cancelled=is_cancelled)
+        streams = [stream(1) for _ in range(count)]
+        runner.submit(streams)
+        while now[0] < 20.0:
+            runner.run_once()
+            now[0] += 0.005
+        assert runner.check_interval() == pytest.approx(interval)
+        for mine in streams:
+            times = [t for t, s in asked if s is mine]
+            assert all(interval - 0.006 <= b - a <= interval + 0.006 for a, b in zip(times, times[1:]))
+        questions_per_s = sum(1 for t, _ in asked if t >= 5.0) / 15.0
+        assert questions_per_s <= 100.5
+        assert questions_per_s >= 0.95 * min(100.0, count / 0.1)
+
+
+def test_a_stream_cancelled_past_the_budget_still_leaves_within_its_interval():
+    from latte.backend.streaming.runner import StreamRunner
+    from latte.backend.streaming.scheduler import StreamScheduler
+
+    now, gone = [0.0], set()
+    runner = StreamRunner(EndlessEngine(), StreamScheduler(64, 64, 64), cancel_check_s=0.1, cancel_checks_per_s=100,
+                          clock=lambda: now[0], is_cancelled=lambda s: s in gone)
+    streams = [stream(1) for _ in range(64)]
+    runner.submit(streams)
+    left_at = None
+    while left_at is None and now[0] < 5.0:
+        if now[0] >= 2.0:
+            gone.add(streams[10])
+        emissions = runner.run_once()
+        if any(s is streams[10] for s, _, _ in emissions):
+            left_at = now[0]
+        now[0] += 0.005
+    assert left_at is not None and 2.0 <= left_at <= 2.0 + 0.64 + 0.01
+    assert streams[10] not in runner.engine.live and len(runner.engine.live) == 63

@@ -139,3 +139,15 @@ def test_the_models_freeze_parameter_reaches_the_steps_of_both_graphs(tmp_path, 
         assert all((list(step.runtime.module.parameters()) == []) == frozen for step in torch_steps)
     finally:
         model.finalize()
+
+
+def test_the_question_budget_is_a_parameter_and_a_bad_one_is_named(tmp_path):
+    from latte.backend.errors import ConfigError
+
+    model, _ = served("gru", tmp_path / "budget", cancel_checks_per_s=20)
+    try:
+        assert model.runner.cancel_checks_per_s == 20
+    finally:
+        model.finalize()
+    with pytest.raises(ConfigError, match=r"model 'textgen_gru': parameters\['cancel_checks_per_s'\] must be >= 1, got 0"):
+        served("gru", tmp_path / "bad", cancel_checks_per_s=0)
