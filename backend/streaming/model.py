@@ -87,9 +87,9 @@ class StreamingModel:
         self.engine = engine
         self.reader = RequestReader(spec)
         self.responses = ResponseBuilder(self.pb, outputs)
-        self.runner = StreamRunner(engine, StreamScheduler(options.max_streams, options.joins_per_iteration,
-                                                           options.max_waiting), options.cancel_check_ms / 1000.0,
-                                   options.cancel_checks_per_s, outboxes=options.response_threads, prepare=self.responses.build,
+        scheduler = StreamScheduler(options.max_streams, options.joins_per_iteration, options.max_waiting)
+        self.runner = StreamRunner(engine, scheduler, options.cancel_check_ms / 1000.0, options.cancel_checks_per_s,
+                                   outboxes=options.response_threads, prepare=self.responses.build,
                                    send=self._send_one)
         self._declares_stream = any(t.name == "stream" for t in spec.signature.inputs)
         self._text = next((t.name for t in spec.signature.outputs if is_string(t.dtype)), None)

@@ -8,8 +8,9 @@
                          each filling the model's context)
     max_waiting          streams waiting to join; past it a request is refused as overloaded
     cancel_check_ms      how often each running stream asks Triton whether its client gave up
-    cancel_checks_per_s  those questions a second at most, over all streams: past it each
-                         stream asks less often (each costs the server about what a response does)
+    cancel_checks_per_s  those questions a second at most over the running streams, and as many
+                         over the waiting ones: past it each stream asks less often (each costs
+                         the server about what a response does)
     response_threads     threads sending responses: each send waits for the server's answer,
                          so several keep several in flight
     min_batch_rows       a batch of fewer rows is padded up to it, so that a stream's outputs do

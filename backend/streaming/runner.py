@@ -89,9 +89,11 @@ class StreamRunner:
         self.scheduler = scheduler
         self.clock = clock
         self.is_cancelled = is_cancelled
+        if not cancel_checks_per_s > 0:
+            raise ValueError(f"cancel_checks_per_s must be > 0, got {cancel_checks_per_s}")
         self.cancel_check_s = cancel_check_s
         self.cancel_checks_per_s = cancel_checks_per_s
-        self._next_check = 0.0
+        self._swept_at = float("-inf")  # when the waiting streams were last asked
         self._inbox: Deque[Stream] = collections.deque()
         self._wake = threading.Condition()
         self._closing = False
@@ -123,25 +125,28 @@ class StreamRunner:
         leave; the scheduler's joins start. A first output need not wait for the running
         streams' step: it is given here, before `advance`."""
         now = self.clock()
-        interval = self.check_interval()
+        interval = self.check_interval(len(self.engine.live))
+        # The interval of the running streams once these arrivals have joined them.
+        joined = self.check_interval(min(self.scheduler.max_streams, len(self.engine.live) + len(self._inbox)))
         openings: List[Emission] = []
         while self._inbox:
             stream = self._inbox.popleft()
             # Its first question after at least half an interval, spread by its number, so
             # that streams which came together are not all asked in the same iteration.
-            stream.check_at = stream.arrival + interval * (0.5 + 0.5 * ((stream.number * _GOLDEN) % 1.0))
+            stream.check_at = stream.arrival + joined * (0.5 + 0.5 * ((stream.number * _GOLDEN) % 1.0))
             if not self.scheduler.add(stream):
                 openings.append((stream, Overloaded(
                     f"{self.scheduler.waiting} streams are waiting to join (max_waiting); try again later"), True))
         # Each question is a round trip to the server that holds the loop up: each running
         # stream is asked once an interval on its own clock, so an iteration asks a few, not all
         # of them at once (a stall every interval that would show in inter-token P99). The
-        # waiting streams are asked together every interval, which spares a scan of the queue
-        # at every iteration.
+        # waiting streams are asked together, which spares a scan of the queue at every
+        # iteration, on an interval of their own: a deep queue neither slows the running
+        # streams' questions nor, once it drains, leaves its long interval behind.
         self._ask(self.engine.live, now, interval)
-        checked = now >= self._next_check
+        checked = now >= self._swept_at + self.check_interval(self.scheduler.waiting)
         if checked:
-            self._next_check = now + interval
+            self._swept_at = now
             self._ask(self.scheduler.waiting_streams(), now, interval)
         cancelled: List[Emission] = []
         for stream in [s for s in self.engine.live if s.cancelled]:
@@ -164,13 +169,13 @@ class StreamRunner:
         self._count(cancelled)
         return Admitted(openings, cancelled, running)
 
-    def check_interval(self) -> float:
-        """How long each stream goes between two questions: cancel_check_s, or longer when the
-        streams there are would ask more than cancel_checks_per_s a second. Each question holds
-        up the thread of the server's Python backend that hands on every response, for about
-        what a response costs it, so their number is kept from growing with the streams."""
-        asking = len(self.engine.live) + self.scheduler.waiting + len(self._inbox)
-        return max(self.cancel_check_s, asking / self.cancel_checks_per_s)
+    def check_interval(self, streams: int) -> float:
+        """How long each of `streams` streams goes between two questions: cancel_check_s, or
+        longer when they would ask more than cancel_checks_per_s a second (the running streams
+        together; the waiting ones as many again). Each question holds up the thread of the
+        server's Python backend that hands on every response, for about what a response costs
+        it, so their number is kept from growing with the streams."""
+        return max(self.cancel_check_s, streams / self.cancel_checks_per_s)
 
     def _ask(self, streams: Sequence[Stream], now: float, interval: float) -> None:
         """Whether each client gave up, of the streams whose time to ask has come."""

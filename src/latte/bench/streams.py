@@ -6,8 +6,10 @@ traffic."""
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,6 +116,7 @@ import sys
 from latte.bench.streams import BENCH_PROMPTS
 from latte.triton.streams import run_streams
 url, model, concurrency, seconds, max_tokens = sys.argv[1:]
+print("streaming", flush=True)
 try:
     records = run_streams(url, model, list(BENCH_PROMPTS), concurrency=int(concurrency), max_tokens=int(max_tokens),
                           duration_s=float(seconds), ignore_eos=True)
@@ -122,28 +125,45 @@ except Exception as exc:  # one line for the caller's error: gRPC's own text is 
     sys.exit(details() if callable(details) else f"{type(exc).__name__}: {exc}")
 print(sum(len(record.arrivals) for record in records))
 """
-# How long the echo's clients stream before the loop starts: their start (imports, connecting).
-ECHO_LEAD_S = 1.5
+# How long the echo's clients stream before the loop starts, once they are started: to
+# connect and send their first requests.
+ECHO_LEAD_S = 1.0
+# The echo's clients' own start (an interpreter, tritonclient's imports), at most.
+ECHO_START_S = 60.0
 
 
 def in_process_beside_echo(model, grpc_url: str, echo_model: str, prompts: Sequence[bytes], concurrency: int,
                            max_tokens: int, seconds: float = 3.0) -> float:
     """Tokens per second of the loop's own CPU time (`in_process_tokens_per_s` on
     `time.thread_time`) while `concurrency` clients in another process stream from the echo
-    model: what a token's share of the loop costs with the responses' traffic (server, stub,
-    clients) on the same cores, as it runs beside a served model's loop. Alone, the loop's
-    rate per CPU second and per second of wall time are one (it has a core to itself)."""
-    clients = subprocess.Popen([sys.executable, "-c", _ECHO_CLIENTS, grpc_url, echo_model, str(concurrency),
-                                str(ECHO_LEAD_S + seconds + 2.0), str(max_tokens)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        time.sleep(ECHO_LEAD_S)
-        rate = in_process_tokens_per_s(model, prompts, concurrency, max_tokens, seconds, clock=time.thread_time)
-    finally:
-        received, errors = clients.communicate(timeout=ECHO_LEAD_S + seconds + 60)
-    if clients.returncode != 0:
-        raise RuntimeError(f"the echo's clients failed (exit {clients.returncode}): "
-                           f"{errors.strip().splitlines()[-1] if errors.strip() else 'no message'}")
+    model (each request BENCH_PROMPTS' next, for `max_tokens` responses): what a token's share
+    of the loop costs with the responses' traffic (server, stub, clients) on the same cores, as
+    it runs beside a served model's loop. The loop's thread must be the only one it computes
+    on (intra_op_threads 1, on the CPU), or its CPU time would miss the rest."""
+    serving = model.spec.serving
+    if serving.intra_op_threads != 1 or serving.device != "cpu":
+        raise ValueError(f"the loop's CPU time counts its own thread only: serve it with intra_op_threads=1 on the "
+                         f"CPU, not {serving.intra_op_threads} on {serving.device}")
+    with tempfile.TemporaryFile("w+") as errors:
+        clients = subprocess.Popen([sys.executable, "-c", _ECHO_CLIENTS, grpc_url, echo_model, str(concurrency),
+                                    str(ECHO_LEAD_S + seconds + 2.0), str(max_tokens)],
+                                   stdout=subprocess.PIPE, stderr=errors, text=True)
+        try:
+            started = select.select([clients.stdout], [], [], ECHO_START_S)[0] and clients.stdout.readline()
+            if started:
+                time.sleep(ECHO_LEAD_S)
+                rate = in_process_tokens_per_s(model, prompts, concurrency, max_tokens, seconds,
+                                               clock=time.thread_time)
+            received = clients.communicate(timeout=ECHO_LEAD_S + seconds + ECHO_START_S)[0]
+        except BaseException:
+            clients.kill()
+            clients.communicate()
+            raise
+        if clients.returncode != 0 or not started:
+            errors.seek(0)
+            said = errors.read().strip()
+            raise RuntimeError(f"the echo's clients failed (exit {clients.returncode}): "
+                               f"{said.splitlines()[-1] if said else 'no message'}")
     if not received.strip() or int(received.split()[-1]) == 0:
         # Measured beside nothing, the loop would pass for one beside the echo.
         raise RuntimeError(f"the echo's clients received no tokens from {echo_model!r} at {grpc_url}")

@@ -25,7 +25,7 @@ def test_the_rate_is_per_second_of_the_clock_given_and_the_loop_is_left_empty(gr
     assert gru_model.runner.idle
 
 
-def test_a_loop_beside_echo_clients_that_received_nothing_is_not_a_figure(gru_model):
+def test_a_loop_beside_echo_clients_that_could_not_connect_is_not_a_figure(gru_model):
     nothing_there = free_port()
     with pytest.raises(RuntimeError, match=r"the echo's clients failed \(exit 1\): .*connect"):
         in_process_beside_echo(gru_model, f"localhost:{nothing_there}", "echo", BENCH_PROMPTS, 2, 4, seconds=0.3)

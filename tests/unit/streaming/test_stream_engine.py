@@ -335,11 +335,11 @@ def test_past_the_question_budget_each_stream_is_asked_less_often_and_the_total_
         while now[0] < 20.0:
             runner.run_once()
             now[0] += 0.005
-        assert runner.check_interval() == pytest.approx(interval)
+        assert runner.check_interval(len(runner.engine.live)) == pytest.approx(interval)
         for mine in streams:
             times = [t for t, s in asked if s is mine]
             assert all(interval - 0.006 <= b - a <= interval + 0.006 for a, b in zip(times, times[1:]))
-        questions_per_s = sum(1 for t, _ in asked if t >= 5.0) / 15.0
+        questions_per_s = sum(1 for t, _ in asked if 6.4 <= t < 19.2) / 12.8  # whole intervals of both
         assert questions_per_s <= 100.5
         assert questions_per_s >= 0.95 * min(100.0, count / 0.1)
 
@@ -363,3 +363,39 @@ def test_a_stream_cancelled_past_the_budget_still_leaves_within_its_interval():
         now[0] += 0.005
     assert left_at is not None and 2.0 <= left_at <= 2.0 + 0.64 + 0.01
     assert streams[10] not in runner.engine.live and len(runner.engine.live) == 63
+
+
+def test_a_deep_queue_keeps_its_questions_within_the_budget_and_leaves_the_running_streams_theirs():
+    """64 running and 2,000 waiting, at most 100 questions a second: the running streams are
+    still asked every 0.64 s (a cancelled one leaves within that), the waiting ones together at
+    most 100 a second on average."""
+    from latte.backend.streaming.runner import StreamRunner
+    from latte.backend.streaming.scheduler import StreamScheduler
+
+    now, asked, gone = [0.0], [], set()
+
+    def is_cancelled(s):
+        asked.append((now[0], s))
+        return s in gone
+
+    runner = StreamRunner(EndlessEngine(), StreamScheduler(64, 64, 4096), cancel_check_s=0.1, cancel_checks_per_s=100,
+                          clock=lambda: now[0], is_cancelled=is_cancelled)
+    running, waiting = [stream(1) for _ in range(64)], [stream(1) for _ in range(2000)]
+    runner.submit(running)
+    runner.run_once()
+    runner.submit(waiting)
+    left_at = None
+    while now[0] < 60.0:
+        if now[0] >= 50.0:
+            gone.add(running[5])
+        emissions = runner.run_once()
+        if left_at is None and any(s is running[5] for s, _, _ in emissions):
+            left_at = now[0]
+        now[0] += 0.005
+    times = [t for t, s in asked if s is running[0]]
+    assert all(0.634 <= b - a <= 0.646 for a, b in zip(times, times[1:]))
+    queued = set(waiting)
+    asked_waiting = sum(1 for t, s in asked if 10.0 <= t < 50.0 and s in queued)
+    assert 0 < asked_waiting / 40.0 <= 100.5
+    assert left_at is not None and 50.0 <= left_at <= 50.65
+    assert len(runner.engine.live) == 64 and runner.scheduler.waiting == 1999  # the first waiting took its place

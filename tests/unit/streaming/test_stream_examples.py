@@ -149,5 +149,6 @@ def test_the_question_budget_is_a_parameter_and_a_bad_one_is_named(tmp_path):
         assert model.runner.cancel_checks_per_s == 20
     finally:
         model.finalize()
-    with pytest.raises(ConfigError, match=r"model 'textgen_gru': parameters\['cancel_checks_per_s'\] must be >= 1, got 0"):
+    named = r"model 'textgen_gru': parameters\['cancel_checks_per_s'\] must be >= 1, got 0"
+    with pytest.raises(ConfigError, match=named):
         served("gru", tmp_path / "bad", cancel_checks_per_s=0)
