@@ -140,14 +140,17 @@ class StreamRunner:
         # Each question is a round trip to the server that holds the loop up: each running
         # stream is asked once an interval on its own clock, so an iteration asks a few, not all
         # of them at once (a stall every interval that would show in inter-token P99). The
-        # waiting streams are asked together, which spares a scan of the queue at every
-        # iteration, on an interval of their own: a deep queue neither slows the running
-        # streams' questions nor, once it drains, leaves its long interval behind.
+        # waiting streams are swept once every cancel_check_s, which spares a scan of the queue
+        # at every iteration, and a sweep asks at most its share of cancel_checks_per_s, in the
+        # queue's heap order (its head first): a deep queue is asked a slice at a time, never
+        # in one burst, and does not slow the running streams' questions.
         self._ask(self.engine.live, now, interval)
-        checked = now >= self._swept_at + self.check_interval(self.scheduler.waiting)
+        checked = now >= self._swept_at + self.cancel_check_s
         if checked:
             self._swept_at = now
-            self._ask(self.scheduler.waiting_streams(), now, interval)
+            most = max(1, int(self.cancel_checks_per_s * self.cancel_check_s)) \
+                if self.cancel_checks_per_s != math.inf else None
+            self._ask(self.scheduler.waiting_streams(), now, interval, most)
         cancelled: List[Emission] = []
         for stream in [s for s in self.engine.live if s.cancelled]:
             self.engine.drop(stream)
@@ -170,17 +173,22 @@ class StreamRunner:
         return Admitted(openings, cancelled, running)
 
     def check_interval(self, streams: int) -> float:
-        """How long each of `streams` streams goes between two questions: cancel_check_s, or
-        longer when they would ask more than cancel_checks_per_s a second (the running streams
-        together; the waiting ones as many again). Each question holds up the thread of the
-        server's Python backend that hands on every response, for about what a response costs
-        it, so their number is kept from growing with the streams."""
+        """How long each of `streams` running streams goes between two questions:
+        cancel_check_s, or longer when they would ask more than cancel_checks_per_s a second
+        together (the waiting ones are held to as many again). Each question holds up the
+        thread of the server's Python backend that hands on every response, for about what a
+        response costs it, so their number is kept from growing with the streams."""
         return max(self.cancel_check_s, streams / self.cancel_checks_per_s)
 
-    def _ask(self, streams: Sequence[Stream], now: float, interval: float) -> None:
-        """Whether each client gave up, of the streams whose time to ask has come."""
+    def _ask(self, streams: Sequence[Stream], now: float, interval: float, most: Optional[int] = None) -> None:
+        """Whether each client gave up, of the streams whose time to ask has come (the first
+        `most` of them)."""
         for stream in streams:
             if now >= stream.check_at and not stream.cancelled:
+                if most is not None:
+                    if most == 0:
+                        return
+                    most -= 1
                 stream.check_at = _next_check(stream.check_at, now, interval)
                 if self.is_cancelled(stream):  # a sender may mark it too: never unmarked here
                     stream.cancelled = True
