@@ -160,12 +160,11 @@ def summarize(result: Dict) -> Dict:
         ttft = (_med(served["latte_gpt"][16], "ttft_p99_ms"), _med(served["stock_gpt"][16], "ttft_p99_ms"))
         targets.append(Target("TTFT P99 at 16 streams <= 0.5x the stock model's (transformer)",
                               f"{ttft[0] / ttft[1]:.2f}x", "yes" if ttft[0] <= 0.5 * ttft[1] else "no"))
+    above_one = [c for c in levels if c > 1]
     for kind in kinds:
-        shares = [ratio_at[(kind, c)][1] for c in levels if c > 1]
-        worst = min(shares) if shares else None
-        if worst is not None:
-            why = ""
-            level = min((c for c in levels if c > 1), key=lambda c: ratio_at[(kind, c)][1])
+        if above_one:
+            level = min(above_one, key=lambda c: ratio_at[(kind, c)][1])
+            worst, why = ratio_at[(kind, level)][1], ""
             if worst < 0.8 and beside_at.get((kind, level)):
                 cost, share = beside_at[(kind, level)]
                 why = (f"at {level} streams the loop costs {cost:.2f}x its CPU time per token beside the echo's "

@@ -93,6 +93,9 @@ class StreamRunner:
             raise ValueError(f"cancel_checks_per_s must be > 0, got {cancel_checks_per_s}")
         self.cancel_check_s = cancel_check_s
         self.cancel_checks_per_s = cancel_checks_per_s
+        # The waiting streams one sweep (every cancel_check_s) asks at most: its share of the budget.
+        self._sweep_most = math.inf if cancel_checks_per_s == math.inf else \
+            max(1.0, cancel_checks_per_s * cancel_check_s)
         self._swept_at = float("-inf")  # when the waiting streams were last asked
         self._inbox: Deque[Stream] = collections.deque()
         self._wake = threading.Condition()
@@ -148,9 +151,7 @@ class StreamRunner:
         checked = now >= self._swept_at + self.cancel_check_s
         if checked:
             self._swept_at = now
-            most = max(1, int(self.cancel_checks_per_s * self.cancel_check_s)) \
-                if self.cancel_checks_per_s != math.inf else None
-            self._ask(self.scheduler.waiting_streams(), now, interval, most)
+            self._ask(self.scheduler.waiting_streams(), now, interval, self._sweep_most)
         cancelled: List[Emission] = []
         for stream in [s for s in self.engine.live if s.cancelled]:
             self.engine.drop(stream)
@@ -180,15 +181,14 @@ class StreamRunner:
         response costs it, so their number is kept from growing with the streams."""
         return max(self.cancel_check_s, streams / self.cancel_checks_per_s)
 
-    def _ask(self, streams: Sequence[Stream], now: float, interval: float, most: Optional[int] = None) -> None:
+    def _ask(self, streams: Sequence[Stream], now: float, interval: float, most: float = math.inf) -> None:
         """Whether each client gave up, of the streams whose time to ask has come (the first
         `most` of them)."""
         for stream in streams:
             if now >= stream.check_at and not stream.cancelled:
-                if most is not None:
-                    if most == 0:
-                        return
-                    most -= 1
+                if most < 1:
+                    return
+                most -= 1
                 stream.check_at = _next_check(stream.check_at, now, interval)
                 if self.is_cancelled(stream):  # a sender may mark it too: never unmarked here
                     stream.cancelled = True
