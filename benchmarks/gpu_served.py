@@ -211,7 +211,7 @@ def run(args, work: Path) -> dict:
             order = roles[window % len(roles):] + roles[:window % len(roles)]
             for role in order:
                 (point,) = run_perf_analyzer(names[role], server.grpc_url, concurrency=[CONCURRENCY], input_data=data,
-                                             measurement_ms=args.window_ms, max_trials=3, stability_percentage=100)
+                                             measurement_ms=args.window_ms, max_trials=6, stability_percentage=100)
                 windows[role].append(point.as_dict())
             for role, figures in memory_now(server, names).items():
                 windows[role][-1]["memory"] = figures
