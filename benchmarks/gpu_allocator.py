@@ -7,7 +7,8 @@ host. Two models of different shape, built here (no downloads):
   * `sequence`: the bundled sequence encoder (one attention block, width 32), positions to 2048;
   * `encoder`: a larger transformer encoder (6 layers, width 512, 8 heads, FFN 2048).
 
-Contenders, each in its own process (the allocator is chosen before CUDA is first used):
+Contenders, each in its own process (the allocator is chosen before CUDA is first used), in
+interleaved rounds (`--rounds`: the same steps each round, the order turned by one):
   * `caching`: PyTorch's caching allocator as shipped;
   * `expandable`: the same with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, PyTorch's own
     answer to fragmentation;
@@ -21,10 +22,10 @@ Contenders, each in its own process (the allocator is chosen before CUDA is firs
 Figures: the peak of live tensor bytes; what the allocator held at its peak (the caching
 allocator's reserved segments; the arena's blocks, whose region is reserved once); held / live
 over time; P50 and P99 of the step's wall time (with a synchronise); OOMs. Then every contender
-runs again under one memory cap, 1.25x the caching allocator's peak live bytes: the caching
+runs once more under one memory cap, 1.25x the caching allocator's peak live bytes: the caching
 allocator through torch.cuda.set_per_process_memory_fraction, the arena with that capacity.
 
-    PYTHONPATH=build/gpu-site python3 benchmarks/gpu_allocator.py --models sequence --steps 100000 --json build/allocator.json
+    PYTHONPATH=build/gpu-site python3 benchmarks/gpu_allocator.py --models sequence --steps 30000 --json build/allocator.json
     PYTHONPATH=build/gpu-site python3 benchmarks/gpu_allocator.py --steps 2000 --cap-steps 1000    # a quick look
 
 Needs a CUDA device and a build of latte with the CUDA toolkit: scripts/gpu_check.sh builds one
@@ -39,6 +40,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -197,19 +199,40 @@ def ratio(a, b) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
+def by_contender(results: list[dict], model: str) -> list[dict]:
+    """One row per contender of MODEL's uncapped runs, in the order they first ran: the medians
+    of its rounds, the first round's timeline, and `p99_rounds`, each round's P99 over that
+    round's caching allocator's (`p99_vs`: their median; none without a caching run)."""
+    runs = [r for r in results if r["model"] == model and not r.get("cap") and "error" not in r]
+    caching = {r.get("round", 0): r["p99_ms"] for r in runs if r["contender"] == "caching"}
+    rows = []
+    for contender in dict.fromkeys(r["contender"] for r in runs):
+        mine = [r for r in runs if r["contender"] == contender]
+        rounds = [r["p99_ms"] / caching[r.get("round", 0)] for r in mine
+                  if caching.get(r.get("round", 0)) and r["p99_ms"]]
+        row = dict(mine[0])
+        row.update({key: statistics.median(r[key] for r in mine)
+                    for key in ("peak_live", "peak_held", "p50_ms", "p99_ms")})
+        row.update(rounds=len(mine), ooms=sum(r["ooms"] for r in mine), p99_rounds=rounds,
+                   p99_vs=statistics.median(rounds) if rounds else None)
+        rows.append(row)
+    return rows
+
+
 def table(results: list[dict], model: str) -> list[str]:
-    rows = [r for r in results if r["model"] == model and not r.get("cap")]
-    base = next((r for r in rows if r["contender"] == "caching" and "error" not in r), None)
+    rows = by_contender(results, model)
+    base = next((r for r in rows if r["contender"] == "caching"), None)
     lines = [f"  {'contender':<11} {'peak live':>10} {'held':>10} {'held/live':>9} {'vs caching':>10} "
-             f"{'P50 ms':>7} {'P99 ms':>7} {'P99 vs':>7} {'OOMs':>5}"]
-    for r in rows:
-        if "error" in r:
+             f"{'P50 ms':>7} {'P99 ms':>7} {'P99 vs':>7} {'OOMs':>5}  P99 vs caching, each round"]
+    for r in results:
+        if r["model"] == model and not r.get("cap") and "error" in r:
             lines.append(f"  {r['contender']:<11} failed: {r['error']}")
-            continue
+    for r in rows:
         lines.append(
             f"  {r['contender']:<11} {r['peak_live'] / MIB:>8.1f}Mi {r['peak_held'] / MIB:>8.1f}Mi "
             f"{r['peak_held'] / max(1, r['peak_live']):>8.2f}x {ratio(r['peak_held'], base and base['peak_held']):>10} "
-            f"{r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f} {ratio(r['p99_ms'], base and base['p99_ms']):>7} {r['ooms']:>5}")
+            f"{r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f} {rounds_ratio(r):>7} {r['ooms']:>5}  "
+            + ", ".join(f"{v:.2f}" for v in r["p99_rounds"]))
     over_time = [f"  held/live over time (quarters of the run):"]
     for r in rows:
         if "error" in r or not r["timeline"]:
@@ -236,11 +259,15 @@ class PagedFigures(NamedTuple):
     """The paged arena on one model, against the caching allocator."""
     model: str
     held: float      # peak held, uncapped, over the caching allocator's
-    p99: float       # P99 per step over the caching allocator's
+    p99: float       # P99 per step over the caching allocator's (the median of the rounds' ratios)
     capped_ooms: int
     others: str      # the other contenders' OOMs under the same cap
     stats: dict      # the arena's own figures (map and unmap calls)
     steps: int
+
+
+def rounds_ratio(row: dict) -> str:
+    return "-" if row["p99_vs"] is None else f"{row['p99_vs']:.2f}x"
 
 
 def against(value: float, limit: float = 1.0) -> str:
@@ -253,17 +280,21 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
     the targets against the caching allocator."""
     tables, charts, held, p99, oom, paged = [], [], [], [], [], []
     for model in dict.fromkeys(r["model"] for r in results):
-        rows = [r for r in results if r["model"] == model and not r.get("cap") and "error" not in r]
+        rows = by_contender(results, model)
         base = next((r for r in rows if r["contender"] == "caching"), None)
         if base is None:
             continue
-        tables.append(Table(f"{model}, {steps:,} steps per contender:",
+        rounds = max(r["rounds"] for r in rows)
+        several = rounds > 1
+        tables.append(Table(f"{model}, {steps:,} steps per contender"
+                            + (f", medians of {rounds} interleaved rounds:" if several else ":"),
                             ["contender", "peak live", "held", "held / live", "held vs caching", "P50 step",
-                             "P99 step", "P99 vs caching", "OOMs"],
+                             "P99 step", "P99 vs caching", "OOMs"] + (["P99 vs caching, each round"] if several else []),
                             [[r["contender"], f"{r['peak_live'] / MIB:.1f} MiB", f"{r['peak_held'] / MIB:.1f} MiB",
                               f"{r['peak_held'] / max(1, r['peak_live']):.2f}x", ratio(r["peak_held"], base["peak_held"]),
-                              f"{r['p50_ms']:.3f} ms", f"{r['p99_ms']:.3f} ms", ratio(r["p99_ms"], base["p99_ms"]),
-                              str(r["ooms"])] for r in rows]))
+                              f"{r['p50_ms']:.3f} ms", f"{r['p99_ms']:.3f} ms", rounds_ratio(r), str(r["ooms"])]
+                             + ([", ".join(f"{v:.2f}" for v in r["p99_rounds"])] if several else [])
+                             for r in rows]))
         # Named by the run as well when it is a run of some models, whose file sits beside the full run's.
         chart = f"gpu-{model}-memory-held" if name == "gpu-allocator" else f"{name}-{model}-memory-held"
         charts.append(Chart(chart, f"{model} on {device}: memory held over the run",
@@ -273,7 +304,7 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
         arena = next((r for r in rows if r["contender"] == "arena"), None)
         if arena:
             held.append(f"{model} {arena['peak_held'] / base['peak_held']:.2f}x")
-            p99.append((model, arena["p99_ms"] / base["p99_ms"]))
+            p99.append((model, arena["p99_vs"]))
         capped = {r["contender"]: r for r in results if r["model"] == model and r.get("cap") and "error" not in r}
         if capped:
             cap, steps_capped = next((r["cap"], r["steps"]) for r in capped.values())
@@ -287,7 +318,7 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
         pages = next((r for r in rows if r["contender"] == "arena_paged"), None)
         if pages and "arena_paged" in capped:
             others = ", ".join(f"{name} {capped[name]['ooms']}" for name in ("caching", "expandable") if name in capped)
-            paged.append(PagedFigures(model, pages["peak_held"] / base["peak_held"], pages["p99_ms"] / base["p99_ms"],
+            paged.append(PagedFigures(model, pages["peak_held"] / base["peak_held"], pages["p99_vs"],
                                       capped["arena_paged"]["ooms"], others, pages.get("arena", {}), pages["steps"]))
     targets = []
     if held:
@@ -325,7 +356,9 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
                               "no" if why else "yes", why="; ".join(why)))
     return dict(summary=(f"Each step draws a batch and a lognormal length, makes the input on the device, runs the "
                          "model in inference mode and copies the answer to the host; \"held\" is what the allocator "
-                         "held at its peak. One process per contender, one after the other."),
+                         "held at its peak. One process per contender and round; each round runs the same "
+                         "steps, the contenders' order turned by one, and P99 against the caching allocator is the "
+                         "median of each round's ratio. The capped runs go once, after the rounds."),
                 targets=targets, tables=tables, charts=charts)
 
 
@@ -334,7 +367,9 @@ def main() -> int:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
-    parser.add_argument("--steps", type=int, default=100_000, help="steps per contender and model")
+    parser.add_argument("--steps", type=int, default=100_000, help="steps per contender and model, each round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="uncapped rounds, the contenders' order turned by one each round; medians")
     parser.add_argument("--cap-steps", type=int, default=20_000, help="steps of each capped run (0: none)")
     parser.add_argument("--cap-ratio", type=float, default=1.25, help="the cap, as a multiple of caching's peak live")
     parser.add_argument("--seed", type=int, default=20261125)
@@ -354,6 +389,8 @@ def main() -> int:
         print(json.dumps(run_child(args)))
         return 0
 
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     import torch
 
     if not torch.cuda.is_available():
@@ -372,7 +409,8 @@ def main() -> int:
                          command_line("benchmarks/gpu_allocator.py", None, python="PYTHONPATH=build/gpu-site python3"),
                          os.getloadavg()[0], HERE)
     print(f"device {torch.cuda.get_device_name(0)}, torch {torch.__version__}, {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.2f}, {platform.node()}; {args.steps} steps per contender", flush=True)
+          f"load {os.getloadavg()[0]:.2f}, {platform.node()}; {args.steps} steps per contender, {args.rounds} "
+          "round(s)", flush=True)
     results = []
 
     def save():  # after every run, so that a run cut short still leaves its figures
@@ -391,13 +429,16 @@ def main() -> int:
         return not spent
 
     for model in models:
-        for contender in contenders:
-            if not fits():
-                break
-            results.append(run_contender(model, contender, args.steps, args.seed, None, args.arena_bytes))
-            print(f"  {model}/{contender}: {json.dumps({k: v for k, v in results[-1].items() if k != 'timeline'})}",
-                  flush=True)
-            save()
+        for round_ in range(args.rounds):
+            # The same steps each round (one seed): what differs between rounds is the machine.
+            for contender in contenders[round_ % len(contenders):] + contenders[:round_ % len(contenders)]:
+                if not fits():
+                    break
+                results.append({**run_contender(model, contender, args.steps, args.seed, None, args.arena_bytes),
+                                "round": round_})
+                print(f"  {model}/{contender}, round {round_ + 1}: "
+                      + json.dumps({k: v for k, v in results[-1].items() if k != 'timeline'}), flush=True)
+                save()
         base = next((r for r in results if r["model"] == model and r["contender"] == "caching" and "error" not in r), None)
         if args.cap_steps and base:
             cap = int(base["peak_live"] * args.cap_ratio) // (2 * MIB) * (2 * MIB) + 2 * MIB

@@ -22,7 +22,8 @@
 #   5. checks of the device arena's pages: `pytest -m gpu` on the device memory tests, and the C++
 #      device-pages and arena stress tests built with invariant checks, under compute-sanitizer;
 #   6. PyTorch in process with the paged arena, the plain one and the caching allocator with and
-#      without expandable segments, under a cap of 1.10x the live bytes (benchmarks/gpu_allocator.py).
+#      without expandable segments, three interleaved rounds, then under a cap of 1.10x the live
+#      bytes (benchmarks/gpu_allocator.py).
 # Parts run in the order 5, 1, 2, 3, 6, 4.
 # Back under $OUT: log.txt (everything printed), env.txt, results.tar.gz (benchmarks/results
 # files and the servers' logs). Unpack results.tar.gz into benchmarks/results and render the page
@@ -56,7 +57,7 @@ if [ "$rehearse" = 1 ]; then
   pipeline_s=${PIPELINE_S:-20}; checks_s=${CHECKS_S:-60}; allocator_s=${ALLOCATOR_S:-0}; call_s=${CALL_S:-0}
 else
   kind=KIND_GPU; gpus=1; ranker_s=${RANKER_S:-95}; sequence_s=${SEQUENCE_S:-110}; memory_s=${MEMORY_S:-55}
-  pipeline_s=${PIPELINE_S:-60}; checks_s=${CHECKS_S:-90}; allocator_s=${ALLOCATOR_S:-200}; call_s=${CALL_S:-0}
+  pipeline_s=${PIPELINE_S:-60}; checks_s=${CHECKS_S:-90}; allocator_s=${ALLOCATOR_S:-260}; call_s=${CALL_S:-0}
 fi
 memory_windows=${MEMORY_WINDOWS:-4}
 total_s=${TOTAL_S:-540}
@@ -172,8 +173,8 @@ measure served-memory "$memory_s" 70 "$venv/bin/python" benchmarks/gpu_served.py
   --budget-s @BUDGET@ --windows "$memory_windows" --results-dir "$root/results"
 if [ "$gpus" = 1 ]; then
   measure allocator "$allocator_s" 30 "$venv/bin/python" benchmarks/gpu_allocator.py --models sequence,encoder \
-    --contenders caching,expandable,arena,arena_paged --steps "${ALLOCATOR_STEPS:-6000}" --cap-steps 3000 \
-    --cap-ratio 1.10 --budget-s @BUDGET@ --results-dir "$root/results"
+    --contenders caching,expandable,arena,arena_paged --steps "${ALLOCATOR_STEPS:-3000}" --rounds 3 \
+    --cap-steps 3000 --cap-ratio 1.10 --budget-s @BUDGET@ --results-dir "$root/results"
 else
   say "allocator: left out (it needs a CUDA device)"
 fi
