@@ -16,8 +16,10 @@ figures are the baseline, compared with the last window's.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +34,54 @@ CLIENTS = 32
 LEAVING = 8      # of the clients: HTTP clients that close their connection after CANCEL_AFTER outputs
 CANCEL_AFTER = 3
 OUTPUTS = 8
+SAMPLE_S = 0.5   # how often the state's held and needed bytes are read while the windows run
+HELD_TARGET = 1.1
+
+
+def per_client(streams: int, windows: int) -> int:
+    """Requests each client sends a window, so that the windows hold at least `streams` in all."""
+    return max(1, math.ceil(math.ceil(streams / windows) / CLIENTS))
+
+
+class StateSampler:
+    """Reads the model's held and needed state bytes every SAMPLE_S on a thread of its own, while
+    streams are live; keeps the largest held / needed it saw."""
+
+    def __init__(self, metrics_url: str) -> None:
+        self.metrics_url = metrics_url
+        self.samples = self.missed = 0
+        self.worst = None  # (held / needed, held, needed)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="state-sampler", daemon=True)
+
+    def __enter__(self) -> "StateSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        from latte.bench.prometheus_scrape import scrape, total
+
+        while not self._stop.wait(SAMPLE_S):
+            try:
+                values = scrape(self.metrics_url)
+            except OSError:  # a reading the server did not answer in time: the next one may
+                self.missed += 1
+                continue
+            self.take(total(values, "latte_stream_state_bytes", state="held"),
+                      total(values, "latte_stream_state_bytes", state="needed"))
+
+    def take(self, held, needed) -> None:
+        """One reading (None: not published yet)."""
+        if not needed:
+            return  # no stream live at that reading
+        held = held or 0.0
+        self.samples += 1
+        if self.worst is None or held / needed > self.worst[0]:
+            self.worst = (held / needed, held, needed)
 
 
 def _figures(metrics_url: str):
@@ -75,7 +125,7 @@ def run(args):
     write_stream_model(repo, "textgen", "gpt", max_streams=64)
     load = wait_until_quiet(log=lambda line: print(f"  {line}", flush=True))
     print(f"load average at start: {load:.2f}", flush=True)
-    per_window = max(CLIENTS, args.streams // args.windows) // CLIENTS
+    per_window = per_client(args.streams, args.windows)
     windows = []
     with TritonServer(repo, log_path=repo.parent / "tritonserver.log") as server:
         (stub,) = stub_pids(server.process.pid)
@@ -83,27 +133,29 @@ def run(args):
         time.sleep(2.0)
         baseline = {"rss": rss_bytes(stub), **_figures(server.metrics_url)}
         started = time.perf_counter()
-        for window in range(args.windows):
-            t0 = time.perf_counter()
-            records = _window(server.grpc_url, server.http_url, per_window)
-            seconds = time.perf_counter() - t0
-            ttft = sorted(r.ttft for r in records if r.ttft is not None)
-            whole = [r for r in records if not r.cancelled and r.error is None]
-            windows.append({"window": window + 1, "streams": len(records), "seconds": seconds,
-                            "cancelled": sum(r.cancelled for r in records),
-                            "errors": sum(1 for r in records if r.error),
-                            "short": sum(1 for r in whole if len(r.pieces) != OUTPUTS),
-                            "tokens_per_s": sum(len(r.pieces) for r in records) / seconds,
-                            "ttft_p50_ms": 1000 * ttft[len(ttft) // 2], "ttft_p99_ms": 1000 * ttft[int(len(ttft) * 0.99)],
-                            "rss": rss_bytes(stub)})
-            w = windows[-1]
-            print(f"window {w['window']:>2}: {w['streams']} streams ({w['cancelled']} cancelled), "
-                  f"{w['tokens_per_s']:.0f} tokens/s, TTFT P99 {w['ttft_p99_ms']:.1f} ms, stub RSS "
-                  f"{w['rss'] / 2**20:.1f} MiB, errors {w['errors']}", flush=True)
+        with StateSampler(server.metrics_url) as sampler:
+            for window in range(args.windows):
+                t0 = time.perf_counter()
+                records = _window(server.grpc_url, server.http_url, per_window)
+                seconds = time.perf_counter() - t0
+                ttft = sorted(r.ttft for r in records if r.ttft is not None)
+                whole = [r for r in records if not r.cancelled and r.error is None]
+                windows.append({"window": window + 1, "streams": len(records), "seconds": seconds,
+                                "cancelled": sum(r.cancelled for r in records),
+                                "errors": sum(1 for r in records if r.error),
+                                "short": sum(1 for r in whole if len(r.pieces) != OUTPUTS),
+                                "tokens_per_s": sum(len(r.pieces) for r in records) / seconds,
+                                "ttft_p50_ms": 1000 * ttft[len(ttft) // 2], "ttft_p99_ms": 1000 * ttft[int(len(ttft) * 0.99)],
+                                "rss": rss_bytes(stub)})
+                w = windows[-1]
+                print(f"window {w['window']:>2}: {w['streams']} streams ({w['cancelled']} cancelled), "
+                      f"{w['tokens_per_s']:.0f} tokens/s, TTFT P99 {w['ttft_p99_ms']:.1f} ms, stub RSS "
+                      f"{w['rss'] / 2**20:.1f} MiB, errors {w['errors']}", flush=True)
         time.sleep(2.0)  # the cancellation check and a publication of the figures
         end = {"rss": rss_bytes(stub), **_figures(server.metrics_url)}
+    state = {"samples": sampler.samples, "missed": sampler.missed, "worst": sampler.worst}
     return {"load_average_at_start": load, "streams": sum(w["streams"] for w in windows), "baseline": baseline,
-            "end": end, "windows": windows, "seconds": time.perf_counter() - started}
+            "end": end, "windows": windows, "seconds": time.perf_counter() - started, "state": state}
 
 
 def summarize(result):
@@ -125,6 +177,17 @@ def summarize(result):
         Target("Every stream answered: whole, or cancelled by its client", f"{errors} errors or short streams, "
                f"{cancelled:,} cancelled", "yes" if errors == 0 else "no"),
     ]
+    state = result.get("state")
+    if state is not None:
+        worst = state["worst"]
+        measured = (f"at most {worst[0]:.2f}x ({worst[1] / 2**20:.2f} of {worst[2] / 2**20:.2f} MiB) in "
+                    f"{state['samples']:,} readings, one every {SAMPLE_S:g} s" if worst else
+                    "no reading with a live stream")
+        if state.get("missed"):
+            measured += f"; {state['missed']} readings unanswered"
+        targets.append(Target(
+            f"Memory held by stream state <= {HELD_TARGET}x what the live streams need, at block granularity",
+            measured, "yes" if worst and worst[0] <= HELD_TARGET else "no"))
     table = Table("Windows", ["window", "streams", "cancelled", "tokens/s", "TTFT P50 ms", "TTFT P99 ms", "stub RSS MiB"],
                   [[str(w["window"]), str(w["streams"]), str(w["cancelled"]), f"{w['tokens_per_s']:.0f}",
                     f"{w['ttft_p50_ms']:.1f}", f"{w['ttft_p99_ms']:.1f}", f"{w['rss'] / 2**20:.1f}"] for w in windows])
