@@ -218,7 +218,7 @@ class StreamingModel:
 
     def figures(self) -> dict:
         """The loop's running totals, what the live streams hold, and the streams waiting."""
-        return {**self.runner.figures, **self.engine.held(), "iterations": self.runner.iterations,
+        return {**self.runner.figures, **self.runner.held, "iterations": self.runner.iterations,
                 "waiting": self.runner.scheduler.waiting}
 
     def _refresh_gauges(self) -> None:

@@ -104,6 +104,11 @@ class StreamRunner:
         self.iterations = 0
         self.figures = {"joined": 0, "finished": 0, "cancelled": 0, "expired": 0, "refused": 0, "failed": 0,
                         "outputs": 0}
+        # What the live streams hold, as the loop left it after its last iteration. The loop's
+        # thread alone changes the streams and the pools; a reader on another thread (the metrics
+        # publisher) reads this, never the engine mid-iteration, where a stream that has just
+        # taken its next row's block, or joined, holds more than its rows need yet.
+        self.held = engine.held()
         self._thread: Optional[threading.Thread] = None
 
     # -- feeding ------------------------------------------------------------------------
@@ -198,6 +203,7 @@ class StreamRunner:
         emissions = self.engine.step(running) if running else []
         self._count(emissions)
         self.iterations += 1
+        self.held = self.engine.held()
         return emissions
 
     def _count(self, emissions: List[Emission]) -> None:
@@ -282,6 +288,7 @@ class StreamRunner:
             self.engine.drop(stream)
             emissions.append((stream, RequestCancelled("the model is unloading"), True))
         self._inbox.clear()
+        self.held = self.engine.held()
         return emissions
 
     def close(self, timeout: float = 5.0) -> None:

@@ -213,6 +213,27 @@ def test_held_state_is_what_the_live_streams_need_and_all_of_it_returns(model_pa
     assert runner.figures["cancelled"] + runner.figures["finished"] + runner.figures["failed"] == len(streams)
 
 
+def test_a_reader_on_another_thread_sees_the_figures_of_the_last_whole_iteration(model_path, monkeypatch):
+    """The metrics publisher reads `runner.held` while the loop steps: mid-step, a stream whose
+    last block was full holds its next row's block before its row is counted, and a reader of
+    the engine itself would see more held than needed; the runner's figures never do."""
+    runner = counting_runner(model_path, np.empty, cache_blocks=64)
+    runner.submit([stream(x, max_tokens=30) for x in range(1, 7)])
+    readings = []
+    step = runner.engine.step_graph.run_batch
+
+    def read_during_the_step(batch):
+        readings.append((runner.held, runner.engine.held()))
+        return step(batch)
+
+    monkeypatch.setattr(runner.engine.step_graph, "run_batch", read_during_the_step)
+    run(runner)
+    assert len(readings) > 20
+    assert all(published["held_bytes"] == published["needed_bytes"] for published, _ in readings)
+    assert any(engine["held_bytes"] > engine["needed_bytes"] for _, engine in readings)
+    assert runner.held["live"] == 0 and runner.held["held_bytes"] == 0
+
+
 def test_the_graphs_count_every_batch_without_growing_when_nobody_reads_their_figures(model_path, monkeypatch):
     from latte.backend.graph import graph as graph_module
 
@@ -287,6 +308,9 @@ class EndlessEngine:
 
     def drop(self, stream):
         self.live.remove(stream)
+
+    def held(self):
+        return {"live": len(self.live), "held_bytes": 0, "needed_bytes": 0}
 
 
 def test_streams_asked_together_drift_apart_not_into_one_group_over_many_intervals():
