@@ -267,6 +267,7 @@ def summarize(r: dict) -> dict:
 
     def ratio(value, of):
         return f"{value / of:.2f}x" if value and of else "-"
+
     def paired(role):  # the median of the windows' own ratios
         ratios = window_ratios(r, role)
         return statistics.median(ratios) if ratios else None

@@ -10,7 +10,8 @@ the third output of every request, as a client that goes away does. (tritonserve
 frontend can deadlock when a client cancels a gRPC stream while responses are being sent on it:
 a lock-order inversion between its stream handler and the response callback, seen as a hang in
 this run; docs/streaming.md.) The run is cut into windows; after a warm-up the first window's
-figures are the baseline, compared with the last window's.
+figures are the baseline, compared with the last window's. While the windows run, the model's
+held and needed state bytes are read every 0.5 s.
 """
 
 from __future__ import annotations
