@@ -21,9 +21,10 @@ interleaved rounds (`--rounds`: the same steps each round, the order turned by o
 
 Figures: the peak of live tensor bytes; what the allocator held at its peak (the caching
 allocator's reserved segments; the arena's blocks, whose region is reserved once); held / live
-over time; P50 and P99 of the step's wall time (with a synchronise); OOMs. Then every contender
-runs once more under one memory cap, 1.25x the caching allocator's peak live bytes: the caching
-allocator through torch.cuda.set_per_process_memory_fraction, the arena with that capacity.
+over time; P50 and P99 of the step's wall time (with a synchronise); OOMs. After the first
+round, every contender runs once more under one memory cap, 1.25x the caching allocator's peak
+live bytes: the caching allocator through torch.cuda.set_per_process_memory_fraction, the arena
+with that capacity.
 
     PYTHONPATH=build/gpu-site python3 benchmarks/gpu_allocator.py --models sequence --steps 30000 --json build/allocator.json
     PYTHONPATH=build/gpu-site python3 benchmarks/gpu_allocator.py --steps 2000 --cap-steps 1000    # a quick look
@@ -45,7 +46,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from latte.bench.budget import another_round_fits
 from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary
@@ -201,20 +202,26 @@ def ratio(a, b) -> str:
 
 def by_contender(results: list[dict], model: str) -> list[dict]:
     """One row per contender of MODEL's uncapped runs, in the order they first ran: the medians
-    of its rounds, the first round's timeline, and `p99_rounds`, each round's P99 over that
-    round's caching allocator's (`p99_vs`: their median; none without a caching run)."""
-    runs = [r for r in results if r["model"] == model and not r.get("cap") and "error" not in r]
+    of its rounds (the rounds every contender ran; OOMs summed), the first round's timeline, and
+    `p99_rounds`, each round's P99 over that round's caching allocator's (`p99_vs`: their
+    median; none without a caching run in any of its rounds)."""
+    every = [r for r in results if r["model"] == model and not r.get("cap")]
+    contenders = {r["contender"] for r in every}
+    ran = {r.get("round", 0) for r in every}
+    # A round the budget cut short would pair some contenders' medians with others' rounds.
+    whole = {k for k in ran if {r["contender"] for r in every if r.get("round", 0) == k} == contenders} or ran
+    runs = [r for r in every if r.get("round", 0) in whole and "error" not in r]
     caching = {r.get("round", 0): r["p99_ms"] for r in runs if r["contender"] == "caching"}
     rows = []
     for contender in dict.fromkeys(r["contender"] for r in runs):
         mine = [r for r in runs if r["contender"] == contender]
-        rounds = [r["p99_ms"] / caching[r.get("round", 0)] for r in mine
+        ratios = [r["p99_ms"] / caching[r.get("round", 0)] for r in mine
                   if caching.get(r.get("round", 0)) and r["p99_ms"]]
         row = dict(mine[0])
         row.update({key: statistics.median(r[key] for r in mine)
                     for key in ("peak_live", "peak_held", "p50_ms", "p99_ms")})
-        row.update(rounds=len(mine), ooms=sum(r["ooms"] for r in mine), p99_rounds=rounds,
-                   p99_vs=statistics.median(rounds) if rounds else None)
+        row.update(rounds=len(mine), ooms=sum(r["ooms"] for r in mine), p99_rounds=ratios,
+                   p99_vs=statistics.median(ratios) if ratios else None)
         rows.append(row)
     return rows
 
@@ -259,7 +266,7 @@ class PagedFigures(NamedTuple):
     """The paged arena on one model, against the caching allocator."""
     model: str
     held: float      # peak held, uncapped, over the caching allocator's
-    p99: float       # P99 per step over the caching allocator's (the median of the rounds' ratios)
+    p99: Optional[float]  # P99 per step over the caching allocator's (the median of the rounds' ratios)
     capped_ooms: int
     others: str      # the other contenders' OOMs under the same cap
     stats: dict      # the arena's own figures (map and unmap calls)
@@ -270,8 +277,11 @@ def rounds_ratio(row: dict) -> str:
     return "-" if row["p99_vs"] is None else f"{row['p99_vs']:.2f}x"
 
 
-def against(value: float, limit: float = 1.0) -> str:
-    """A ratio judged against LIMIT, with the digit that decides the verdict where two would hide it."""
+def against(value, limit: float = 1.0) -> str:
+    """A ratio judged against LIMIT, with a third digit where two would show the limit itself
+    ("-": no ratio)."""
+    if value is None:
+        return "-"
     return f"{value:.3f}x" if round(value, 2) == limit and value != limit else f"{value:.2f}x"
 
 
@@ -289,7 +299,8 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
         tables.append(Table(f"{model}, {steps:,} steps per contender"
                             + (f", medians of {rounds} interleaved rounds:" if several else ":"),
                             ["contender", "peak live", "held", "held / live", "held vs caching", "P50 step",
-                             "P99 step", "P99 vs caching", "OOMs"] + (["P99 vs caching, each round"] if several else []),
+                             "P99 step", "P99 vs caching", "OOMs" + (" (all rounds)" if several else "")]
+                            + (["P99 vs caching, each round"] if several else []),
                             [[r["contender"], f"{r['peak_live'] / MIB:.1f} MiB", f"{r['peak_held'] / MIB:.1f} MiB",
                               f"{r['peak_held'] / max(1, r['peak_live']):.2f}x", ratio(r["peak_held"], base["peak_held"]),
                               f"{r['p50_ms']:.3f} ms", f"{r['p99_ms']:.3f} ms", rounds_ratio(r), str(r["ooms"])]
@@ -326,7 +337,7 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
         targets.append(Target("arena-backed torch holds ≤ 0.8x the caching allocator's reserved memory",
                               ", ".join(held), "yes" if ok else "no"))
     if p99:
-        passed = [v <= 1.0 for _, v in p99]
+        passed = [v is not None and v <= 1.0 for _, v in p99]
         targets.append(Target("P99 per step ≤ 1.0x the caching allocator's", ", ".join(f"{m} {against(v)}" for m, v in p99),
                               "yes" if all(passed) else ("partly" if any(passed) else "no")))
     if oom:
@@ -340,8 +351,11 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
         targets.append(Target("paged arena: 0 OOMs under the cap (caching and expandable alongside)",
                               "; ".join(f"{p.model}: {p.capped_ooms} ({p.others})" for p in paged),
                               "yes" if all(p.capped_ooms == 0 for p in paged) else "no"))
-        slower = [p for p in paged if p.p99 > 1.0]
+        slower = [p for p in paged if p.p99 is not None and p.p99 > 1.0]
+        unpaired = [p.model for p in paged if p.p99 is None]
         why = []
+        if unpaired:
+            why.append(f"no round of {', '.join(unpaired)} had a caching run to compare its P99 with")
         if any(p.held > 0.5 for p in paged):
             why.append("idle pages stay mapped up to half the pages in use (a device's idle_share 2), so that few "
                        "blocks wait for the device's kernels while pages are unmapped: a smaller share holds less "
@@ -358,7 +372,7 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
                          "model in inference mode and copies the answer to the host; \"held\" is what the allocator "
                          "held at its peak. One process per contender and round; each round runs the same "
                          "steps, the contenders' order turned by one, and P99 against the caching allocator is the "
-                         "median of each round's ratio. The capped runs go once, after the rounds."),
+                         "median of each round's ratio. The capped runs go once, after the first round."),
                 targets=targets, tables=tables, charts=charts)
 
 
@@ -421,32 +435,48 @@ def main() -> int:
 
     since, spent = time.monotonic(), False
 
-    def fits() -> bool:
+    def fits(runs: int = 1) -> bool:
         nonlocal spent
-        if not spent and not another_round_fits(since, len(results), args.budget_s):
+        if not spent and not another_round_fits(since, len(results), args.budget_s, more=runs):
             print(f"  budget of {args.budget_s:.0f} s spent: the runs left are left out", flush=True)
             spent = True
         return not spent
 
+    def run_round(model: str, round_: int) -> None:
+        # The same steps each round (one seed): what differs between rounds is the machine.
+        for contender in contenders[round_ % len(contenders):] + contenders[:round_ % len(contenders)]:
+            if not fits():
+                return
+            results.append({**run_contender(model, contender, args.steps, args.seed, None, args.arena_bytes),
+                            "round": round_})
+            print(f"  {model}/{contender}, round {round_ + 1}: "
+                  + json.dumps({k: v for k, v in results[-1].items() if k != 'timeline'}), flush=True)
+            save()
+
+    def run_capped(model: str) -> None:
+        base = next((r for r in results if r["model"] == model and r["contender"] == "caching" and "error" not in r),
+                    None)
+        if not args.cap_steps or base is None:
+            return
+        cap = int(base["peak_live"] * args.cap_ratio) // (2 * MIB) * (2 * MIB) + 2 * MIB
+        for contender in contenders:
+            if not fits():
+                return
+            results.append(run_contender(model, contender, args.cap_steps, args.seed + 1, cap, args.arena_bytes))
+            save()
+
+    # Every model's first round, then every model's capped runs, then the further rounds, each
+    # started only where all of it fits: a budget that runs short costs further rounds first.
     for model in models:
-        for round_ in range(args.rounds):
-            # The same steps each round (one seed): what differs between rounds is the machine.
-            for contender in contenders[round_ % len(contenders):] + contenders[:round_ % len(contenders)]:
-                if not fits():
-                    break
-                results.append({**run_contender(model, contender, args.steps, args.seed, None, args.arena_bytes),
-                                "round": round_})
-                print(f"  {model}/{contender}, round {round_ + 1}: "
-                      + json.dumps({k: v for k, v in results[-1].items() if k != 'timeline'}), flush=True)
-                save()
-        base = next((r for r in results if r["model"] == model and r["contender"] == "caching" and "error" not in r), None)
-        if args.cap_steps and base:
-            cap = int(base["peak_live"] * args.cap_ratio) // (2 * MIB) * (2 * MIB) + 2 * MIB
-            for contender in contenders:
-                if not fits():
-                    break
-                results.append(run_contender(model, contender, args.cap_steps, args.seed + 1, cap, args.arena_bytes))
-                save()
+        run_round(model, 0)
+    for model in models:
+        run_capped(model)
+    for round_ in range(1, args.rounds):
+        if not fits(len(models) * len(contenders)):
+            break
+        for model in models:
+            run_round(model, round_)
+    for model in models:
         print(f"\n{model}:")
         print("\n".join(table(results, model)), flush=True)
     record.machine += f", {torch.cuda.get_device_name(0)}, torch {torch.__version__}"

@@ -140,6 +140,8 @@ def test_the_parent_interleaves_the_rounds_then_runs_the_cap_once(gpu_allocator,
     assert gpu_allocator.main() == 0
     assert [c for c, steps, cap in ran if not cap] == ["caching", "arena", "arena_paged", "arena", "arena_paged",
                                                        "caching", "arena_paged", "caching", "arena"]
+    # The cap right after the first round: a budget that runs short costs further rounds only.
+    assert [bool(cap) for _, _, cap in ran] == [False] * 3 + [True] * 3 + [False] * 6
     assert [(c, steps) for c, steps, cap in ran if cap] == [("caching", 50), ("arena", 50), ("arena_paged", 50)]
     written = json.loads((tmp_path / "gpu-allocator-encoder.json").read_text())
     assert written["tables"][0]["caption"] == "encoder, 100 steps per contender, medians of 3 interleaved rounds:"
@@ -150,3 +152,27 @@ def test_rounds_below_one_are_refused(gpu_allocator, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         gpu_allocator.main()
     assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_a_round_the_budget_cut_short_is_left_out_of_the_medians(gpu_allocator):
+    results = (rounds_of("caching", 992, [1.0]) + rounds_of("arena", 358, [0.9]) + rounds_of("arena_paged", 400, [0.95])
+               + [{**run("caching", 992, p99=3.0), "round": 1}])  # the budget ran out after round 2's first run
+    rows = {r["contender"]: r for r in gpu_allocator.by_contender(results, "encoder")}
+    assert rows["caching"]["rounds"] == 1 and rows["caching"]["p99_ms"] == pytest.approx(1.0)
+    assert rows["arena"]["p99_vs"] == pytest.approx(0.9)
+    assert gpu_allocator.summarize(results, "a GPU", 3000)["tables"][0].caption == "encoder, 3,000 steps per contender:"
+
+
+def test_a_p99_with_no_caching_run_to_pair_with_is_shown_as_none_and_misses(gpu_allocator):
+    cap = 396 * MIB
+    results = [{**run("caching", 992), "round": 0, "error": "CUDA error"}, {**run("arena", 358), "round": 0},
+               {**run("arena_paged", 400), "round": 0}, {**run("caching", 992), "round": 1},
+               {**run("arena", 358), "round": 1, "error": "CUDA error"},
+               {**run("arena_paged", 400), "round": 1, "error": "CUDA error"},
+               run("caching", 368, ooms=2, cap=cap), run("arena_paged", 396, cap=cap)]
+    found = targets(gpu_allocator.summarize(results, "a GPU", 3000))
+    assert (found["P99 per step ≤ 1.0x the caching allocator's"].measured,
+            found["P99 per step ≤ 1.0x the caching allocator's"].met) == ("encoder -", "no")
+    paged = found["paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's"]
+    assert paged.measured == "encoder 0.40x / -" and paged.met == "no"
+    assert "no round of encoder had a caching run to compare its P99 with" in paged.why

@@ -213,10 +213,11 @@ def test_held_state_is_what_the_live_streams_need_and_all_of_it_returns(model_pa
     assert runner.figures["cancelled"] + runner.figures["finished"] + runner.figures["failed"] == len(streams)
 
 
-def test_a_reader_on_another_thread_sees_the_figures_of_the_last_whole_iteration(model_path, monkeypatch):
-    """The metrics publisher reads `runner.held` while the loop steps: mid-step, a stream whose
-    last block was full holds its next row's block before its row is counted, and a reader of
-    the engine itself would see more held than needed; the runner's figures never do."""
+def test_a_reading_during_a_step_gets_the_figures_of_the_last_whole_iteration(model_path, monkeypatch):
+    """The metrics publisher, on its own thread, reads `runner.held` at any time, a step under
+    way included: mid-step, a stream whose last block was full holds its next row's block before
+    its row is counted, and a reading of the engine itself shows more held than needed; the
+    runner's figures, taken after each whole iteration, never do, and follow the streams."""
     runner = counting_runner(model_path, np.empty, cache_blocks=64)
     runner.submit([stream(x, max_tokens=30) for x in range(1, 7)])
     readings = []
@@ -231,6 +232,8 @@ def test_a_reader_on_another_thread_sees_the_figures_of_the_last_whole_iteration
     assert len(readings) > 20
     assert all(published["held_bytes"] == published["needed_bytes"] for published, _ in readings)
     assert any(engine["held_bytes"] > engine["needed_bytes"] for _, engine in readings)
+    assert max(published["live"] for published, _ in readings) == 6
+    assert len({published["held_bytes"] for published, _ in readings}) > 3  # refreshed as the streams grow
     assert runner.held["live"] == 0 and runner.held["held_bytes"] == 0
 
 

@@ -69,6 +69,26 @@ def test_every_stream_equals_its_model_run_alone_however_streams_join(kind, tmp_
     assert figures["live"] == 0 and figures["held_bytes"] == 0 and figures["finished"] == len(PROMPTS)
 
 
+def test_the_published_state_figures_are_the_loops_own_snapshot(tmp_path):
+    model, _ = served("gpt", tmp_path, max_streams=4)
+    try:
+        calls = [request(p, 40) for p in PROMPTS[:3]]
+        model.execute(calls)
+        deadline = time.monotonic() + 10
+        figures = model.figures()
+        while figures["live"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.002)
+            figures = model.figures()
+        assert figures["live"] == 3 and 0 < figures["held_bytes"] == figures["needed_bytes"]
+        wait_final(calls)
+        # Idle, the loop takes no snapshot: what the model publishes is the runner's, as it is.
+        model.runner.held = {**model.runner.held, "live": 7, "held_bytes": 4096, "needed_bytes": 2048}
+        published = model.figures()
+        assert (published["live"], published["held_bytes"], published["needed_bytes"]) == (7, 4096, 2048)
+    finally:
+        model.finalize()
+
+
 def test_bad_prompts_end_only_their_own_stream_with_the_step_named(tmp_path):
     model, folder = served("gpt", tmp_path)
     try:
