@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 from latte.bench.budget import another_round_fits
-from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary
+from latte.bench.results import (Chart, Series, Table, Target, command_line, new_results, ratio_against,
+                                 write_summary)
 
 CONTENDERS = ("caching", "expandable", "arena", "mempool", "arena_paged")
 ARENAS = ("arena", "arena_paged")   # every tensor a block of the arena
@@ -277,14 +278,6 @@ def rounds_ratio(row: dict) -> str:
     return "-" if row["p99_vs"] is None else f"{row['p99_vs']:.2f}x"
 
 
-def against(value, limit: float = 1.0) -> str:
-    """A ratio judged against LIMIT, with a third digit where two would show the limit itself
-    ("-": no ratio)."""
-    if value is None:
-        return "-"
-    return f"{value:.3f}x" if round(value, 2) == limit and value != limit else f"{value:.2f}x"
-
-
 def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-allocator") -> dict:
     """The page's view of a run: per model, the contenders' table and memory held over the run;
     the targets against the caching allocator."""
@@ -338,7 +331,7 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
                               ", ".join(held), "yes" if ok else "no"))
     if p99:
         passed = [v is not None and v <= 1.0 for _, v in p99]
-        targets.append(Target("P99 per step ≤ 1.0x the caching allocator's", ", ".join(f"{m} {against(v)}" for m, v in p99),
+        targets.append(Target("P99 per step ≤ 1.0x the caching allocator's", ", ".join(f"{m} {ratio_against(v)}" for m, v in p99),
                               "yes" if all(passed) else ("partly" if any(passed) else "no")))
     if oom:
         ok = all(a <= c for _, a, c in oom)
@@ -366,7 +359,7 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
                            f"{p.model} {p.stats.get('map_calls', 0):,} map and {p.stats.get('unmap_calls', 0):,} "
                            f"unmap calls in {p.steps:,} steps" for p in slower))
         targets.append(Target("paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's",
-                              ", ".join(f"{p.model} {against(p.held, 0.5)} / {against(p.p99)}" for p in paged),
+                              ", ".join(f"{p.model} {ratio_against(p.held, 0.5)} / {ratio_against(p.p99)}" for p in paged),
                               "no" if why else "yes", why="; ".join(why)))
     return dict(summary=(f"Each step draws a batch and a lognormal length, makes the input on the device, runs the "
                          "model in inference mode and copies the answer to the host; \"held\" is what the allocator "

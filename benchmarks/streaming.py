@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 
 from latte.bench.quiet import wait_until_quiet  # noqa: E402
 from latte.bench.results import (Chart, Series, Table, Target, command_line, cut_load, new_results,  # noqa: E402
-                                 write_summary)
+                                 ratio_against, write_summary)
 from latte.bench.streams import (harmonic_bound, in_process_beside_echo, in_process_model,  # noqa: E402
                                  in_process_tokens_per_s, measure_streams)
 
@@ -159,7 +159,7 @@ def summarize(result: Dict) -> Dict:
                                   "yes" if ours64 > ours16 else "no"))
         ttft = (_med(served["latte_gpt"][16], "ttft_p99_ms"), _med(served["stock_gpt"][16], "ttft_p99_ms"))
         targets.append(Target("TTFT P99 at 16 streams <= 0.5x the stock model's (transformer)",
-                              f"{ttft[0] / ttft[1]:.2f}x", "yes" if ttft[0] <= 0.5 * ttft[1] else "no"))
+                              ratio_against(ttft[0] / ttft[1], 0.5), "yes" if ttft[0] <= 0.5 * ttft[1] else "no"))
     above_one = [c for c in levels if c > 1]
     for kind in kinds:
         if above_one:

@@ -135,6 +135,14 @@ def git_revision(where: Path) -> str:
     return (head or "unknown") + ("+changes" if dirty else "")
 
 
+def ratio_against(value: Optional[float], limit: float = 1.0) -> str:
+    """A ratio judged against LIMIT, as "0.93x", with a third digit where two would show the
+    limit itself, so that the figure agrees with its verdict ("-": no ratio)."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}x" if round(value, 2) == limit and value != limit else f"{value:.2f}x"
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
 
