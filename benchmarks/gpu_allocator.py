@@ -239,7 +239,7 @@ def table(results: list[dict], model: str) -> list[str]:
         lines.append(
             f"  {r['contender']:<11} {r['peak_live'] / MIB:>8.1f}Mi {r['peak_held'] / MIB:>8.1f}Mi "
             f"{r['peak_held'] / max(1, r['peak_live']):>8.2f}x {ratio(r['peak_held'], base and base['peak_held']):>10} "
-            f"{r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f} {rounds_ratio(r):>7} {r['ooms']:>5}  "
+            f"{r['p50_ms']:>7.3f} {r['p99_ms']:>7.3f} {ratio_against(r['p99_vs']):>7} {r['ooms']:>5}  "
             + ", ".join(f"{v:.2f}" for v in r["p99_rounds"]))
     over_time = [f"  held/live over time (quarters of the run):"]
     for r in rows:
@@ -274,10 +274,6 @@ class PagedFigures(NamedTuple):
     steps: int
 
 
-def rounds_ratio(row: dict) -> str:
-    return "-" if row["p99_vs"] is None else f"{row['p99_vs']:.2f}x"
-
-
 def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-allocator") -> dict:
     """The page's view of a run: per model, the contenders' table and memory held over the run;
     the targets against the caching allocator."""
@@ -296,7 +292,7 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
                             + (["P99 vs caching, each round"] if several else []),
                             [[r["contender"], f"{r['peak_live'] / MIB:.1f} MiB", f"{r['peak_held'] / MIB:.1f} MiB",
                               f"{r['peak_held'] / max(1, r['peak_live']):.2f}x", ratio(r["peak_held"], base["peak_held"]),
-                              f"{r['p50_ms']:.3f} ms", f"{r['p99_ms']:.3f} ms", rounds_ratio(r), str(r["ooms"])]
+                              f"{r['p50_ms']:.3f} ms", f"{r['p99_ms']:.3f} ms", ratio_against(r["p99_vs"]), str(r["ooms"])]
                              + ([", ".join(f"{v:.2f}" for v in r["p99_rounds"])] if several else [])
                              for r in rows]))
         # Named by the run as well when it is a run of some models, whose file sits beside the full run's.
@@ -307,7 +303,7 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
                              for r in rows if r["timeline"]]))
         arena = next((r for r in rows if r["contender"] == "arena"), None)
         if arena:
-            held.append(f"{model} {arena['peak_held'] / base['peak_held']:.2f}x")
+            held.append((model, arena["peak_held"] / base["peak_held"]))
             p99.append((model, arena["p99_vs"]))
         capped = {r["contender"]: r for r in results if r["model"] == model and r.get("cap") and "error" not in r}
         if capped:
@@ -326,9 +322,9 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
                                       capped["arena_paged"]["ooms"], others, pages.get("arena", {}), pages["steps"]))
     targets = []
     if held:
-        ok = all(float(h.split()[-1][:-1]) <= 0.8 for h in held)
+        ok = all(v <= 0.8 for _, v in held)
         targets.append(Target("arena-backed torch holds ≤ 0.8x the caching allocator's reserved memory",
-                              ", ".join(held), "yes" if ok else "no"))
+                              ", ".join(f"{m} {ratio_against(v, 0.8)}" for m, v in held), "yes" if ok else "no"))
     if p99:
         passed = [v is not None and v <= 1.0 for _, v in p99]
         targets.append(Target("P99 per step ≤ 1.0x the caching allocator's", ", ".join(f"{m} {ratio_against(v)}" for m, v in p99),

@@ -51,7 +51,7 @@ from latte.bench.budget import another_round_fits
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Table, Target, command_line, new_results, utc_now, write_summary
+from latte.bench.results import Table, Target, command_line, new_results, ratio_against, utc_now, write_summary
 from latte.bench.triton_stats import fetch_stats
 from latte.examples import CATALOG, FORMATS, write_served_copy
 from latte.triton import TritonServer
@@ -275,7 +275,7 @@ def summarize(r: dict) -> dict:
     rows = [[role, mib(f["peak_live"]), mib(f["peak_held"]), ratio(f["peak_held"], base["peak_held"]),
              f"{mib(f['held_at_end'])} / {mib(f['live_at_end'])}",
              f"{f['smi_mib']:,.0f}" if f["smi_mib"] else "-", f"{f['p50_ms']:.2f}", f"{f['p99_first']:.2f}",
-             f"{f['p99_last']:.2f}", ratio(paired(role), 1.0), f"{f['throughput']:,.0f}",
+             f"{f['p99_last']:.2f}", ratio_against(paired(role)), f"{f['throughput']:,.0f}",
              str(f["failed_requests"]), f"{f['answer_error']:.1e}"] for role, f in figures.items()]
     windows = max((len(ws) for ws in r["windows"].values()), default=0)
     targets = [Target(f"{role}: answers within {TOLERANCE.get(role, FP32_TOLERANCE):g} relative L2 of fp32 on the CPU",
@@ -300,7 +300,7 @@ def summarize(r: dict) -> dict:
                                 "capacity (device_arena_bytes) and each process's CUDA context"
                                 + steady_state(base, arena) if caching_overhead else "")),
                     Target(f"arena: P99 ≤ {TARGET_P99}x the caching allocator's (median of the windows' ratios)",
-                           f"{p99:.2f}x (windows " + ", ".join(f"{v:.2f}" for v in window_ratios(r, "arena"))
+                           ratio_against(p99, TARGET_P99) + " (windows " + ", ".join(f"{v:.2f}" for v in window_ratios(r, "arena"))
                            + (f"; ratio of medians {of_medians:.2f}x)" if of_medians else ")") if p99 else "-",
                            "yes" if p99 and p99 <= TARGET_P99 else "no"),
                     Target("arena: no request fails and no allocation is refused",

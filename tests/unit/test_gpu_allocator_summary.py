@@ -178,3 +178,14 @@ def test_a_p99_with_no_caching_run_to_pair_with_is_shown_as_none_and_misses(gpu_
     paged = found["paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's"]
     assert paged.measured == "encoder 0.40x / -" and paged.met == "no"
     assert "no round of encoder had a caching run to compare its P99 with" in paged.why
+
+
+def test_the_arenas_held_memory_is_judged_on_its_ratio_not_on_the_ratio_as_printed(gpu_allocator):
+    # 0.803x prints as 0.80x with two digits, and is over the 0.8x target.
+    results = [run("caching", 1000), run("arena", 803)]
+    held = targets(gpu_allocator.summarize(results, "a GPU", 6000))[
+        "arena-backed torch holds ≤ 0.8x the caching allocator's reserved memory"]
+    assert (held.measured, held.met) == ("encoder 0.803x", "no")
+    under = targets(gpu_allocator.summarize([run("caching", 1000), run("arena", 358)], "a GPU", 6000))[
+        "arena-backed torch holds ≤ 0.8x the caching allocator's reserved memory"]
+    assert (under.measured, under.met) == ("encoder 0.36x", "yes")
