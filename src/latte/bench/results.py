@@ -41,6 +41,9 @@ AREAS: Tuple[Tuple[str, str], ...] = (
     ("planning", "Batch planning"),
 )
 VERDICTS = ("yes", "partly", "no")
+_NUMBER = r"-?[0-9][0-9.eE+-]*"
+_NUMBER_LIST = re.compile(rf"\[(\s*{_NUMBER}(?:,\s*{_NUMBER})*\s*)\]")
+_SPACES = re.compile(r"\s+")
 RAW_OUTPUT_OPTIONS = ("--out", "--json", "--results-dir")
 
 
@@ -101,7 +104,10 @@ class Results:
     figures: Optional[dict] = None      # the benchmark's raw figures, where it keeps them
 
     def to_json(self) -> str:
-        return json.dumps({"schema": SCHEMA, **asdict(self)}, indent=1, ensure_ascii=False) + "\n"
+        text = json.dumps({"schema": SCHEMA, **asdict(self)}, indent=1, ensure_ascii=False)
+        # A list of numbers on one line: a run's samples (a streaming run's first-token times)
+        # would otherwise take a line each.
+        return _NUMBER_LIST.sub(lambda m: "[" + _SPACES.sub(" ", m.group(1)).strip() + "]", text) + "\n"
 
 
 def machine_description() -> str:

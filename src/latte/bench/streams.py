@@ -30,9 +30,10 @@ class StreamFigures:
     started: int            # streams that began in the window
     in_flight: float        # streams open at once, on average over the window
     errors: int
-    # Each stream's time to first token in the window (ms, sorted), for percentiles over several
-    # windows together: a window of a few seconds holds a few hundred first tokens (the stock
-    # model's, at 16 streams, about 150), so its own P99 is one of its two largest.
+    # Each stream's time to first token in the window (ms, 3 significant digits, sorted), for
+    # percentiles over several windows together: a window of a few seconds holds a few hundred
+    # first tokens (the stock model's, at 16 streams, about 150), so its own P99 is one of its
+    # two largest.
     ttft_ms: Tuple[float, ...] = field(default=(), repr=False)
 
     def as_dict(self, samples: bool = False) -> Dict:
@@ -65,7 +66,7 @@ def stream_figures(records: Sequence[StreamRecord], start: float, end: float) ->
     open_s = sum(max(0.0, min(end, r.arrivals[-1] if r.arrivals else r.sent) - max(start, r.sent)) for r in records)
     return StreamFigures(tokens / window, _ms(ttft, 50), _ms(ttft, 99), _ms(gaps, 50), _ms(gaps, 99), len(inside),
                          open_s / window, sum(1 for r in records if r.error),
-                         tuple(round(t * 1000, 2) for t in sorted(ttft)))
+                         tuple(float(f"{t * 1000:.3g}") for t in sorted(ttft)))
 
 
 def in_process_model(folder: Path):
