@@ -91,6 +91,19 @@ def test_results_written_read_back_the_same(tmp_path):
     assert read_results(path) == example()
 
 
+def test_lists_of_numbers_are_written_on_one_line_and_every_string_as_it_was(tmp_path):
+    notes = ["levels [ 1,  16 ]", "[1,\u00a02]", "[\n 3,\n 4\n]"]
+    figures = {"samples": [-1.5e-07, 2, 3.25, 1e+22], "nested": [[1, 2], [3]], "empty": [], "mixed": [1, "a"],
+               "not a number": [float("inf"), 1.0]}
+    path = write_results(example(notes=notes, figures=figures), tmp_path)
+    text = path.read_text()
+    assert '"samples": [-1.5e-07, 2, 3.25, 1e+22]' in text
+    assert '"nested": [\n   [1, 2],\n   [3]\n  ]' in text
+    back = read_results(path)
+    assert back.notes == notes
+    assert back.figures == figures
+
+
 def test_a_verdict_other_than_yes_partly_no_is_refused(tmp_path):
     with pytest.raises(ResultsError, match=r"example.json: target 'latte ≥ 1.0x the stock loop' says "
                                            r"met='maybe'; one of yes, partly, no"):

@@ -41,9 +41,11 @@ AREAS: Tuple[Tuple[str, str], ...] = (
     ("planning", "Batch planning"),
 )
 VERDICTS = ("yes", "partly", "no")
+# A list of numbers as json.dumps(indent=1) lays it out, an item a line: the newlines it writes
+# between items never occur inside a JSON string, so no string's text is touched.
 _NUMBER = r"-?[0-9][0-9.eE+-]*"
-_NUMBER_LIST = re.compile(rf"\[(\s*{_NUMBER}(?:,\s*{_NUMBER})*\s*)\]")
-_SPACES = re.compile(r"\s+")
+_NUMBER_LIST = re.compile(rf"\[\n *({_NUMBER}(?:,\n *{_NUMBER})*)\n *\]")
+_ITEM_BREAK = re.compile(r",\n *")
 RAW_OUTPUT_OPTIONS = ("--out", "--json", "--results-dir")
 
 
@@ -107,7 +109,7 @@ class Results:
         text = json.dumps({"schema": SCHEMA, **asdict(self)}, indent=1, ensure_ascii=False)
         # A list of numbers on one line: a run's samples (a streaming run's first-token times)
         # would otherwise take a line each.
-        return _NUMBER_LIST.sub(lambda m: "[" + _SPACES.sub(" ", m.group(1)).strip() + "]", text) + "\n"
+        return _NUMBER_LIST.sub(lambda m: "[" + _ITEM_BREAK.sub(", ", m.group(1)) + "]", text) + "\n"
 
 
 def machine_description() -> str:
