@@ -32,7 +32,7 @@ class StreamFigures:
     errors: int
     # Each stream's time to first token in the window (ms, 3 significant digits, sorted), for
     # percentiles over several windows together: a window of a few seconds holds a few hundred
-    # first tokens (the stock model's, at 16 streams, about 150), so its own P99 is one of its
+    # first tokens (the stock model's, at 16 streams, about 140), so its own P99 is one of its
     # two largest.
     ttft_ms: Tuple[float, ...] = field(default=(), repr=False)
 
