@@ -51,7 +51,8 @@ from latte.bench.budget import another_round_fits
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
 from latte.bench.quiet import wait_until_quiet
-from latte.bench.results import Table, Target, command_line, new_results, ratio_against, utc_now, write_summary
+from latte.bench.results import (Table, Target, command_line, new_results, paired_ratios, ratio_against, utc_now,
+                                 write_summary)
 from latte.bench.triton_stats import fetch_stats
 from latte.examples import CATALOG, FORMATS, write_served_copy
 from latte.triton import TritonServer
@@ -253,8 +254,7 @@ def contender_figures(r: dict, role: str) -> dict:
 def window_ratios(r: dict, role: str, base: str = "caching") -> list:
     """ROLE's P99 in each window over the base's in the same window: the contenders are rotated
     within a window, so a window's ratio compares them on the same minute of the machine."""
-    return [mine["p99_ms"] / theirs["p99_ms"]
-            for mine, theirs in zip(r["windows"].get(role, []), r["windows"].get(base, [])) if theirs["p99_ms"]]
+    return paired_ratios(r["windows"].get(role, []), r["windows"].get(base, []), "p99_ms")
 
 
 def summarize(r: dict) -> dict:

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 
 from latte.bench.quiet import wait_until_quiet  # noqa: E402
 from latte.bench.results import (Chart, Series, Table, Target, command_line, cut_load, new_results,  # noqa: E402
-                                 ratio_against, write_summary)
+                                 paired_ratios, ratio_against, write_summary)
 from latte.bench.streams import (harmonic_bound, in_process_beside_echo, in_process_model,  # noqa: E402
                                  in_process_tokens_per_s, measure_streams, pooled_ms)
 
@@ -143,7 +143,7 @@ def summarize(result: Dict) -> Dict:
         latte, stock = served[f"latte_{kind}"], served[f"stock_{kind}"]
         points = {"latte": [], "stock": [], "bound H": []}
         for c in levels:
-            ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(latte[c], stock[c]) if b["tokens_per_s"]]
+            ratios = paired_ratios(latte[c], stock[c], "tokens_per_s")
             echo = _med(served["echo"][c], "tokens_per_s")
             inproc = _median(result["in_process"][kind][c])
             h = harmonic_bound(echo, inproc)
@@ -182,7 +182,7 @@ def summarize(result: Dict) -> Dict:
                                   "yes" if ours64 > ours16 else "no"))
         ours, theirs = served["latte_gpt"][16], served["stock_gpt"][16]
         ttft = _ratio(pooled_ms(ours, 99), pooled_ms(theirs, 99))
-        rounds = _median([_ratio(a["ttft_p99_ms"], b["ttft_p99_ms"]) for a, b in zip(ours, theirs)])
+        rounds = _median(paired_ratios(ours, theirs, "ttft_p99_ms"))
         targets.append(Target("TTFT P99 at 16 streams <= 0.5x the stock model's (transformer)",
                               f"{ratio_against(ttft, 0.5)} (the rounds' first tokens together: "
                               f"{_first_tokens(ours):,} and {_first_tokens(theirs):,}; median of the rounds' own "

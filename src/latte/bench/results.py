@@ -143,6 +143,12 @@ def git_revision(where: Path) -> str:
     return (head or "unknown") + ("+changes" if dirty else "")
 
 
+def paired_ratios(mine: Sequence[Mapping], theirs: Sequence[Mapping], key: str) -> List[float]:
+    """mine[i][key] / theirs[i][key] for each pair measured side by side (a round, a window),
+    where both have the figure."""
+    return [a[key] / b[key] for a, b in zip(mine, theirs) if a[key] is not None and b[key]]
+
+
 def ratio_against(value: Optional[float], limit: float = 1.0) -> str:
     """A ratio judged against LIMIT, as "0.93x", with a third digit where two would show the
     limit itself, so that the figure agrees with its verdict ("-": no ratio)."""
