@@ -1,9 +1,11 @@
 """The model config of a streaming model, from its stream.json (docs/streaming.md).
 
 A streaming model's inputs are what its start graph reads, plus the controls Triton's vLLM
-backend takes (stream, sampling_parameters, exclude_input_in_output), so that its clients
-work unchanged. Its outputs are what both graphs write and the stream does not keep: each
-response carries them. Every output is [-1]: a response that is not streamed joins them.
+backend takes (stream, sampling_parameters, exclude_input_in_output, and the flags of the
+additional outputs latte makes: return_finish_reason, return_num_output_tokens), so that its
+clients work unchanged. Its outputs are what both graphs write and the stream does not keep
+(each response carries them), and finish_reason and num_output_tokens (a response carries each
+where its request asked). Every output is [-1]: a response that is not streamed joins them.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, Mapping
 
-from latte.backend.streaming.controls import CONTROL_INPUTS
+from latte.backend.streaming.controls import ADDITIONAL_OUTPUTS, CONTROL_INPUTS
 from latte.backend.streaming.definition import StreamDefinition, load_stream
 
-CONTROL_TYPES = {"stream": "TYPE_BOOL", "exclude_input_in_output": "TYPE_BOOL", "sampling_parameters": "TYPE_STRING"}
+CONTROL_TYPES = {"stream": "TYPE_BOOL", "exclude_input_in_output": "TYPE_BOOL", "sampling_parameters": "TYPE_STRING",
+                 **{flag: "TYPE_BOOL" for flag in ADDITIONAL_OUTPUTS}}
 
 
 def stream_outputs(definition: StreamDefinition) -> Dict[str, str]:
@@ -42,6 +45,9 @@ def stream_context(name: str, definition: StreamDefinition, parameters: Mapping[
     if not outputs:
         raise ValueError(f"{definition.path}: the start and step graphs write no output in common beyond the "
                          "state and cache, so a stream would have nothing to send")
+    written = {output["name"] for output in outputs}
+    outputs += [{"name": output, "data_type": data_type, "dims": [-1]}
+                for output, data_type in ADDITIONAL_OUTPUTS.values() if output not in written]
     return {
         "name": name, "backend": "latte", "max_batch_size": 0, "decoupled": True,
         "inputs": inputs, "outputs": outputs, "dynamic_batching": None,

@@ -8,6 +8,13 @@ it, so that its clients work unchanged:
         stop         a string or a list of strings that end the text (not sent)
         ignore_eos   true: the end token does not end the stream
     priority_level, timeout_ms   request parameters, as for every latte model (options.py)
+    return_finish_reason     input, BOOL: each response carries `finish_reason` ("None" until the
+                             last: "stop" for the end token, a stop string or the model's own
+                             end; "length" for max_tokens or a full context)
+    return_num_output_tokens input, BOOL: each response carries `num_output_tokens`, the tokens
+                             it adds (UINT32)
+    (the vLLM backend's additional outputs; a model offers one by declaring both the input and
+    the output, check_additional_outputs)
 
 Decoding is greedy: sampling keys (temperature, top_p, seed, ...) are read and have no effect.
 Each of these is free of the stub's API, so it is tested without Triton.
@@ -21,10 +28,14 @@ from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
-from latte.backend.errors import RequestError
+from latte.backend.errors import ConfigError, RequestError
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions, read_options
 
-CONTROL_INPUTS = ("stream", "exclude_input_in_output", "sampling_parameters")
+# The request's flag -> the output it asks for, with the output's Triton type.
+ADDITIONAL_OUTPUTS = {"return_finish_reason": ("finish_reason", "TYPE_STRING"),
+                      "return_num_output_tokens": ("num_output_tokens", "TYPE_UINT32")}
+STREAM_OUTPUTS = frozenset(output for output, _ in ADDITIONAL_OUTPUTS.values())  # made by latte, not the graphs
+CONTROL_INPUTS = ("stream", "exclude_input_in_output", "sampling_parameters", *ADDITIONAL_OUTPUTS)
 _LIMITS = {"max_tokens": "an integer >= 1", "stop": "a string or a list of strings", "ignore_eos": "a boolean"}
 
 
@@ -36,6 +47,7 @@ class StreamControls:
     stop: Tuple[bytes, ...] = ()
     ignore_eos: bool = False
     options: RequestOptions = DEFAULT_OPTIONS
+    additional: Tuple[str, ...] = ()   # the additional outputs asked for, by output name
 
 
 def _flag(inputs: Mapping[str, np.ndarray], name: str) -> Optional[bool]:
@@ -109,7 +121,25 @@ def read_controls(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, obj
     sampling = _sampling(inputs, parameters)
     options = read_options({k: v for k, v in parameters.items() if k in ("priority_level", "timeout_ms")},
                            triton_timeout_us=timeout_us)
+    additional = tuple(output for flag, (output, _) in ADDITIONAL_OUTPUTS.items() if _flag(inputs, flag))
     return StreamControls(stream=stream, prepend_input=prepend,
                           max_tokens=_max_tokens(sampling.get("max_tokens"), default_max_tokens),
                           stop=_stop(sampling.get("stop")), ignore_eos=_bool(sampling.get("ignore_eos"), "ignore_eos"),
-                          options=options)
+                          options=options, additional=additional)
+
+
+def check_additional_outputs(model: str, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> None:
+    """A model config offers an additional output by declaring its flag (an optional BOOL input)
+    and the output, of the vLLM backend's types (name -> Triton data type); ConfigError says
+    which half is missing or mistyped."""
+    for flag, (output, data_type) in ADDITIONAL_OUTPUTS.items():
+        if (flag in inputs) != (output in outputs):
+            have, lacks = (f"input {flag!r}", f"output {output!r}") if flag in inputs else \
+                (f"output {output!r}", f"input {flag!r}")
+            raise ConfigError(f"model {model!r}: the config declares {have} but not {lacks}: a request asks for "
+                              f"{output!r} with {flag!r}, so declare both or neither")
+        if flag in inputs and inputs[flag] != "TYPE_BOOL":
+            raise ConfigError(f"model {model!r}: input {flag!r} must be TYPE_BOOL, got {inputs[flag]}")
+        if output in outputs and outputs[output] != data_type:
+            raise ConfigError(f"model {model!r}: output {output!r} must be {data_type}, as the vLLM backend's, "
+                              f"got {outputs[output]}")

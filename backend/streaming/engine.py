@@ -192,11 +192,13 @@ class StreamEngine:
         if self._end_tokens and not stream.controls.ignore_eos:
             token_name = definition.state[definition.token] if following else definition.token
             ended = int(outputs[token_name][i].reshape(-1)[0]) in self._end_tokens
-        last = bool(definition.done is not None and following and outputs[definition.done][i].any())
-        if definition.cache is not None and stream.length >= definition.cache.max_tokens:
-            last = True  # its cache holds no further row: the model's context is full
+        ended_by = None
+        if definition.done is not None and following and outputs[definition.done][i].any():
+            ended_by = "stop"
+        elif definition.cache is not None and stream.length >= definition.cache.max_tokens:
+            ended_by = "length"  # its cache holds no further row: the model's context is full
         mine = None if ended else {name: outputs[name][i] for name in self.output_names}
-        taken = stream.take(mine, last)
+        taken = stream.take(mine, ended_by)
         if taken is None:
             return []
         outcome, final = taken

@@ -17,7 +17,8 @@ from latte.backend.graph.graph import Graph
 from latte.backend.metrics import BackendMetrics, TritonPublisher
 from latte.backend.requests import RequestReader
 from latte.backend.responses import ResponseBuilder
-from latte.backend.streaming.controls import CONTROL_INPUTS, read_controls
+from latte.backend.streaming.controls import (CONTROL_INPUTS, STREAM_OUTPUTS, check_additional_outputs,
+                                              read_controls)
 from latte.backend.streaming.definition import check_outputs, load_stream
 from latte.backend.streaming.engine import StreamEngine
 from latte.backend.streaming.options import parse_stream_options
@@ -66,7 +67,9 @@ class StreamingModel:
     def _load(self, config) -> None:
         spec, name, serving = self.spec, self.name, self.spec.serving
         self.definition = definition = load_stream(spec.signature.model_path)
-        check_outputs(definition, {t.name: NUMPY_TO_TRITON[t.dtype] for t in spec.signature.outputs})
+        declared = {t.name: NUMPY_TO_TRITON[t.dtype] for t in spec.signature.outputs}
+        check_additional_outputs(name, {t.name: NUMPY_TO_TRITON[t.dtype] for t in spec.signature.inputs}, declared)
+        check_outputs(definition, {n: t for n, t in declared.items() if n not in STREAM_OUTPUTS})
         missing = [n for n in definition.start_inputs if n not in {t.name for t in spec.signature.inputs}]
         if missing:
             raise ConfigError(f"model {name!r}: {definition.start.path.name} reads {missing}, which the model "
@@ -76,7 +79,8 @@ class StreamingModel:
         self.step_graph = _graph(definition.step, serving)
         outputs = [t.name for t in spec.signature.outputs]
         try:
-            engine = StreamEngine(name, definition, self.start_graph, self.step_graph, options, outputs,
+            engine = StreamEngine(name, definition, self.start_graph, self.step_graph, options,
+                                  [n for n in outputs if n not in STREAM_OUTPUTS],
                                   self.arena.empty)
         except MemoryError as exc:
             raise ConfigError(f"model {name!r}: the stream pools do not fit arena_bytes="
@@ -86,13 +90,14 @@ class StreamingModel:
                                              else self._invariant_rows(engine, options.max_streams))
         self.engine = engine
         self.reader = RequestReader(spec)
-        self.responses = ResponseBuilder(self.pb, outputs)
+        self.responses = ResponseBuilder(self.pb, outputs, optional=outputs)
         scheduler = StreamScheduler(options.max_streams, options.joins_per_iteration, options.max_waiting)
         self.runner = StreamRunner(engine, scheduler, options.cancel_check_ms / 1000.0, options.cancel_checks_per_s,
                                    outboxes=options.response_threads, prepare=self.responses.build,
                                    send=self._send_one)
         self._declares_stream = any(t.name == "stream" for t in spec.signature.inputs)
-        self._text = next((t.name for t in spec.signature.outputs if is_string(t.dtype)), None)
+        self._text = next((t.name for t in spec.signature.outputs
+                           if is_string(t.dtype) and t.name not in STREAM_OUTPUTS), None)
         self._prompt = next((t.name for t in spec.signature.inputs
                              if is_string(t.dtype) and t.name not in CONTROL_INPUTS), None)
         self.metrics = BackendMetrics()  # before the senders, which record each output sent

@@ -55,22 +55,54 @@ class Stream:
     def __repr__(self) -> str:
         return f"Stream({self.number}, produced={self.produced}, length={self.length})"
 
-    def take(self, outputs: Optional[Outputs], last: bool) -> Optional[Tuple[Optional[Outputs], bool]]:
+    def take(self, outputs: Optional[Outputs], ended_by: Optional[str] = None
+             ) -> Optional[Tuple[Optional[Outputs], bool]]:
         """What to send for this iteration's `outputs` (None: the end token came, nothing to
-        add), `last` when the model says the stream is done: (outputs or None, final), or None
-        when nothing goes out yet (a response that is not streamed waits for the end)."""
-        final = outputs is None or last
+        add); `ended_by` when the model ends the stream here ("stop": its own end; "length": its
+        context is full): (outputs or None, final), or None when nothing goes out yet (a
+        response that is not streamed waits for the end). The reason it ends is told as vLLM
+        tells it: a stop condition (the end token, a stop string, the model's end) before a
+        length (max_tokens, the context)."""
+        reason = "stop" if outputs is None else None
         if outputs is not None:
             self.produced += 1
             if self.controls.stop and self.text is not None:
                 outputs, stopped = self._before_stop(outputs)
-                final = final or stopped
-            final = final or self.produced >= self.controls.max_tokens
+                if stopped:
+                    reason = "stop"
+            if reason is None and ended_by != "stop" and self.produced >= self.controls.max_tokens:
+                reason = "length"
+            reason = reason or ended_by
+        final = reason is not None
         if self.controls.stream:
+            if self.controls.additional:
+                outputs = self._with_additional(outputs, reason, 0 if outputs is None else 1)
             return outputs, final
         if outputs is not None:
             self.pieces.append(outputs)
-        return (self._whole(), True) if final else None
+        if not final:
+            return None
+        whole = self._whole()
+        if self.controls.additional:
+            whole = self._with_additional(whole, reason, len(self.pieces))
+        return whole, True
+
+    def _with_additional(self, outputs: Optional[Outputs], reason: Optional[str], tokens: int) -> Outputs:
+        """The outputs and the additional ones the request asked for (controls.py). A response
+        that would carry nothing (the end token came) carries them, and the empty text, as
+        vLLM's last response does."""
+        if outputs is None:
+            outputs = {}
+            if self.text is not None:
+                outputs[self.text] = np.array([b""], dtype=object)
+        else:
+            outputs = dict(outputs)
+        for name in self.controls.additional:
+            if name == "finish_reason":
+                outputs[name] = np.array([b"None" if reason is None else reason.encode()], dtype=object)
+            else:  # num_output_tokens: what this response adds
+                outputs[name] = np.array([tokens], dtype=np.uint32)
+        return outputs
 
     def _before_stop(self, outputs: Outputs) -> Tuple[Outputs, bool]:
         """The outputs cut where a stop string begins, and whether one did."""

@@ -97,6 +97,42 @@ def test_http_generate_answers_as_for_the_vllm_backend(streaming_server):
     assert "".join(pieces) == generate_alone(streaming_server.repo / "textgen", b"hello", 5).decode()
 
 
+def test_the_vllm_backends_additional_outputs_come_where_asked_for(streaming_server):
+    """A client of the vLLM backend's additional outputs (its docs' example: tritonclient's gRPC
+    stream, return_finish_reason and return_num_output_tokens set) works unchanged."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    from latte.examples.streams import generate_alone
+
+    def stream(flags, max_tokens):
+        inputs = []
+        for name, value in [("text_input", np.array([b"hello"], dtype=object)), ("stream", np.array([True])),
+                            ("sampling_parameters", np.array([json.dumps({"max_tokens": max_tokens,
+                                                                          "ignore_eos": True}).encode()],
+                                                             dtype=object)),
+                            *((flag, np.array([True])) for flag in flags)]:
+            inputs.append(grpcclient.InferInput(name, list(value.shape), "BYTES" if value.dtype == object else "BOOL"))
+            inputs[-1].set_data_from_numpy(value)
+        results = queue.Queue()
+        with grpcclient.InferenceServerClient(streaming_server.grpc_url) as client:
+            client.start_stream(callback=lambda result, error: results.put(error or result))
+            client.async_stream_infer("textgen", inputs=inputs)
+            answers = [results.get(timeout=30) for _ in range(max_tokens)]
+            client.stop_stream()
+        assert not [a for a in answers if isinstance(a, Exception)]
+        return answers
+
+    asked = stream(["return_finish_reason", "return_num_output_tokens"], 6)
+    assert [a.as_numpy("finish_reason").tolist() for a in asked] == [[b"None"]] * 5 + [[b"length"]]
+    assert [a.as_numpy("num_output_tokens").tolist() for a in asked] == [[1]] * 6
+    assert b"".join(a.as_numpy("text_output")[0] for a in asked) == generate_alone(
+        streaming_server.repo / "textgen", b"hello", 6, ignore_eos=True)
+    plain = stream([], 3)
+    assert [(a.as_numpy("finish_reason"), a.as_numpy("num_output_tokens")) for a in plain] == [(None, None)] * 3
+
+
 def test_a_bad_prompt_gets_one_clear_error_and_the_next_stream_succeeds(streaming_server):
     from latte.triton.streams import generate
 

@@ -27,15 +27,25 @@ TEXT_STEPS = HERE / "stream_steps" / "text.py"
 CONTEXT = 256          # the transformer's positions
 BLOCK_TOKENS = 16
 
-VLLM_INPUTS = """\
-input [
-  { name: "text_input", data_type: TYPE_STRING, dims: [ 1 ] },
-  { name: "stream", data_type: TYPE_BOOL, dims: [ 1 ], optional: true },
-  { name: "sampling_parameters", data_type: TYPE_STRING, dims: [ 1 ], optional: true },
-  { name: "exclude_input_in_output", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }
-]
-output [ { name: "text_output", data_type: TYPE_STRING, dims: [ -1 ] } ]
-"""
+_INPUTS = ['{ name: "text_input", data_type: TYPE_STRING, dims: [ 1 ] }',
+           '{ name: "stream", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }',
+           '{ name: "sampling_parameters", data_type: TYPE_STRING, dims: [ 1 ], optional: true }',
+           '{ name: "exclude_input_in_output", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }']
+_OUTPUT = '{ name: "text_output", data_type: TYPE_STRING, dims: [ -1 ] }'
+_ADDITIONAL_INPUTS = ['{ name: "return_finish_reason", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }',
+                      '{ name: "return_num_output_tokens", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }']
+_ADDITIONAL_OUTPUTS = ['{ name: "finish_reason", data_type: TYPE_STRING, dims: [ -1 ] }',
+                       '{ name: "num_output_tokens", data_type: TYPE_UINT32, dims: [ -1 ] }']
+
+
+def _io(inputs: List[str], outputs: List[str]) -> str:
+    return "input [\n  " + ",\n  ".join(inputs) + "\n]\noutput [\n  " + ",\n  ".join(outputs) + "\n]\n"
+
+
+VLLM_INPUTS = _io(_INPUTS, [_OUTPUT])
+# The latte examples also offer two of the vLLM backend's additional outputs, each sent where
+# its flag asks for it (docs/streaming.md).
+VLLM_IO = _io(_INPUTS + _ADDITIONAL_INPUTS, [_OUTPUT, *_ADDITIONAL_OUTPUTS])
 
 
 def _parameters(values: Dict[str, object]) -> str:
@@ -146,7 +156,7 @@ def write_stream_model(repo: Path, name: str, kind: str = "gpt", seed: int = 0, 
               "intra_op_threads": 1, **(extra or {})}
     (folder / "config.pbtxt").write_text(
         f'name: "{name}"\nbackend: "latte"\nmax_batch_size: 0\n'
-        "model_transaction_policy { decoupled: true }\n" + VLLM_INPUTS
+        "model_transaction_policy { decoupled: true }\n" + VLLM_IO
         + "instance_group [ { count: 1, kind: KIND_CPU } ]\n" + _parameters(params) + "\n")
     return folder
 

@@ -7,6 +7,7 @@ import json
 import textwrap
 
 import pytest
+from tritonclient.grpc import model_config_pb2
 
 from latte.generator.derive_streams import (SLO_SHARE, StreamDerivationError, derive_streams, poisson_quantile)
 from latte.generator.profile_data import ProfileError
@@ -174,8 +175,10 @@ def test_generate_renders_a_decoupled_model_with_the_derived_settings_and_plans_
     config = validate_repository(tmp_path / "repo")["textgen"]
     assert config.model_transaction_policy.decoupled and config.max_batch_size == 0
     assert [t.name for t in config.input] == ["text_input", "stream", "exclude_input_in_output",
-                                              "sampling_parameters"]
-    assert [t.name for t in config.output] == ["text_output"]
+                                              "sampling_parameters", "return_finish_reason",
+                                              "return_num_output_tokens"]
+    assert [(t.name, model_config_pb2.DataType.Name(t.data_type)) for t in config.output] == [
+        ("text_output", "TYPE_STRING"), ("finish_reason", "TYPE_STRING"), ("num_output_tokens", "TYPE_UINT32")]
     params = {k: v.string_value for k, v in config.parameters.items()}
     assert params["max_streams"] == str(d.max_streams) and params["joins_per_iteration"] == str(d.joins_per_iteration)
     assert (params["max_waiting"], params["model_file"], params["max_tokens"]) == ("32", "stream.json", "16")
