@@ -13,7 +13,8 @@ from latte.examples.streams import generate_alone, write_stream_model
 PROMPTS = [b"hello world", b"The quick brown fox", b"a", b"streams join and leave", b"0123456789" * 5]
 
 
-def served(kind, tmp_path, **parameters):
+def served(kind, tmp_path, inputs=(), outputs=(), **parameters):
+    """The example in process; `inputs` and `outputs`, (name, data type) pairs, join its config's."""
     from latte.backend.streaming.model import StreamingModel
 
     folder = write_stream_model(tmp_path, f"textgen_{kind}", kind)
@@ -21,17 +22,20 @@ def served(kind, tmp_path, **parameters):
               "model_transaction_policy": {"decoupled": True},
               "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
                         {"name": "stream", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
-                        {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True}],
-              "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]}],
+                        {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+                        *({"name": n, "data_type": t, "dims": [1], "optional": True} for n, t in inputs)],
+              "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]},
+                         *({"name": n, "data_type": t, "dims": [-1]} for n, t in outputs)],
               "parameters": {k: {"string_value": str(v)} for k, v in parameters.items()}}
     args = {"model_config": json.dumps(config), "model_repository": str(folder), "model_version": "1"}
     return StreamingModel(args, StandinStub), folder
 
 
-def request(prompt, max_tokens, stream=True, ignore_eos=False):
+def request(prompt, max_tokens, stream=True, ignore_eos=False, flags=()):
     sampling = {"max_tokens": max_tokens, **({"ignore_eos": True} if ignore_eos else {})}
     return InferenceRequest({"text_input": np.array([prompt], dtype=object), "stream": np.array([stream]),
-                             "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=object)})
+                             "sampling_parameters": np.array([json.dumps(sampling).encode()], dtype=object),
+                             **{flag: np.array([True]) for flag in flags}})
 
 
 def wait_final(requests, timeout=60.0):
@@ -172,3 +176,28 @@ def test_the_question_budget_is_a_parameter_and_a_bad_one_is_named(tmp_path):
     named = r"model 'textgen_gru': parameters\['cancel_checks_per_s'\] must be >= 1, got 0"
     with pytest.raises(ConfigError, match=named):
         served("gru", tmp_path / "bad", cancel_checks_per_s=0)
+
+
+def test_a_declared_finish_reason_comes_in_the_responses_of_the_streams_that_ask_for_it(tmp_path):
+    model, _ = served("gru", tmp_path, inputs=[("return_finish_reason", "TYPE_BOOL")],
+                      outputs=[("finish_reason", "TYPE_STRING")])
+    try:
+        asking = request(b"hello", 3, ignore_eos=True, flags=["return_finish_reason"])
+        plain = request(b"hello", 3, ignore_eos=True)
+        model.execute([asking, plain])
+        wait_final([asking, plain])
+        said = [{t.name(): t.as_numpy().tolist() for t in r.output_tensors()}
+                for r, _ in asking.get_response_sender().sent]
+        assert [s["finish_reason"] for s in said] == [[b"None"], [b"None"], [b"length"]]
+        assert {t.name() for r, _ in plain.get_response_sender().sent for t in r.output_tensors()} == {"text_output"}
+        assert texts(asking)[0] == texts(plain)[0]
+    finally:
+        model.finalize()
+
+
+def test_a_flag_declared_without_its_output_stops_the_model_loading_saying_so(tmp_path):
+    from latte.backend.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model 'textgen_gru': the config declares input 'return_num_output_tokens' "
+                                          "but not output 'num_output_tokens'"):
+        served("gru", tmp_path, inputs=[("return_num_output_tokens", "TYPE_BOOL")])
