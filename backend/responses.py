@@ -11,15 +11,14 @@ from latte.backend.errors import error_class
 
 
 class ResponseBuilder:
-    def __init__(self, pb, output_names, optional=()) -> None:
-        """`optional`: outputs a response carries only where its outcome holds them (a stream's
-        are all so: the additional outputs come only where asked for, and a response that ends a
-        stream on its end token holds no output of the graphs); every other output is in every
-        response."""
+    def __init__(self, pb, output_names, as_given: bool = False) -> None:
+        """`as_given`: a response carries the outputs its outcome holds, which are declared ones
+        (a stream's: the additional outputs come only where asked for, and a response that ends
+        a stream on its end token holds no output of the graphs); otherwise every output
+        declared, each looked up."""
         self.pb = pb
         self.output_names = list(output_names)
-        self._optional = [name for name in self.output_names if name in optional]
-        self._required = [name for name in self.output_names if name not in optional]
+        self._as_given = as_given
 
     # Responses are built with the output tensors passed by position: the stub's pybind11
     # constructor takes ~1.0 us that way against ~1.4 us by keyword (timed inside Triton 2.51's
@@ -28,10 +27,9 @@ class ResponseBuilder:
     def success(self, outputs: Dict[str, np.ndarray]):
         # The stub's Tensor makes a non-contiguous array contiguous itself.
         Tensor = self.pb.Tensor
-        tensors = [Tensor(name, outputs[name]) for name in self._required]
-        if self._optional:
-            tensors += [Tensor(name, outputs[name]) for name in self._optional if name in outputs]
-        return self.pb.InferenceResponse(tensors)
+        if self._as_given:
+            return self.pb.InferenceResponse([Tensor(name, array) for name, array in outputs.items()])
+        return self.pb.InferenceResponse([Tensor(name, outputs[name]) for name in self.output_names])
 
     def error(self, exc: Exception):
         return self.pb.InferenceResponse(output_tensors=[], error=self.triton_error(exc))

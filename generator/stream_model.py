@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, Mapping
 
-from latte.backend.streaming.controls import ADDITIONAL_OUTPUTS, CONTROL_INPUTS
+from latte.backend.streaming.controls import ADDITIONAL_OUTPUTS, CONTROL_INPUTS, check_not_written
 from latte.backend.streaming.definition import StreamDefinition, load_stream
 
 CONTROL_TYPES = {"stream": "TYPE_BOOL", "exclude_input_in_output": "TYPE_BOOL", "sampling_parameters": "TYPE_STRING",
@@ -45,9 +45,9 @@ def stream_context(name: str, definition: StreamDefinition, parameters: Mapping[
     if not outputs:
         raise ValueError(f"{definition.path}: the start and step graphs write no output in common beyond the "
                          "state and cache, so a stream would have nothing to send")
-    written = {output["name"] for output in outputs}
+    check_not_written(name, (output["name"] for output in outputs))
     outputs += [{"name": output, "data_type": data_type, "dims": [-1]}
-                for output, data_type in ADDITIONAL_OUTPUTS.values() if output not in written]
+                for output, data_type in ADDITIONAL_OUTPUTS.values()]
     return {
         "name": name, "backend": "latte", "max_batch_size": 0, "decoupled": True,
         "inputs": inputs, "outputs": outputs, "dynamic_batching": None,

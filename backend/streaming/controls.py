@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -143,3 +143,13 @@ def check_additional_outputs(model: str, inputs: Mapping[str, str], outputs: Map
         if output in outputs and outputs[output] != data_type:
             raise ConfigError(f"model {model!r}: output {output!r} must be {data_type}, as the vLLM backend's, "
                               f"got {outputs[output]}")
+
+
+def check_not_written(model: str, written: Iterable[str]) -> None:
+    """The graphs must not write an output latte makes itself: the one would hide the other.
+    ConfigError names it."""
+    clash = sorted(STREAM_OUTPUTS.intersection(written))
+    if clash:
+        raise ConfigError(f"model {model!r}: the graphs write {', '.join(repr(name) for name in clash)}, which latte "
+                          "makes itself as the vLLM backend's additional output (docs/streaming.md); give the "
+                          "graphs' output another name")

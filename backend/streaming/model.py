@@ -18,7 +18,7 @@ from latte.backend.metrics import BackendMetrics, TritonPublisher
 from latte.backend.requests import RequestReader
 from latte.backend.responses import ResponseBuilder
 from latte.backend.streaming.controls import (CONTROL_INPUTS, STREAM_OUTPUTS, check_additional_outputs,
-                                              read_controls)
+                                              check_not_written, read_controls)
 from latte.backend.streaming.definition import check_outputs, load_stream
 from latte.backend.streaming.engine import StreamEngine
 from latte.backend.streaming.options import parse_stream_options
@@ -69,6 +69,8 @@ class StreamingModel:
         self.definition = definition = load_stream(spec.signature.model_path)
         declared = {t.name: NUMPY_TO_TRITON[t.dtype] for t in spec.signature.outputs}
         check_additional_outputs(name, {t.name: NUMPY_TO_TRITON[t.dtype] for t in spec.signature.inputs}, declared)
+        check_not_written(name, {t.name for graph in (definition.start, definition.step) for t in graph.outputs
+                                 if t.name in declared})
         check_outputs(definition, {n: t for n, t in declared.items() if n not in STREAM_OUTPUTS})
         missing = [n for n in definition.start_inputs if n not in {t.name for t in spec.signature.inputs}]
         if missing:
@@ -90,7 +92,7 @@ class StreamingModel:
                                              else self._invariant_rows(engine, options.max_streams))
         self.engine = engine
         self.reader = RequestReader(spec)
-        self.responses = ResponseBuilder(self.pb, outputs, optional=outputs)
+        self.responses = ResponseBuilder(self.pb, outputs, as_given=True)
         scheduler = StreamScheduler(options.max_streams, options.joins_per_iteration, options.max_waiting)
         self.runner = StreamRunner(engine, scheduler, options.cancel_check_ms / 1000.0, options.cancel_checks_per_s,
                                    outboxes=options.response_threads, prepare=self.responses.build,
@@ -182,8 +184,9 @@ class StreamingModel:
 
     def _send_one(self, stream: Stream, outcome, final: bool) -> None:
         output = False
-        if outcome is None:  # the end: the final flag alone
-            response = None
+        if outcome is None:  # the end: the final flag, alone or with what the stream asked to close with
+            closing = stream.closing()
+            response = None if closing is None else self.responses.build(closing)
         elif type(outcome) is Ready:
             response, output = outcome.response, outcome.output
         else:

@@ -16,6 +16,18 @@ _numbers = itertools.count(1)
 Outputs = Dict[str, np.ndarray]  # one stream's outputs of one iteration, without the batch dimension
 
 
+def _constant(values, dtype) -> np.ndarray:
+    array = np.array(values, dtype=dtype)
+    array.flags.writeable = False  # shared by every response that carries it
+    return array
+
+
+_REASONS = {reason: _constant([b"None" if reason is None else reason.encode()], object)
+            for reason in (None, "stop", "length")}
+_ONE_TOKEN = _constant([1], np.uint32)
+_EMPTY_TEXT = _constant([b""], object)
+
+
 class Stream:
     """`inputs`: the request's inputs the start graph reads (each without a batch dimension);
     `sender`: where its responses go (the stub's response sender; anything with send());
@@ -75,33 +87,39 @@ class Stream:
             reason = reason or ended_by
         final = reason is not None
         if self.controls.stream:
-            if self.controls.additional:
-                outputs = self._with_additional(outputs, reason, 0 if outputs is None else 1)
+            if outputs is not None and self.controls.additional:
+                outputs = self._with_additional(outputs, reason, 1)
             return outputs, final
         if outputs is not None:
             self.pieces.append(outputs)
         if not final:
             return None
         whole = self._whole()
-        if self.controls.additional:
-            whole = self._with_additional(whole, reason, len(self.pieces))
+        if self.controls.additional:  # the end token is a token the model made, as vLLM counts it
+            whole = self._with_additional(whole, reason, len(self.pieces) + (outputs is None))
         return whole, True
 
-    def _with_additional(self, outputs: Optional[Outputs], reason: Optional[str], tokens: int) -> Outputs:
-        """The outputs and the additional ones the request asked for (controls.py). A response
-        that would carry nothing (the end token came) carries them, and the empty text, as
-        vLLM's last response does."""
-        if outputs is None:
-            outputs = {}
-            if self.text is not None:
-                outputs[self.text] = np.array([b""], dtype=object)
-        else:
-            outputs = dict(outputs)
+    def closing(self) -> Optional[Outputs]:
+        """What a streamed stream that ended on its end token sends with its final flag: nothing
+        (None), or, where its request asked for additional outputs, those and the empty text,
+        as vLLM's last response after its end token (which that token adds to the count). Made
+        by the sender, not with the iteration's outputs: the response carries no output of the
+        model, so it is not counted or timed as one."""
+        if not self.controls.additional:
+            return None
+        outputs = {}
+        if self.text is not None:
+            outputs[self.text] = _EMPTY_TEXT
+        return self._with_additional(outputs, "stop", 1)
+
+    def _with_additional(self, outputs: Outputs, reason: Optional[str], tokens: int) -> Outputs:
+        """The outputs and the additional ones the request asked for (controls.py)."""
+        outputs = dict(outputs)
         for name in self.controls.additional:
             if name == "finish_reason":
-                outputs[name] = np.array([b"None" if reason is None else reason.encode()], dtype=object)
+                outputs[name] = _REASONS[reason]
             else:  # num_output_tokens: what this response adds
-                outputs[name] = np.array([tokens], dtype=np.uint32)
+                outputs[name] = _ONE_TOKEN if tokens == 1 else np.array([tokens], dtype=np.uint32)
         return outputs
 
     def _before_stop(self, outputs: Outputs) -> Tuple[Outputs, bool]:

@@ -106,31 +106,37 @@ def test_the_vllm_backends_additional_outputs_come_where_asked_for(streaming_ser
 
     from latte.examples.streams import generate_alone
 
-    def stream(flags, max_tokens):
+    def stream(model, prompt, flags, max_tokens, ignore_eos=True):
+        """The responses up to the one with the final flag."""
         inputs = []
-        for name, value in [("text_input", np.array([b"hello"], dtype=object)), ("stream", np.array([True])),
-                            ("sampling_parameters", np.array([json.dumps({"max_tokens": max_tokens,
-                                                                          "ignore_eos": True}).encode()],
-                                                             dtype=object)),
+        sampling = json.dumps({"max_tokens": max_tokens, "ignore_eos": ignore_eos}).encode()
+        for name, value in [("text_input", np.array([prompt], dtype=object)), ("stream", np.array([True])),
+                            ("sampling_parameters", np.array([sampling], dtype=object)),
                             *((flag, np.array([True])) for flag in flags)]:
             inputs.append(grpcclient.InferInput(name, list(value.shape), "BYTES" if value.dtype == object else "BOOL"))
             inputs[-1].set_data_from_numpy(value)
-        results = queue.Queue()
+        results, answers = queue.Queue(), []
         with grpcclient.InferenceServerClient(streaming_server.grpc_url) as client:
             client.start_stream(callback=lambda result, error: results.put(error or result))
-            client.async_stream_infer("textgen", inputs=inputs)
-            answers = [results.get(timeout=30) for _ in range(max_tokens)]
+            client.async_stream_infer(model, inputs=inputs, enable_empty_final_response=True)
+            while not answers or not answers[-1].get_response().parameters["triton_final_response"].bool_param:
+                answers.append(results.get(timeout=30))
+                assert not isinstance(answers[-1], Exception), answers[-1]
             client.stop_stream()
-        assert not [a for a in answers if isinstance(a, Exception)]
         return answers
 
-    asked = stream(["return_finish_reason", "return_num_output_tokens"], 6)
+    asked = stream("textgen", b"hello", ["return_finish_reason", "return_num_output_tokens"], 6)
     assert [a.as_numpy("finish_reason").tolist() for a in asked] == [[b"None"]] * 5 + [[b"length"]]
     assert [a.as_numpy("num_output_tokens").tolist() for a in asked] == [[1]] * 6
     assert b"".join(a.as_numpy("text_output")[0] for a in asked) == generate_alone(
         streaming_server.repo / "textgen", b"hello", 6, ignore_eos=True)
-    plain = stream([], 3)
+    plain = stream("textgen", b"hello", [], 3)
     assert [(a.as_numpy("finish_reason"), a.as_numpy("num_output_tokens")) for a in plain] == [(None, None)] * 3
+    # This prompt's text ends on the end token: a last response of the empty text says so.
+    text = generate_alone(streaming_server.repo / "textgen_gru", b"9", 64)
+    ending = stream("textgen_gru", b"9", ["return_finish_reason"], 64, ignore_eos=False)
+    assert len(ending) == len(text) + 1 and ending[-1].as_numpy("text_output").tolist() == [b""]
+    assert [a.as_numpy("finish_reason").tolist() for a in ending] == [[b"None"]] * len(text) + [[b"stop"]]
 
 
 def test_a_bad_prompt_gets_one_clear_error_and_the_next_stream_succeeds(streaming_server):

@@ -100,11 +100,12 @@ def test_each_response_says_why_the_stream_ended_once_it_has_and_how_many_tokens
 def test_the_end_token_ends_with_a_response_of_the_empty_text_where_the_reason_was_asked_for():
     stream = Stream({}, asking("return_finish_reason", "return_num_output_tokens"), 0.0, text="text_output")
     stream.take(text(b"a"))
-    outcome, final = stream.take(None)
-    assert final and (finish(outcome), int(outcome["num_output_tokens"][0])) == ("stop", 0)
-    assert outcome["text_output"].tolist() == [b""]
-    plain = Stream({}, asking(), 0.0, text="text_output")
-    assert plain.take(None) == (None, True)  # nothing asked: the final flag alone, as before
+    assert stream.take(None) == (None, True)  # no output of the model: the sender sends what it closes with
+    closing = stream.closing()
+    # vLLM counts the end token among the tokens it made
+    assert (finish(closing), closing["num_output_tokens"].tolist(), closing["text_output"].tolist()) == (
+        "stop", [1], [b""])
+    assert Stream({}, asking(), 0.0, text="text_output").closing() is None  # asked for nothing: the final flag alone
 
 
 @pytest.mark.parametrize("ended_by, keys, reason", [
@@ -125,7 +126,7 @@ def test_a_response_not_streamed_carries_the_reason_and_every_token():
     assert stream.take(text(b"a")) is None and stream.take(text(b"b")) is None
     outcome, final = stream.take(None)
     assert final and outcome["text_output"].tolist() == [b"Q: ab"]
-    assert (finish(outcome), int(outcome["num_output_tokens"][0])) == ("stop", 2)
+    assert (finish(outcome), int(outcome["num_output_tokens"][0])) == ("stop", 3)  # a, b and the end token
 
 
 @pytest.mark.parametrize("inputs, outputs, wording", [

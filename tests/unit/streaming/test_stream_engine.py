@@ -430,3 +430,19 @@ def test_a_deep_queue_keeps_its_questions_within_the_budget_and_leaves_the_runni
     assert max(collections.Counter(asked_waiting).values()) <= 10
     assert left_at is not None and 50.0 <= left_at <= 50.65
     assert len(runner.engine.live) == 64 and runner.scheduler.waiting == 1999  # the first waiting took its place
+
+
+def test_the_finish_reason_is_the_models_end_or_its_full_context_and_the_end_token_closes(model_path):
+    runner = counting_runner(model_path, np.empty, cache_blocks=128)
+    asked = StreamControls(max_tokens=20, additional=("finish_reason", "num_output_tokens"))
+    # 97 meets the end token (100); 46 the model's end (50 says done); 251 fills the 256-row context
+    ending, done, full = (Stream({"x": np.array([x], dtype=np.int64)}, asked, 0.0) for x in (97, 46, 251))
+    runner.submit([ending, done, full])
+    said = collections.defaultdict(list)
+    while not runner.idle:
+        for s, outcome, final in runner.run_once():
+            said[s].append(None if outcome is None else (bytes(outcome["finish_reason"][0]), final))
+    assert said[ending] == [(b"None", False)] * 3 + [None]
+    assert bytes(ending.closing()["finish_reason"][0]) == b"stop"
+    assert said[done] == [(b"None", False)] * 4 + [(b"stop", True)]
+    assert said[full] == [(b"None", False)] * 5 + [(b"length", True)]

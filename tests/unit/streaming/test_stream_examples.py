@@ -201,3 +201,24 @@ def test_a_flag_declared_without_its_output_stops_the_model_loading_saying_so(tm
     with pytest.raises(ConfigError, match="model 'textgen_gru': the config declares input 'return_num_output_tokens' "
                                           "but not output 'num_output_tokens'"):
         served("gru", tmp_path, inputs=[("return_num_output_tokens", "TYPE_BOOL")])
+
+
+def test_a_stream_ending_on_its_end_token_closes_with_the_empty_text_and_its_reason_not_counted_an_output(tmp_path):
+    model, folder = served("gru", tmp_path, inputs=[("return_finish_reason", "TYPE_BOOL"),
+                                                    ("return_num_output_tokens", "TYPE_BOOL")],
+                           outputs=[("finish_reason", "TYPE_STRING"), ("num_output_tokens", "TYPE_UINT32")])
+    try:
+        text = generate_alone(folder, b"9", 64)
+        assert len(text) < 64  # this prompt's text ends on the end token
+        asking = request(b"9", 64, flags=["return_finish_reason", "return_num_output_tokens"])
+        model.execute([asking])
+        wait_final([asking])
+        sent = asking.get_response_sender().sent
+        said = [({t.name(): t.as_numpy().tolist() for t in r.output_tensors()}, flags) for r, flags in sent]
+        assert [s["finish_reason"] for s, _ in said] == [[b"None"]] * len(text) + [[b"stop"]]
+        assert [s["num_output_tokens"] for s, _ in said] == [[1]] * (len(text) + 1)
+        assert said[-1][0]["text_output"] == [b""] and [bool(flags) for _, flags in said] == [False] * len(text) + [True]
+        assert b"".join(s["text_output"][0] for s, _ in said) == text
+        assert model.runner.figures["outputs"] == len(text)  # the closing response is no output of the model
+    finally:
+        model.finalize()

@@ -201,3 +201,21 @@ def test_the_config_of_a_stream_without_outputs_to_send_is_refused(gru):
         t for t in definition.start.outputs if t.name != "text_output")))
     with pytest.raises(ValueError, match="write no output in common beyond the state and cache"):
         stream_context("m", bare, {})
+
+
+def test_graphs_that_write_an_output_latte_makes_itself_are_refused_naming_it(gru):
+    from dataclasses import replace
+
+    from latte.backend.errors import ConfigError
+    from latte.backend.streaming.definition import load_stream
+    from latte.generator.stream_model import stream_context
+
+    definition = load_stream(gru)
+
+    def renamed(graph):
+        return replace(graph, outputs=tuple(replace(t, name="finish_reason") if t.name == "text_output" else t
+                                            for t in graph.outputs))
+
+    clashing = replace(definition, start=renamed(definition.start), step=renamed(definition.step))
+    with pytest.raises(ConfigError, match="model 'm': the graphs write 'finish_reason', which latte makes itself"):
+        stream_context("m", clashing, {})
