@@ -95,6 +95,13 @@ def test_http_generate_answers_as_for_the_vllm_backend(streaming_server):
     pieces = [json.loads(line[len("data: "):])["text_output"] for line in events.splitlines()
               if line.startswith("data: ")]
     assert "".join(pieces) == generate_alone(streaming_server.repo / "textgen", b"hello", 5).decode()
+    body = json.dumps({"text_input": "hello", "max_tokens": 3, "stream": True, "return_finish_reason": True}).encode()
+    events = urllib.request.urlopen(urllib.request.Request(
+        f"http://{streaming_server.http_url}/v2/models/textgen/generate_stream", data=body,
+        headers={"Content-Type": "application/json"}), timeout=30).read().decode()
+    reasons = [json.loads(line[len("data: "):])["finish_reason"] for line in events.splitlines()
+               if line.startswith("data: ")]
+    assert reasons == ["None", "None", "length"]
 
 
 def test_the_vllm_backends_additional_outputs_come_where_asked_for(streaming_server):
