@@ -45,7 +45,7 @@ def stream_context(name: str, definition: StreamDefinition, parameters: Mapping[
     if not outputs:
         raise ValueError(f"{definition.path}: the start and step graphs write no output in common beyond the "
                          "state and cache, so a stream would have nothing to send")
-    check_not_written(name, (output["name"] for output in outputs))
+    check_not_written(name, (t.name for graph in (definition.start, definition.step) for t in graph.outputs))
     outputs += [{"name": output, "data_type": data_type, "dims": [-1]}
                 for output, data_type in ADDITIONAL_OUTPUTS.values()]
     return {

@@ -76,3 +76,25 @@ def test_a_call_of_outputs_becomes_one_response_each_and_an_output_triton_cannot
     ok, failed = builder.answer(BatchAnswer([0, 1], [fine, odd]))
     assert ok.error is None and [t.name for t in ok.output_tensors] == ["y", "z"]
     assert failed.output_tensors == [] and "could not build the response" in failed.error.message
+
+
+def test_a_streams_response_carries_the_outputs_its_outcome_holds_and_the_others_each_declared_one():
+    import numpy as np
+
+    class Pb:
+        TritonError = FakeTritonError
+
+        class Tensor:
+            def __init__(self, name, array):
+                self.name = name
+
+        class InferenceResponse:
+            def __init__(self, output_tensors, error=None):
+                self.output_tensors, self.error = output_tensors, error
+
+    closing = {"text_output": np.array([b""], dtype=object), "finish_reason": np.array([b"stop"], dtype=object)}
+    streamed = ResponseBuilder(Pb, ["text_output", "finish_reason", "num_output_tokens"], as_given=True)
+    assert [t.name for t in streamed.build(closing).output_tensors] == ["text_output", "finish_reason"]
+    every = ResponseBuilder(Pb, ["text_output", "finish_reason", "num_output_tokens"])
+    failed = every.build(closing)  # a declared output missing: the request gets an error, not a short response
+    assert failed.output_tensors == [] and "could not build the response" in failed.error.message

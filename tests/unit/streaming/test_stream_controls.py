@@ -127,6 +127,10 @@ def test_a_response_not_streamed_carries_the_reason_and_every_token():
     outcome, final = stream.take(None)
     assert final and outcome["text_output"].tolist() == [b"Q: ab"]
     assert (finish(outcome), int(outcome["num_output_tokens"][0])) == ("stop", 3)  # a, b and the end token
+    first = Stream({}, controls, 0.0, text="text_output", prompt=b"Q: ")
+    outcome, final = first.take(None)  # the end token first: the prompt alone, and that one token
+    assert final and outcome["text_output"].tolist() == [b"Q: "]
+    assert (finish(outcome), int(outcome["num_output_tokens"][0])) == ("stop", 1)
 
 
 @pytest.mark.parametrize("inputs, outputs, wording", [

@@ -13,11 +13,13 @@ from latte.examples.streams import generate_alone, write_stream_model
 PROMPTS = [b"hello world", b"The quick brown fox", b"a", b"streams join and leave", b"0123456789" * 5]
 
 
-def served(kind, tmp_path, inputs=(), outputs=(), **parameters):
-    """The example in process; `inputs` and `outputs`, (name, data type) pairs, join its config's."""
+def served(kind, tmp_path, inputs=(), outputs=(), edit=lambda folder: None, **parameters):
+    """The example in process; `inputs` and `outputs`, (name, data type) pairs, join its config's;
+    `edit` changes its files before it loads."""
     from latte.backend.streaming.model import StreamingModel
 
     folder = write_stream_model(tmp_path, f"textgen_{kind}", kind)
+    edit(folder)
     config = {"name": f"textgen_{kind}", "backend": "latte", "max_batch_size": 0,
               "model_transaction_policy": {"decoupled": True},
               "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
@@ -222,3 +224,20 @@ def test_a_stream_ending_on_its_end_token_closes_with_the_empty_text_and_its_rea
         assert model.runner.figures["outputs"] == len(text)  # the closing response is no output of the model
     finally:
         model.finalize()
+    counters, _ = model.metrics.aggregate.snapshot()  # nor is it timed as one
+    assert counters[("latte_stream_first_output_us_count", ())] == 1
+    assert counters[("latte_stream_inter_output_us_count", ())] == len(text) - 1
+
+
+def test_graphs_writing_an_output_latte_makes_stop_the_model_loading_saying_so(tmp_path):
+    from latte.backend.errors import ConfigError
+
+    def rename_text(folder):  # the graphs' text output becomes finish_reason
+        for graph in ("start.json", "step.json"):
+            path = folder / "1" / graph
+            path.write_text(path.read_text().replace('"text_output"', '"finish_reason"'))
+
+    with pytest.raises(ConfigError, match="model 'textgen_gru': the graphs write 'finish_reason', which latte makes "
+                                          "itself"):
+        served("gru", tmp_path, inputs=[("return_finish_reason", "TYPE_BOOL")],
+               outputs=[("finish_reason", "TYPE_STRING")], edit=rename_text)
