@@ -21,6 +21,8 @@ import shutil
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from latte.backend.streaming.controls import ADDITIONAL_OUTPUTS
+
 KINDS = ("gpt", "gru")
 HERE = Path(__file__).resolve().parent
 TEXT_STEPS = HERE / "stream_steps" / "text.py"
@@ -32,10 +34,10 @@ _INPUTS = ['{ name: "text_input", data_type: TYPE_STRING, dims: [ 1 ] }',
            '{ name: "sampling_parameters", data_type: TYPE_STRING, dims: [ 1 ], optional: true }',
            '{ name: "exclude_input_in_output", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }']
 _OUTPUT = '{ name: "text_output", data_type: TYPE_STRING, dims: [ -1 ] }'
-_ADDITIONAL_INPUTS = ['{ name: "return_finish_reason", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }',
-                      '{ name: "return_num_output_tokens", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }']
-_ADDITIONAL_OUTPUTS = ['{ name: "finish_reason", data_type: TYPE_STRING, dims: [ -1 ] }',
-                       '{ name: "num_output_tokens", data_type: TYPE_UINT32, dims: [ -1 ] }']
+_ADDITIONAL_INPUTS = [f'{{ name: "{flag}", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}'
+                      for flag in ADDITIONAL_OUTPUTS]
+_ADDITIONAL_OUTPUTS = [f'{{ name: "{output}", data_type: {data_type}, dims: [ -1 ] }}'
+                       for output, data_type in ADDITIONAL_OUTPUTS.values()]
 
 
 def _io(inputs: List[str], outputs: List[str]) -> str:
