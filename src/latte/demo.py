@@ -37,13 +37,14 @@ def run_demo(workdir: Path, install: TritonInstall) -> int:
     console.rule("[bold]2. tritonserver with backend \"latte\"")
     server = TritonServer(repo, install=install, log_path=workdir / "tritonserver.log")
     started = time.perf_counter()
-    with server:
+    # The clients close before the server stops: tritonserver waits for open HTTP connections
+    # to close, up to its exit timeout (30 s), before it stops.
+    with server, httpclient.InferenceServerClient(server.http_url) as http, \
+            grpcclient.InferenceServerClient(server.grpc_url) as grpc:
         console.print(f"ready in {time.perf_counter() - started:.1f} s: http {server.http_url}  grpc {server.grpc_url}  "
                       f"metrics {server.metrics_url}  (log {server.log_path})")
 
         console.rule("[bold]3. Real requests over HTTP and gRPC, checked against the same model in-process")
-        http = httpclient.InferenceServerClient(server.http_url)
-        grpc = grpcclient.InferenceServerClient(server.grpc_url)
         rng = np.random.default_rng(7)
         table = Table("model", "protocol", "rows", "output", "max |server - in-process|", "round trip ms")
         worst = 0.0

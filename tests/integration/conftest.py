@@ -11,6 +11,15 @@ pytestmark = pytest.mark.integration
 
 
 PATIENT_MODEL = "sequence_patient"
+# A stop held up this long waited for something that never went (a client's open connection,
+# a model that would not unload) until tritonserver's exit timeout (30 s), not for models
+# unloading slowly on a busy machine.
+HELD_UP_S = 15
+
+
+def assert_stopped_promptly(server) -> None:
+    held = [(what, seconds) for what, seconds in server.stop_waited if seconds >= HELD_UP_S]
+    assert not held, f"tritonserver's stop waited for {held} (log {server.log_path})"
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +45,7 @@ def server(example_repo, tmp_path_factory):
     write_priority_probes(repo)  # test_priorities.py's models
     with TritonServer(repo, log_path=work / "tritonserver.log") as running:
         yield running
+    assert_stopped_promptly(running)
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +69,11 @@ class Clients:
         self.clients = {"http": httpclient.InferenceServerClient(server.http_url),
                         "grpc": grpcclient.InferenceServerClient(server.grpc_url)}
 
+    def close(self) -> None:
+        # tritonserver waits for open HTTP connections as it stops, up to its exit timeout (30 s)
+        for client in self.clients.values():
+            client.close()
+
     def inputs(self, protocol, feed):
         from latte.triton.client import infer_inputs
 
@@ -70,7 +85,9 @@ class Clients:
 
 @pytest.fixture(scope="session")
 def clients(server):
-    return Clients(server)
+    opened = Clients(server)
+    yield opened
+    opened.close()
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import assert_stopped_promptly
 from priority_probe import priority_probe_onnx, priority_probe_reference
 
 MODEL = "async_probe"
@@ -52,6 +53,7 @@ parameters [
 """)
     with TritonServer(repo, log_path=work / "tritonserver.log") as running:
         yield running
+    assert_stopped_promptly(running)
 
 
 class Answers:

@@ -57,4 +57,5 @@ def test_concurrent_ragged_requests_are_batched_and_each_gets_its_own_answer(ser
         if executions < inferences:
             batched = True
             break
+    http.close()
     assert batched, f"requests of different lengths were never batched together: (requests, executions) {seen}"

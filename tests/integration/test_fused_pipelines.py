@@ -5,6 +5,8 @@ side by one real tritonserver; clients get the same answers from both, over HTTP
 import numpy as np
 import pytest
 
+from conftest import assert_stopped_promptly
+
 pytestmark = pytest.mark.integration
 
 TEXTS = [b"the quick brown fox jumps over the lazy dog", b"hello", b"latte serves ragged batches of text"]
@@ -33,6 +35,7 @@ def pipelines(tmp_path_factory):
     validate_repository(repo)
     with TritonServer(repo, log_path=work / "tritonserver.log") as server:
         yield server, repo, work, names
+    assert_stopped_promptly(server)
 
 
 def infer(client_module, client, model, name, array):
@@ -76,6 +79,8 @@ def test_the_fused_text_pipeline_answers_as_its_ensemble_and_its_steps_do(pipeli
         got = future.get_result().as_numpy("EMBEDDING")
         np.testing.assert_allclose(got, reference({"TEXT": one})["EMBEDDING"], rtol=1e-4, atol=1e-5)
         assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    for client in (http, grpc, pool):
+        client.close()
 
 
 @pytest.mark.parametrize("pipeline,tensor,outputs,seed", [
@@ -164,6 +169,7 @@ def hand_written(tmp_path_factory):
     served = fused_beside_ensemble(work, write_hand_written_repository(work / "repo", "latte"), "embed_text")
     with TritonServer(served, log_path=work / "tritonserver.log") as server:
         yield server
+    assert_stopped_promptly(server)
 
 
 def test_latte_fuse_on_a_hand_written_repository_answers_bit_for_bit_as_its_ensemble(hand_written, same_output):

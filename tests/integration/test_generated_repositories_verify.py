@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_stopped_promptly
+
 pytestmark = pytest.mark.integration
 
 SINGLE_MODELS = """\
@@ -96,6 +98,7 @@ def verify_server(generated):
     repo, _ = generated
     with TritonServer(repo) as server:
         yield server
+    assert_stopped_promptly(server)
 
 
 def test_tune_measures_the_derived_config_and_keeps_the_measurements_next_to_the_profile(generated):

@@ -20,6 +20,8 @@ from latte.bench.prometheus_scrape import scrape
 from latte.bench.target import Target
 from latte.triton import TritonServer
 
+from conftest import assert_stopped_promptly
+
 MODEL = "sequence_onnx"
 # What the load generator records for a request it had no slot for: not sent, so not the server's shedding.
 CLIENT_SHED = "client in-flight limit reached"
@@ -51,6 +53,7 @@ def overload_server(example_repo, tmp_path_factory):
     repo = write_overload_repository(example_repo, MODEL, root / "repo", queue_timeout_us=100_000, max_queue_size=64)
     with TritonServer(repo, log_path=root / "log") as server:
         yield server
+    assert_stopped_promptly(server)
 
 
 def server_shed(report: dict) -> int:

@@ -17,6 +17,8 @@ from latte.bench.procmem import stub_pids
 from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
 
+from conftest import assert_stopped_promptly
+
 GUARDED = "guarded_torchscript"
 
 
@@ -56,6 +58,7 @@ def guarded_repo(tmp_path_factory):
 def guarded_server(guarded_repo, tmp_path_factory):
     with TritonServer(guarded_repo, log_path=tmp_path_factory.mktemp("guarded") / "log") as server:
         yield server
+    assert_stopped_promptly(server)
 
 
 def _grpc_input(array):

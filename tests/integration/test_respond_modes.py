@@ -13,7 +13,7 @@ from latte.examples import EXAMPLES, model_context, reference_runner
 from latte.generator.model_folder import write_model
 from latte.triton import TritonServer
 
-from conftest import Clients
+from conftest import Clients, assert_stopped_promptly
 
 MODES = {"auto": {"respond": "auto"}, "per_batch": {"respond": "per_batch"}, "per_call": {"respond": "per_call"},
          "async_execute": {"async_execute": "true", "batch_window_us": "5000"}}
@@ -33,6 +33,7 @@ def respond_server(example_repo, tmp_path_factory):
         write_model(repo, context, {"model.onnx": source})
     with TritonServer(repo, log_path=repo.parent / "tritonserver.log") as server:
         yield server
+    assert_stopped_promptly(server)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -49,6 +50,8 @@ def test_every_request_gets_one_answer_in_either_mode(respond_server, example_re
             return clients.infer(protocol, f"sequence_{mode}", feed).as_numpy("embedding")
         except Exception as exc:  # tritonclient raises InferenceServerException for error responses
             return exc
+        finally:
+            clients.close()
 
     with ThreadPoolExecutor(len(feeds) + 1) as pool:
         answers = list(pool.map(send, feeds + [bad]))

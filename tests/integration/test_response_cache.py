@@ -8,6 +8,8 @@ import urllib.request
 import numpy as np
 import pytest
 
+from conftest import assert_stopped_promptly
+
 # latte answers with execute's return value (respond: per_call) or through each request's response
 # sender (per_batch, also what async_execute: true uses); Triton caches both.
 CACHED = {"per_call": "mlp_cached", "per_batch": "mlp_cached_sender"}
@@ -31,6 +33,7 @@ def cached_server(example_repo, tmp_path_factory):
     assert cache_flag(DEFAULT_CACHE_BYTES) in server.command()
     with server:
         yield server
+    assert_stopped_promptly(server)
 
 
 def stats(client, model: str) -> dict:
@@ -79,3 +82,4 @@ def test_a_repeated_request_is_answered_from_the_cache(cached_server, same_outpu
     other = stats(client, model)
     assert other["misses"] == after["misses"] + 1
     assert other["executions"] == after["executions"] + 1
+    client.close()

@@ -36,6 +36,8 @@ def served(example_repo, tmp_path_factory):
     yield ports, log.read_text()
     process.terminate()
     process.wait(60)
+    assert "tritonserver stopped (exit code 0)" in log.read_text()
+    assert "it waited" not in log.read_text()  # no client left a connection open
 
 
 def test_serve_says_which_apis_need_which_header(served):
@@ -75,3 +77,4 @@ def test_log_settings_and_shared_memory_need_the_header_and_inference_does_not(s
     request = module.InferInput("features", [1, 16], "FP32")
     request.set_data_from_numpy(np.ones((1, 16), np.float32))
     assert client.infer("mlp_onnx", [request]).as_numpy("logits").shape == (1, 8)
+    client.close()

@@ -8,6 +8,8 @@ import time
 import numpy as np
 import pytest
 
+from conftest import assert_stopped_promptly
+
 pytestmark = pytest.mark.integration
 
 PROMPTS = [b"hello world", b"The quick brown fox", b"streams join and leave", b"a", b"0123456789" * 3]
@@ -27,6 +29,9 @@ def streaming_server(tmp_path_factory):
     with TritonServer(repo, log_path=work / "tritonserver.log") as running:
         running.repo = repo
         yield running
+    # The gRPC clients close their streams as the server ends them: closed before that, a stream
+    # can keep its model from unloading, and the stop waits out its exit timeout (streams.py).
+    assert_stopped_promptly(running)
 
 
 def metric(server, name, **labels):

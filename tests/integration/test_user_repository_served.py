@@ -6,6 +6,8 @@ answers every text as the ensemble does, bit for bit, over HTTP and gRPC."""
 import numpy as np
 import pytest
 
+from conftest import assert_stopped_promptly
+
 pytestmark = pytest.mark.integration
 
 TEXTS = [b"the quick brown fox", b"latte serves", b"words outside the vocabulary file", b"",
@@ -22,6 +24,7 @@ def user_written(tmp_path_factory):
     served = fused_beside_ensemble(work, write_user_repository(work / "repo"), "embed_text")
     with TritonServer(served, log_path=work / "tritonserver.log") as server:
         yield server
+    assert_stopped_promptly(server)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -43,3 +46,4 @@ def test_the_fused_user_repository_answers_as_its_ensemble_bit_for_bit(user_writ
         fused, ensemble = answers
         same_output(fused.as_numpy("EMBEDDING"), ensemble.as_numpy("EMBEDDING"), (1, 32), np.float32, (text, "EMBEDDING"))
         same_output(fused.as_numpy("NORM"), ensemble.as_numpy("NORM"), (1, 1), np.float32, (text, "NORM"))
+    client.close()

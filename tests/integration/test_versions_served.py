@@ -5,6 +5,8 @@ import textwrap
 import numpy as np
 import pytest
 
+from conftest import assert_stopped_promptly
+
 pytestmark = pytest.mark.integration
 
 STEP = '''
@@ -62,3 +64,5 @@ def test_both_versions_serve_and_repeats_come_from_the_cache(tmp_path, capsys):
         (v2,) = client.get_inference_statistics("scale", "2")["model_stats"]
         assert v2["inference_stats"]["cache_hit"]["count"] == 3
         assert v2["execution_count"] == 1
+        client.close()
+    assert_stopped_promptly(server)

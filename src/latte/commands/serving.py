@@ -160,6 +160,9 @@ def _serve(args) -> int:
     finally:
         code = server.stop()
         print(f"tritonserver stopped (exit code {code})", flush=True)
+        for what, seconds in server.stop_waited:
+            print(f"  it waited {seconds} s for {what} (tritonserver's words); pass -- --exit-timeout-secs=N "
+                  "to bound that wait", flush=True)
     return 0
 
 

@@ -46,6 +46,29 @@ def error_lines(log: str, limit: int = 20) -> List[str]:
     return lines[-limit:]
 
 
+# tritonserver's countdown as it stops, once a second until what it waits for is gone or its
+# exit timeout (--exit-timeout-secs, 30 s by default) has passed:
+#   "Timeout 27: Found 1 HTTP service connections"
+#   "Timeout 27: Found 2 live models and 0 in-flight non-inference requests"
+_COUNTDOWN = re.compile(r'Timeout (\d+): Found (\d+) ([^"]+)')
+# Unloading the models of a repository takes a second or two: a wait this long is no longer that.
+STOP_WAIT_S = 5
+
+
+def stop_waits(log: str, longer_than_s: int = STOP_WAIT_S) -> List[Tuple[str, int]]:
+    """What held tritonserver's stop for more than `longer_than_s` seconds, in its log's
+    words with the last count it printed, and for how many seconds: an HTTP client that kept
+    its connection open, say, or a model that would not unload."""
+    seen = {}  # what -> (first countdown value, last countdown value, last count)
+    for match in _COUNTDOWN.finditer(log):
+        left, count, what = int(match.group(1)), int(match.group(2)), match.group(3).strip()
+        if count:
+            first = seen.get(what, (left,))[0]
+            seen[what] = (first, left, count)
+    return [(f"{count} {what}", first - last + 1) for what, (first, last, count) in seen.items()
+            if first - last + 1 > longer_than_s]
+
+
 class TritonServer:
     """A tritonserver serving one model repository on loopback ports.
 
@@ -85,6 +108,8 @@ class TritonServer:
         # None: a cache of the default size when a model of the repository enables response_cache; 0: none.
         self.response_cache_bytes = cache_bytes_for(self.repository, response_cache_bytes)
         self.process: Optional[subprocess.Popen] = None
+        # What held the last stop up (stop_waits), once it is over.
+        self.stop_waited: List[Tuple[str, int]] = []
         # Where HTTP, gRPC and metrics listen; with admin_token, Triton's administrative APIs
         # (security.ADMIN_APIS) answer only requests that carry it (security.ADMIN_HEADER).
         self.address = address
@@ -209,6 +234,7 @@ class TritonServer:
         except (ProcessLookupError, PermissionError):
             pass
         code = self.process.wait()
+        self.stop_waited = stop_waits(self.log())
         return code
 
     def __enter__(self) -> "TritonServer":

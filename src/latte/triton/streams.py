@@ -16,6 +16,9 @@ from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
+# How long a client waits for the server to end its stream before it closes the channel.
+STREAM_END_S = 5.0
+
 
 @dataclass
 class StreamRecord:
@@ -117,7 +120,20 @@ async def _client(url: str, model: str, prompts: Iterable[bytes], sampling: Dict
     finally:
         if outgoing is not None:
             await outgoing.put(None)
+        if responses is not None:
+            # The server ends the stream once it has read the end of the requests; a channel
+            # closed before that can keep the model from unloading in tritonserver 2.51 (its
+            # stop then waits out the exit timeout, 30 s): so the client waits for the end.
+            try:
+                await asyncio.wait_for(_drain(responses), STREAM_END_S)
+            except Exception:  # the stream failed or never ended: the channel closes anyway
+                pass
         await client.close()
+
+
+async def _drain(responses) -> None:
+    async for _ in responses:
+        pass
 
 
 async def _streams(url: str, model: str, prompts: List[bytes], concurrency: int, sampling: Dict, stream: bool,
