@@ -61,7 +61,8 @@ def write_repository(examples: Path, model: str, out: Path) -> dict:
 def cache_counts(server: TritonServer, model: str) -> tuple:
     import tritonclient.http as httpclient
 
-    (stats,) = httpclient.InferenceServerClient(server.http_url).get_inference_statistics(model)["model_stats"]
+    with httpclient.InferenceServerClient(server.http_url) as client:  # an open one would hold the server's stop
+        (stats,) = client.get_inference_statistics(model)["model_stats"]
     inference = stats["inference_stats"]
     return inference["cache_hit"]["count"], inference["cache_miss"]["count"], stats["execution_count"]
 
