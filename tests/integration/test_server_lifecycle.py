@@ -28,13 +28,19 @@ def test_a_model_that_cannot_load_is_reported_with_the_servers_own_error(tmp_pat
     assert "missing.onnx does not exist" in message
 
 
-def test_latte_serve_prints_endpoints_and_stops_cleanly_on_sigterm(example_repo, tmp_path):
+def test_latte_serve_prints_endpoints_stops_on_sigterm_and_says_what_held_the_stop(example_repo, tmp_path):
+    """A client that keeps its HTTP connection open holds tritonserver's stop for its exit
+    timeout (6 s here): latte serve says so once it has stopped."""
+    import http.client
+
     http_port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "latte.cli", "serve", str(example_repo), "--http-port", str(http_port),
-         "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--log", str(tmp_path / "log")],
+         "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--log", str(tmp_path / "log"),
+         "--", "--exit-timeout-secs=6"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
     )
+    connection = http.client.HTTPConnection("127.0.0.1", http_port, timeout=60)
     try:
         deadline = time.monotonic() + 180
         lines = []
@@ -45,13 +51,16 @@ def test_latte_serve_prints_endpoints_and_stops_cleanly_on_sigterm(example_repo,
                 break
         assert lines[-1].startswith("ready"), "".join(lines)
         assert f"http://127.0.0.1:{http_port}" in lines[-1] and "grpc" in lines[-1] and "metrics" in lines[-1]
-        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/mlp_onnx/ready") as r:
-            assert r.status == 200
+        connection.request("GET", "/v2/models/mlp_onnx/ready")  # kept alive, left open
+        assert connection.getresponse().status == 200
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0
-        assert "tritonserver stopped" in out
+        # tritonserver's own code when its exit timeout ran out, then what it waited for
+        assert "tritonserver stopped (exit code 1)\n  it waited 6 s for 1 HTTP service connections " \
+               "(tritonserver's words)" in out
     finally:
+        connection.close()
         if proc.poll() is None:
             proc.kill()
 
