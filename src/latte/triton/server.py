@@ -100,7 +100,7 @@ class TritonServer:
         self.http_port = http_port or free_port()
         self.grpc_port = grpc_port or free_port()
         self.metrics_port = metrics_port or free_port()
-        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+        self._log_path = Path(log_path) if log_path else None
         self.extra_args = list(extra_args)
         self.log_verbose = log_verbose
         # Serve the models that load when others fail (listed by failed_models()).
@@ -116,6 +116,16 @@ class TritonServer:
         self.admin_token = admin_token
         # What this process connects to: the address itself, or this machine for a wildcard.
         self._host = "127.0.0.1" if address in ("0.0.0.0", "::") else address
+
+    @property
+    def log_path(self) -> Path:
+        """The server's log file: the one given, or a temporary file made when first asked for
+        (a server only inspected, never started, leaves none behind)."""
+        if self._log_path is None:
+            handle, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
+            os.close(handle)
+            self._log_path = Path(name)
+        return self._log_path
 
     @property
     def http_url(self) -> str:

@@ -1,7 +1,9 @@
-"""What held tritonserver up as it stopped, read from its countdown lines (stop_waits): the
-lines below are tritonserver 2.51's own."""
+"""tritonserver's log: where it goes, and what held the server up as it stopped, read from
+its countdown lines (stop_waits; the lines below are tritonserver 2.51's own)."""
 
-from latte.triton.server import stop_waits
+import tempfile
+
+from latte.triton.server import TritonServer, stop_waits
 
 A_QUICK_STOP = """\
 Signal (15) received.
@@ -33,3 +35,14 @@ def test_a_model_that_would_not_unload_is_named_with_its_last_count_and_how_long
     log = countdown("live models and 0 in-flight non-inference requests", [3, 3, 2, 2, 2, 2, 2, 2, 2, 0])
     assert stop_waits(log) == [("2 live models and 0 in-flight non-inference requests", 9)]
     assert stop_waits(log, longer_than_s=9) == []
+
+
+def test_a_server_only_inspected_leaves_no_log_file_and_one_asked_for_its_log_gets_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "repo").mkdir()
+    server = TritonServer(tmp_path / "repo")
+    assert server.command() and list(tmp_path.glob("tritonserver-*.log")) == []
+    assert server.log_path.parent == tmp_path and server.log_path.exists()
+    assert list(tmp_path.glob("tritonserver-*.log")) == [server.log_path]
+    given = TritonServer(tmp_path / "repo", log_path=tmp_path / "mine.log")
+    assert given.log_path == tmp_path / "mine.log" and not given.log_path.exists()
