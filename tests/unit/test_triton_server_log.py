@@ -46,3 +46,12 @@ def test_a_server_only_inspected_leaves_no_log_file_and_one_asked_for_its_log_ge
     assert list(tmp_path.glob("tritonserver-*.log")) == [server.log_path]
     given = TritonServer(tmp_path / "repo", log_path=tmp_path / "mine.log")
     assert given.log_path == tmp_path / "mine.log" and not given.log_path.exists()
+
+
+def test_a_log_is_read_whole_or_by_its_end(tmp_path):
+    (tmp_path / "repo").mkdir()
+    server = TritonServer(tmp_path / "repo", log_path=tmp_path / "log")
+    assert server.log() == "" and server.log(last_bytes=10) == ""
+    server.log_path.write_bytes(b"x" * 100 + A_QUICK_STOP.encode())
+    assert server.log() == "x" * 100 + A_QUICK_STOP
+    assert server.log(last_bytes=len(A_QUICK_STOP)) == A_QUICK_STOP

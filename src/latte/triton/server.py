@@ -53,6 +53,9 @@ def error_lines(log: str, limit: int = 20) -> List[str]:
 _COUNTDOWN = re.compile(r'Timeout (\d+): Found (\d+) ([^"]+)')
 # Unloading the models of a repository takes a second or two: a wait this long is no longer that.
 STOP_WAIT_S = 5
+# The end of the log a stop's countdown is read from: 30 lines of each thing waited for, with
+# room for the lines of models unloading meanwhile.
+STOP_LOG_TAIL_BYTES = 1 << 20
 
 
 def stop_waits(log: str, longer_than_s: int = STOP_WAIT_S) -> List[Tuple[str, int]]:
@@ -160,9 +163,13 @@ class TritonServer:
             *self.extra_args,
         ]
 
-    def log(self) -> str:
+    def log(self, last_bytes: Optional[int] = None) -> str:
+        """The server's log, or its last `last_bytes` bytes."""
         try:
-            return self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as log:
+                if last_bytes is not None:
+                    log.seek(max(0, log.seek(0, os.SEEK_END) - last_bytes))
+                return log.read().decode(errors="replace")
         except FileNotFoundError:
             return ""
 
@@ -244,7 +251,8 @@ class TritonServer:
         except (ProcessLookupError, PermissionError):
             pass
         code = self.process.wait()
-        self.stop_waited = stop_waits(self.log())
+        # The countdown is at the end of the log, which a long-running server may have made large.
+        self.stop_waited = stop_waits(self.log(last_bytes=STOP_LOG_TAIL_BYTES))
         return code
 
     def __enter__(self) -> "TritonServer":
