@@ -55,3 +55,8 @@ def test_a_log_is_read_whole_or_by_its_end(tmp_path):
     server.log_path.write_bytes(b"x" * 100 + A_QUICK_STOP.encode())
     assert server.log() == "x" * 100 + A_QUICK_STOP
     assert server.log(last_bytes=len(A_QUICK_STOP)) == A_QUICK_STOP
+
+
+def test_older_releases_unquoted_lines_read_alike():
+    log = countdown("HTTP service connections", [1] * 8).replace('"', "")
+    assert stop_waits(log) == [("1 HTTP service connections", 8)]

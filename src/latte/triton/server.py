@@ -50,7 +50,7 @@ def error_lines(log: str, limit: int = 20) -> List[str]:
 # exit timeout (--exit-timeout-secs, 30 s by default) has passed:
 #   "Timeout 27: Found 1 HTTP service connections"
 #   "Timeout 27: Found 2 live models and 0 in-flight non-inference requests"
-_COUNTDOWN = re.compile(r'Timeout (\d+): Found (\d+) ([^"]+)')
+_COUNTDOWN = re.compile(r'Timeout (\d+): Found (\d+) ([^"\n]+)')  # quoted by 2.51, not by older releases
 # Unloading the models of a repository takes a second or two: a wait this long is no longer that.
 STOP_WAIT_S = 5
 # The end of the log a stop's countdown is read from: 30 lines of each thing waited for, with
