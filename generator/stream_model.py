@@ -15,11 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, Mapping
 
-from latte.backend.streaming.controls import ADDITIONAL_OUTPUTS, CONTROL_INPUTS, check_not_written
+from latte.backend.streaming.controls import ADDITIONAL_OUTPUTS, CONTROL_INPUTS, CONTROL_TYPES, check_not_written
 from latte.backend.streaming.definition import StreamDefinition, load_stream
-
-CONTROL_TYPES = {"stream": "TYPE_BOOL", "exclude_input_in_output": "TYPE_BOOL", "sampling_parameters": "TYPE_STRING",
-                 **{flag: "TYPE_BOOL" for flag in ADDITIONAL_OUTPUTS}}
 
 
 def stream_outputs(definition: StreamDefinition) -> Dict[str, str]:

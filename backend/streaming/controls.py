@@ -35,7 +35,10 @@ from latte.backend.options import DEFAULT_OPTIONS, RequestOptions, read_options
 ADDITIONAL_OUTPUTS = {"return_finish_reason": ("finish_reason", "TYPE_STRING"),
                       "return_num_output_tokens": ("num_output_tokens", "TYPE_UINT32")}
 STREAM_OUTPUTS = frozenset(output for output, _ in ADDITIONAL_OUTPUTS.values())  # made by latte, not the graphs
-CONTROL_INPUTS = ("stream", "exclude_input_in_output", "sampling_parameters", *ADDITIONAL_OUTPUTS)
+# The vLLM backend's control inputs, each optional, with its Triton type.
+CONTROL_TYPES = {"stream": "TYPE_BOOL", "exclude_input_in_output": "TYPE_BOOL", "sampling_parameters": "TYPE_STRING",
+                 **{flag: "TYPE_BOOL" for flag in ADDITIONAL_OUTPUTS}}
+CONTROL_INPUTS = tuple(CONTROL_TYPES)
 _LIMITS = {"max_tokens": "an integer >= 1", "stop": "a string or a list of strings", "ignore_eos": "a boolean"}
 
 
@@ -138,8 +141,8 @@ def check_additional_outputs(model: str, inputs: Mapping[str, str], outputs: Map
                 (f"output {output!r}", f"input {flag!r}")
             raise ConfigError(f"model {model!r}: the config declares {have} but not {lacks}: a request asks for "
                               f"{output!r} with {flag!r}, so declare both or neither")
-        if flag in inputs and inputs[flag] != "TYPE_BOOL":
-            raise ConfigError(f"model {model!r}: input {flag!r} must be TYPE_BOOL, got {inputs[flag]}")
+        if flag in inputs and inputs[flag] != CONTROL_TYPES[flag]:
+            raise ConfigError(f"model {model!r}: input {flag!r} must be {CONTROL_TYPES[flag]}, got {inputs[flag]}")
         if output in outputs and outputs[output] != data_type:
             raise ConfigError(f"model {model!r}: output {output!r} must be {data_type}, as the vLLM backend's, "
                               f"got {outputs[output]}")

@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from latte.backend.streaming.controls import ADDITIONAL_OUTPUTS
+from latte.backend.streaming.controls import ADDITIONAL_OUTPUTS, CONTROL_TYPES
 
 KINDS = ("gpt", "gru")
 HERE = Path(__file__).resolve().parent
@@ -29,13 +29,15 @@ TEXT_STEPS = HERE / "stream_steps" / "text.py"
 CONTEXT = 256          # the transformer's positions
 BLOCK_TOKENS = 16
 
+
+def _control(name: str) -> str:
+    return f'{{ name: "{name}", data_type: {CONTROL_TYPES[name]}, dims: [ 1 ], optional: true }}'
+
+
 _INPUTS = ['{ name: "text_input", data_type: TYPE_STRING, dims: [ 1 ] }',
-           '{ name: "stream", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }',
-           '{ name: "sampling_parameters", data_type: TYPE_STRING, dims: [ 1 ], optional: true }',
-           '{ name: "exclude_input_in_output", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }']
+           *(_control(name) for name in ("stream", "sampling_parameters", "exclude_input_in_output"))]
 _OUTPUT = '{ name: "text_output", data_type: TYPE_STRING, dims: [ -1 ] }'
-_ADDITIONAL_INPUTS = [f'{{ name: "{flag}", data_type: TYPE_BOOL, dims: [ 1 ], optional: true }}'
-                      for flag in ADDITIONAL_OUTPUTS]
+_ADDITIONAL_INPUTS = [_control(flag) for flag in ADDITIONAL_OUTPUTS]
 _ADDITIONAL_OUTPUTS = [f'{{ name: "{output}", data_type: {data_type}, dims: [ -1 ] }}'
                        for output, data_type in ADDITIONAL_OUTPUTS.values()]
 
