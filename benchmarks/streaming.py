@@ -8,7 +8,10 @@ For each example (the transformer, `gpt`, and the recurrent decoder, `gru`) and 
 of concurrent streams, interleaved rounds measure tokens/s, time to first token and
 inter-token latency of latte, the stock model and the echo (a decoupled model that only sends
 as many responses: their cost alone). The bound is H = 1 / (1/echo + 1/in-process), the
-in-process rate being latte's own loop on the same streams in this process with nothing sent.
+in-process rate being latte's own loop on the same streams in this process with nothing sent,
+measured in each round beside that round's served windows (the server idle meanwhile), so that
+each round's latte / H compares figures of the same minutes: the box's speed drifts between
+minutes more than the code differs.
 H counts the loop at what it costs alone; on a machine whose cores the server, the stub and the
 clients share, it costs more beside them. So each round also runs the loop while clients in
 another process stream from the echo, and counts its tokens per second of its own CPU time:
@@ -68,25 +71,20 @@ def run(args) -> Dict:
     beside: Dict[str, Dict[int, List[float]]] = {kind: {c: [] for c in levels if c > 1} for kind in kinds}
     models = {}
     try:
-        for kind in kinds:  # before the server starts: the machine is this loop's alone
-            models[kind] = model = in_process_model(repo / f"latte_{kind}")
-            for _ in range(args.rounds):
-                for c in levels:
-                    bound[kind][c].append(in_process_tokens_per_s(model, PROMPTS, c, args.max_tokens,
-                                                                  args.in_process_s))
-            print(f"in process, {kind}: " + ", ".join(f"{c} streams {_median(bound[kind][c]):.0f} tokens/s"
-                                                       for c in levels), flush=True)
-        served = _serve(args, repo, kinds, levels, models, beside)
+        for kind in kinds:
+            models[kind] = in_process_model(repo / f"latte_{kind}")
+        served = _serve(args, repo, kinds, levels, models, bound, beside)
     finally:
         for model in models.values():
             model.finalize()
     return {"load_average_at_start": load, "levels": levels, "kinds": kinds, "max_tokens": args.max_tokens,
-            "seconds": args.seconds, "in_process": bound, "beside_echo": beside, "served": served}
+            "seconds": args.seconds, "in_process": bound, "in_process_by_round": True, "beside_echo": beside,
+            "served": served}
 
 
-def _serve(args, repo: Path, kinds: List[str], levels: List[int], models: Dict, beside: Dict) -> Dict:
+def _serve(args, repo: Path, kinds: List[str], levels: List[int], models: Dict, bound: Dict, beside: Dict) -> Dict:
     """The interleaved rounds in one server; each round and level also runs every in-process
-    loop beside the echo's clients (into `beside`)."""
+    loop alone, the server idle (into `bound`), and beside the echo's clients (into `beside`)."""
     from latte.triton import TritonServer
 
     served: Dict[str, Dict[int, List[Dict]]] = {}
@@ -97,6 +95,10 @@ def _serve(args, repo: Path, kinds: List[str], levels: List[int], models: Dict, 
         for r in range(args.rounds):
             order = contenders[r % len(contenders):] + contenders[:r % len(contenders)]
             for c in levels:
+                for kind in kinds:
+                    rate = in_process_tokens_per_s(models[kind], PROMPTS, c, args.max_tokens, args.in_process_s)
+                    bound[kind][c].append(rate)
+                    print(f"round {r + 1}, {c:>3} streams, in process, {kind}: {rate:8.0f} tokens/s", flush=True)
                 for kind in (kinds if c > 1 else []):
                     rate = in_process_beside_echo(models[kind], server.grpc_url, "echo", PROMPTS, c, args.max_tokens,
                                                   args.in_process_s)
@@ -134,11 +136,25 @@ def _ratio(ours, theirs):
     return ours / theirs if ours is not None and theirs else None
 
 
+def _share(latte: List[Dict], echo: List[Dict], loop: List[float]) -> Optional[float]:
+    """The median over the rounds of latte's tokens/s over that round's own bound H (its echo
+    window and its loop's rate); None without a round that has all three."""
+    shares = []
+    for ours, theirs, rate in zip(latte, echo, loop):
+        bound = harmonic_bound(theirs["tokens_per_s"] or 0.0, rate or 0.0)
+        if bound > 0 and ours["tokens_per_s"] is not None:
+            shares.append(ours["tokens_per_s"] / bound)
+    return _median(shares)
+
+
 def summarize(result: Dict) -> Dict:
     levels, kinds, served = result["levels"], result["kinds"], result["served"]
     rows, targets, charts = [], [], []
     ratio_at: Dict = {}
     beside_at: Dict = {}   # (kind, level): (the loop's cost beside the echo / alone, latte / H beside)
+    # Runs that measure the loop in each round give each round's latte / H its own bound; earlier
+    # runs measured it once before the server started, so only the medians can be compared.
+    by_round = bool(result.get("in_process_by_round"))
     for kind in kinds:
         latte, stock = served[f"latte_{kind}"], served[f"stock_{kind}"]
         points = {"latte": [], "stock": [], "bound H": []}
@@ -150,14 +166,21 @@ def summarize(result: Dict) -> Dict:
             ours = _med(latte[c], "tokens_per_s")
             loop_beside = _median(result.get("beside_echo", {}).get(kind, {}).get(c, []))
             h_beside = harmonic_bound(echo, loop_beside) if loop_beside else None
-            ratio_at[(kind, c)] = (_median(ratios), ours / h if h else None, ours, h)
-            beside_at[(kind, c)] = (inproc / loop_beside, ours / h_beside) if h_beside else None
+            share = _share(latte[c], served["echo"][c], result["in_process"][kind][c]) if by_round else None
+            if share is None:
+                share = ours / h if h else None
+            share_beside = _share(latte[c], served["echo"][c], result.get("beside_echo", {}).get(kind, {}).get(c, [])) \
+                if by_round else None
+            if share_beside is None and h_beside:
+                share_beside = ours / h_beside
+            ratio_at[(kind, c)] = (_median(ratios), share, ours, h)
+            beside_at[(kind, c)] = (inproc / loop_beside, share_beside) if h_beside else None
             ttft = (pooled_ms(latte[c], 99), pooled_ms(stock[c], 99))
             rows.append([kind, str(c), f"{ours:.0f}", f"{_med(stock[c], 'tokens_per_s'):.0f}",
                          f"{_median(ratios):.2f}x", f"{echo:.0f}", f"{inproc:.0f}", f"{h:.0f}",
-                         f"{100 * ours / h:.0f} %",
+                         f"{100 * share:.0f} %" if share is not None else "-",
                          f"{loop_beside:.0f}" if loop_beside else "-",
-                         f"{h_beside:.0f} ({100 * ours / h_beside:.0f} %)" if h_beside else "-",
+                         f"{h_beside:.0f} ({100 * share_beside:.0f} %)" if h_beside else "-",
                          f"{_ms(pooled_ms(latte[c], 50))} / {_ms(ttft[0])}",
                          f"{_ms(pooled_ms(stock[c], 50))} / {_ms(ttft[1])}",
                          f"{_ms(_med(latte[c], 'itl_p50_ms'), 2)} / {_ms(_med(latte[c], 'itl_p99_ms'), 2)}",
@@ -197,8 +220,13 @@ def summarize(result: Dict) -> Dict:
                 cost, share = beside_at[(kind, level)]
                 why = (f"at {level} streams the loop costs {cost:.2f}x its CPU time per token beside the echo's "
                        f"traffic; against H beside the echo latte reaches {100 * share:.0f} %")
+            _, _, rate, bound = ratio_at[(kind, level)]
+            measured = f"{100 * worst:.0f} % at worst"
+            if by_round and bound:
+                measured += (f" ({level} streams, the median of the rounds' own ratios; the medians' ratio "
+                             f"{100 * rate / bound:.0f} %)")
             targets.append(Target(f"At least 80 % of the bound H ({kind}, every level above one stream)",
-                                  f"{100 * worst:.0f} % at worst", "yes" if worst >= 0.8 else "no", why))
+                                  measured, "yes" if worst >= 0.8 else "no", why))
     if 1 in levels and "gpt" in kinds:
         one = [_ratio(pooled_ms(served["latte_gpt"][1], 50), pooled_ms(served["stock_gpt"][1], 50)),
                _ratio(_med(served["latte_gpt"][1], "itl_p50_ms"), _med(served["stock_gpt"][1], "itl_p50_ms"))]
@@ -227,6 +255,10 @@ def summarize(result: Dict) -> Dict:
              "Tokens/s and inter-token latency (thousands of gaps a window) are medians of the rounds.",
              "The in-process rate is latte's own iteration loop on the same programs and streams in this process, "
              "nothing sent; the echo is a stock decoupled model that only sends as many responses.",
+             *(["Each round measures the loop alone (the server idle) beside its served windows, and latte / H is "
+                "the median of the rounds' own ratios, each against its round's H: the box's speed drifts from one "
+                "minute to the next, and a bound measured minutes apart from latte moves the ratio with it. The "
+                "table's echo, in-process and H columns are medians of the rounds."] if by_round else []),
              "Beside the echo: the same loop while clients in another process stream from the echo at the same "
              "level, counted per second of the loop's own CPU time (what a token costs it with the server, the "
              "stub and the clients on the same cores); H beside the echo puts that rate in H's place."]
