@@ -51,6 +51,18 @@ def model_failure(model: str, exc: BaseException) -> ModelError:
     return ModelError(f"model {model!r} failed: {failure_text(exc)}", detail=f"{type(exc).__name__}: {str(exc).strip()}")
 
 
+def out_of_memory(model: str, exc: BaseException) -> Optional[OutOfMemory]:
+    """The arena or the device running out of memory, as latte's OutOfMemory (UNAVAILABLE: not
+    the request's fault nor the model's); None for any other exception."""
+    if isinstance(exc, OutOfMemory):
+        return exc
+    if isinstance(exc, MemoryError):
+        return OutOfMemory(str(exc))
+    if device_out_of_memory(exc):
+        return OutOfMemory(f"model {model!r}: {failure_text(exc)}")
+    return None
+
+
 class BatchRecord(NamedTuple):
     """What one model call did, for metrics; the runner appends it as a plain tuple (a call
     on the request path costs more than the record) and take_records names its fields."""
@@ -322,10 +334,9 @@ class BatchEngine:
         batch is recorded as failed and each request runs alone, so only those the model fails
         on fail."""
         count = len(members)
-        if isinstance(exc, MemoryError):
-            return [exc if isinstance(exc, OutOfMemory) else OutOfMemory(str(exc))] * count
-        if device_out_of_memory(exc):
-            return [OutOfMemory(f"model {self.spec.signature.name!r}: {failure_text(exc)}")] * count
+        memory = out_of_memory(self.spec.signature.name, exc)
+        if memory is not None:
+            return [memory] * count
         if batch is not None:
             self._record_failed(batch, count, started)
         if count == 1:

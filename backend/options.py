@@ -47,8 +47,11 @@ def read_options(params: Mapping[str, object], max_priority: int = MAX_PRIORITY,
     if not params and triton_timeout_us <= 0:
         return DEFAULT_OPTIONS
     priority = params.get("priority_level", 0)
-    if isinstance(priority, str) and priority.strip().lstrip("-").isdigit():
-        priority = int(priority)
+    if isinstance(priority, str):
+        try:
+            priority = int(priority.strip())
+        except ValueError:
+            pass  # refused below, in the request's own words
     if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= max_priority:
         raise RequestError(f"parameter 'priority_level' must be an integer from 0 to {max_priority}, got {priority!r}")
     timeout = params.get("timeout_ms")

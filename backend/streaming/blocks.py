@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from latte.backend.errors import OutOfMemory
+from latte.backend.errors import ModelError, OutOfMemory
 
 Allocate = Callable[[tuple, np.dtype], np.ndarray]
 
@@ -37,9 +37,11 @@ class _FreeList:
     def taken(self) -> int:
         return self.capacity - len(self._free)
 
-    def take(self, count: int, what: str) -> List[int]:
-        if count > len(self._free):
-            raise ShortOfBlocks(f"{what}: {count} needed, {len(self._free)} of {self.capacity} free")
+    def take(self, count: int, what: str, kept: int = 0) -> List[int]:
+        """`count` ids, leaving at least `kept` free."""
+        if count + kept > len(self._free):
+            raise ShortOfBlocks(f"{what}: {count} needed, {len(self._free)} of {self.capacity} free"
+                                + (f", {kept} kept for the running streams' next rows" if kept else ""))
         taken = self._free[len(self._free) - count:][::-1]
         del self._free[len(self._free) - count:]
         return taken
@@ -73,7 +75,13 @@ class StatePool:
     def gather(self, slots: np.ndarray) -> Dict[str, np.ndarray]:
         return {name: array[slots] for name, array in self.arrays.items()}
 
-    def write(self, slots: np.ndarray, values: Dict[str, np.ndarray]) -> None:
+    def write(self, slots: np.ndarray, values: Dict[str, np.ndarray], made_by: str = "the step") -> None:
+        """Each state tensor's rows at `slots`; a value of another shape (numpy would broadcast
+        some) is refused before any is written."""
+        for name, array in self.arrays.items():
+            if values[name].shape != (len(slots), *array.shape[1:]):
+                raise ModelError(f"{made_by} made the next {name!r} of shape {list(values[name].shape)} for "
+                                 f"{len(slots)} streams; their state holds {[len(slots), *array.shape[1:]]}")
         for name, array in self.arrays.items():
             array[slots] = values[name]
 
@@ -104,8 +112,9 @@ class BlockPool:
     def blocks_for(self, rows: int) -> int:
         return -(-rows // self.block_rows)
 
-    def take(self, count: int) -> List[int]:
-        return self._blocks.take(count, "cache blocks")
+    def take(self, count: int, kept: int = 0) -> List[int]:
+        """`count` blocks, leaving at least `kept` free."""
+        return self._blocks.take(count, "cache blocks", kept)
 
     def give_back(self, ids: Sequence[int]) -> None:
         self._blocks.give_back(ids)
@@ -119,8 +128,11 @@ class BlockPool:
         if count > full * size:
             self.array[ids[full], :count - full * size] = rows[full * size:]
 
-    def append(self, blocks: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> None:
+    def append(self, blocks: np.ndarray, offsets: np.ndarray, rows: np.ndarray, made_by: str = "the step") -> None:
         """Row i of `rows` at offset offsets[i] of block blocks[i]."""
+        if rows.shape != (len(blocks), *self.array.shape[2:]):
+            raise ModelError(f"{made_by} made a cache row of shape {list(rows.shape)} for {len(blocks)} streams; "
+                             f"the cache holds rows of {list(self.array.shape[2:])}")
         self.array[blocks, offsets] = rows
 
     def gather(self, tables: np.ndarray) -> np.ndarray:

@@ -79,8 +79,11 @@ def _sampling(inputs: Mapping[str, np.ndarray], parameters: Mapping[str, object]
 def _max_tokens(value, default: int) -> int:
     if value is None:
         return default
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            pass  # refused below, in the request's own words
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise RequestError(f"'max_tokens' must be {_LIMITS['max_tokens']}, got {value!r}")
     return value

@@ -15,8 +15,8 @@ import numpy as np
 
 from latte.backend.batching import Batch
 from latte.backend.dtypes import to_numpy
-from latte.backend.engine import model_failure
-from latte.backend.errors import OutOfMemory, RequestError
+from latte.backend.engine import model_failure, out_of_memory
+from latte.backend.errors import ModelError, OutOfMemory, RequestError
 from latte.backend.streaming.blocks import Allocate, BlockPool, ShortOfBlocks, StatePool
 from latte.backend.streaming.definition import StreamDefinition
 from latte.backend.streaming.invariance import PROBE_MOST_ROWS, PROBE_ROWS, fewest_invariant_rows, probe_feed
@@ -58,13 +58,12 @@ class StreamEngine:
             return [emission for stream in streams for emission in self.start([stream])]
         emissions = []
         for i, stream in enumerate(streams):
-            try:
+            try:  # what one stream's rows hold fails that stream alone
                 self._hold(stream, outputs, lengths, i)
-            except OutOfMemory as exc:
+                self.live.append(stream)
+                emissions.extend(self._emit(stream, outputs, i))
+            except Exception as exc:
                 emissions.append(self._failed(stream, exc))
-                continue
-            self.live.append(stream)
-            emissions.extend(self._emit(stream, outputs, i))
         return emissions
 
     def _start_batch(self, streams: Sequence[Stream]) -> Batch:
@@ -98,21 +97,25 @@ class StreamEngine:
 
     def _hold(self, stream: Stream, outputs, lengths, i: int) -> None:
         """The stream's state slot and cache blocks, filled with what start made."""
-        slot = self.state.take()
+        stream.slot = slot = self.state.take()  # given back by `drop`, should a row not fit
         for name, array in self.state.arrays.items():
-            array[slot] = outputs[name][i]
-        stream.slot = slot
+            row = outputs[name][i]
+            if row.shape != array.shape[1:]:
+                raise ModelError(f"{self.definition.start.path.name} made {name!r} of shape {list(row.shape)} "
+                                 f"for a stream; its state holds {list(array.shape[1:])}")
+            array[slot] = row
         cache = self.definition.cache
         if cache is None:
             return
         rows = outputs[cache.name][i]
         own = lengths.get(cache.name) if lengths else None
         count = int(own[i]) if own is not None else rows.shape[0]
+        # The running streams whose last block is full take one at their next step: a prompt
+        # leaves them that many, so that joining never makes a running stream run short.
+        kept = sum(1 for s in self.live if s.length == len(s.blocks) * self.cache.block_rows)
         try:
-            stream.blocks = self.cache.take(self.cache.blocks_for(max(count, 1)))
+            stream.blocks = self.cache.take(self.cache.blocks_for(max(count, 1)), kept)
         except ShortOfBlocks as exc:
-            self.state.give_back(slot)
-            stream.slot = None
             raise OutOfMemory(f"the stream's cache does not fit: {exc}; it is refused (the pool holds "
                               f"cache_blocks={self.cache.capacity})") from None
         self.cache.write_rows(stream.blocks, rows[:count])
@@ -150,18 +153,25 @@ class StreamEngine:
                 return [self._failed(streams[0], exc)]
             return [emission for stream in streams for emission in self._step([stream])]
         definition, count = self.definition, len(streams)  # rows past count pad the batch
-        self.state.write(slots, {name: outputs[following][:count] for name, following in definition.state.items()})
-        cache = definition.cache
-        if cache is not None:
-            lengths = np.fromiter((s.length for s in streams), dtype=np.int64, count=count)
-            size = self.cache.block_rows
-            blocks = np.fromiter((s.blocks[s.length // size] for s in streams), dtype=np.int64, count=count)
-            self.cache.append(blocks, lengths % size, outputs[cache.row][:count])
-            for stream in streams:
-                stream.length += 1
+        try:  # state that does not fit leaves every stream of the batch without a consistent state
+            self.state.write(slots, {name: outputs[following][:count] for name, following in definition.state.items()},
+                             definition.step.path.name)
+            cache = definition.cache
+            if cache is not None:
+                lengths = np.fromiter((s.length for s in streams), dtype=np.int64, count=count)
+                size = self.cache.block_rows
+                blocks = np.fromiter((s.blocks[s.length // size] for s in streams), dtype=np.int64, count=count)
+                self.cache.append(blocks, lengths % size, outputs[cache.row][:count], definition.step.path.name)
+                for stream in streams:
+                    stream.length += 1
+        except Exception as exc:
+            return [self._failed(stream, exc) for stream in streams]
         emissions = []
         for i, stream in enumerate(streams):
-            emissions.extend(self._emit(stream, outputs, i, following=True))
+            try:  # what one stream's rows hold fails that stream alone
+                emissions.extend(self._emit(stream, outputs, i, following=True))
+            except Exception as exc:
+                emissions.append(self._failed(stream, exc))
         return emissions
 
     def _step_batch(self, streams: Sequence[Stream], slots: np.ndarray) -> Batch:
@@ -207,10 +217,8 @@ class StreamEngine:
         return [(stream, outcome, final)]
 
     def _failed(self, stream: Stream, exc: BaseException) -> Emission:
-        if isinstance(exc, (RequestError, OutOfMemory)):
-            failure = exc
-        else:
-            failure = model_failure(self.name, exc)
+        failure = exc if isinstance(exc, RequestError) else \
+            out_of_memory(self.name, exc) or model_failure(self.name, exc)
         self.drop(stream)
         return stream, failure, True
 

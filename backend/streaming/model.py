@@ -7,12 +7,13 @@ from __future__ import annotations
 import os
 import threading
 import time
+import traceback
 from typing import List, Optional
 
 from latte.backend import memory_resource
 from latte.backend.config import parse_args, parse_model_config, parameters_of, thread_budget_warning
 from latte.backend.dtypes import NUMPY_TO_TRITON, is_string
-from latte.backend.errors import ConfigError, RequestError
+from latte.backend.errors import ConfigError, ModelError, RequestError
 from latte.backend.graph.graph import Graph
 from latte.backend.metrics import BackendMetrics, TritonPublisher
 from latte.backend.requests import RequestReader
@@ -95,8 +96,8 @@ class StreamingModel:
         self.responses = ResponseBuilder(self.pb, outputs, as_given=True)
         scheduler = StreamScheduler(options.max_streams, options.joins_per_iteration, options.max_waiting)
         self.runner = StreamRunner(engine, scheduler, options.cancel_check_ms / 1000.0, options.cancel_checks_per_s,
-                                   outboxes=options.response_threads, prepare=self.responses.build,
-                                   send=self._send_one)
+                                   outboxes=options.response_threads, prepare=self._prepare,
+                                   send=self._send_one, log_error=self.pb.Logger.log_error)
         self._declares_stream = any(t.name == "stream" for t in spec.signature.inputs)
         self._text = next((t.name for t in spec.signature.outputs
                            if is_string(t.dtype) and t.name not in STREAM_OUTPUTS), None)
@@ -151,6 +152,11 @@ class StreamingModel:
                 streams.append(self._stream(request, sender, item, now))
             except RequestError as exc:
                 self._send(sender, self.responses.build(exc), final=True)
+            except Exception as exc:  # a defect of latte's own answers this request alone, in one line
+                self.pb.Logger.log_error(f"latte: {self.name}: could not read a request: {type(exc).__name__}: {exc}\n"
+                                         f"{traceback.format_exc()}")
+                self._send(sender, self.responses.build(RuntimeError(f"model {self.name!r} could not read the "
+                                                                     "request; the server log says why")), final=True)
         if streams:
             self.runner.submit(streams)
         return None
@@ -158,6 +164,10 @@ class StreamingModel:
     def _stream(self, request, sender, item, now: float) -> Stream:
         controls = read_controls(item.inputs, item.parameters, self.options.max_tokens, self._declares_stream,
                                  item.timeout_us)
+        missing = [name for name in self.definition.start_inputs if name not in item.inputs]
+        if missing:
+            raise RequestError(f"{self.definition.start.path.name} reads input {missing[0]!r}, which the request "
+                               "does not carry")
         inputs = {name: item.inputs[name] for name in self.definition.start_inputs}
         prompt = b""
         if self._prompt is not None and self._prompt in item.inputs:
@@ -180,7 +190,26 @@ class StreamingModel:
             first = outbox.openings()
             if first:
                 self._send_all(first, outbox)
-            self._send_one(stream, outcome, final)
+            try:
+                self._send_one(stream, outcome, final)
+            except Exception as exc:  # a defect of latte's own: the sender goes on, the stream ends
+                self.pb.Logger.log_error(f"latte: {self.name}: could not send a response: {type(exc).__name__}: {exc}\n"
+                                         f"{traceback.format_exc()}")
+                stream.cancelled = True  # the loop drops it at its next iteration
+                if final:
+                    try:
+                        response = self.responses.error(ModelError(f"model {self.name!r} could not send its "
+                                                                   "response; the server log says why"))
+                    except Exception:
+                        response = None
+                    self._send(stream.sender, response, final=True)
+
+    def _prepare(self, outcome):
+        """The response the loop makes of an outcome (runner.py `_ready`); raises when an output
+        cannot be carried, which ends the stream there."""
+        if isinstance(outcome, Exception):
+            return self.responses.error(outcome)
+        return self.responses.success(outcome)
 
     def _send_one(self, stream: Stream, outcome, final: bool) -> None:
         output = False

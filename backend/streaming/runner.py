@@ -20,9 +20,11 @@ import collections
 import math
 import threading
 import time
+import traceback
 from typing import Callable, Deque, List, NamedTuple, Optional, Sequence
 
-from latte.backend.errors import DeadlineExceeded, Overloaded, RequestCancelled
+from latte.backend.engine import failure_text
+from latte.backend.errors import DeadlineExceeded, ModelError, Overloaded, RequestCancelled
 from latte.backend.streaming.engine import Emission, Outcome, StreamEngine
 from latte.backend.streaming.outbox import Outbox
 from latte.backend.streaming.scheduler import StreamScheduler
@@ -82,8 +84,10 @@ class StreamRunner:
                  cancel_checks_per_s: float = math.inf, clock: Callable[[], float] = time.monotonic,
                  is_cancelled: Callable[[Stream], bool] = _is_cancelled, outboxes: int = 1,
                  prepare: Optional[Callable[[Outcome], object]] = None,
-                 send: Optional[Callable[[Stream, Outcome, bool], None]] = None) -> None:
+                 send: Optional[Callable[[Stream, Outcome, bool], None]] = None,
+                 log_error: Callable[[str], None] = lambda line: None) -> None:
         self.engine = engine
+        self.log_error = log_error
         self.prepare = prepare
         self.send = send
         self.scheduler = scheduler
@@ -101,6 +105,7 @@ class StreamRunner:
         self._wake = threading.Condition()
         self._closing = False
         self.outboxes = [Outbox(OUTBOX_ITERATIONS) for _ in range(outboxes)]
+        self._unposted: List[Emission] = []  # the last step's emissions, the loop thread's alone
         self.iterations = 0
         self.figures = {"joined": 0, "finished": 0, "cancelled": 0, "expired": 0, "refused": 0, "failed": 0,
                         "outputs": 0}
@@ -221,34 +226,50 @@ class StreamRunner:
 
     # -- the loop -----------------------------------------------------------------------
     def _loop(self) -> None:
-        stepped: List[Emission] = []
         while True:
             with self._wake:
-                while self.idle and not stepped and not self._closing:
+                while self.idle and not self._unposted and not self._closing:
                     self._wake.wait()
                 if self._closing:
                     break
-            openings, cancelled, running = self.admit()
-            if len(openings) == 1 and not running and not stepped and self.send is not None:
-                # Nothing to step before the newcomer's own first step: the loop sends its first
-                # output itself rather than wake a sender (nothing else of it is queued). A burst
-                # goes to the senders, which send several at once.
-                self.send(*self._ready(openings)[0])
-            elif openings:
-                self._post(openings, opening=True)
-            if stepped:
-                self._post(stepped)
-            elif not openings and not running and (self.engine.live or self.scheduler.waiting):
-                time.sleep(0.0005)  # streams wait for room (blocks, a slot): let the sender free some
-            stepped = cancelled + self.advance(running)
-            # Streams that arrived while the step ran start before its outputs are posted (the
-            # next pass): posting may wait for a sender, and their first outputs need not.
-            if stepped and not self._inbox:
-                self._post(stepped)
-                stepped = []
-        self._post(stepped + self._unloading())
+            try:
+                self._iterate()
+            except Exception as exc:  # a defect of latte's own: logged, and no stream is left waiting on it
+                self.log_error(f"latte: {self.engine.name}: the iteration loop failed: {type(exc).__name__}: {exc}\n"
+                               f"{traceback.format_exc()}")
+                self._unposted += self._ended(ModelError(f"model {self.engine.name!r}: the iteration loop failed: "
+                                                         f"{failure_text(exc)}"))
+        self._post(self._take_unposted() + self._ended(Overloaded(
+            f"model {self.engine.name!r} is shutting down: the stream was not finished; retry later")))
         for outbox in self.outboxes:
             outbox.put(None)
+
+    def _iterate(self) -> None:
+        """One pass: who joins, the posting of what the last step made, this step (posted now,
+        or at the next pass when streams arrived meanwhile)."""
+        openings, cancelled, running = self.admit()
+        stepped = self._take_unposted()
+        if len(openings) == 1 and not running and not stepped and self.send is not None:
+            # Nothing to step before the newcomer's own first step: the loop sends its first
+            # output itself rather than wake a sender (nothing else of it is queued). A burst
+            # goes to the senders, which send several at once.
+            self.send(*self._ready(openings)[0])
+        elif openings:
+            self._post(openings, opening=True)
+        if stepped:
+            self._post(stepped)
+        elif not openings and not running and (self.engine.live or self.scheduler.waiting):
+            time.sleep(0.0005)  # streams wait for room (blocks, a slot): let the sender free some
+        self._unposted = cancelled + self.advance(running)
+        # Streams that arrived while the step ran start before its outputs are posted (the
+        # next pass): posting may wait for a sender, and their first outputs need not.
+        if self._unposted and not self._inbox:
+            self._post(self._take_unposted())
+
+    def _take_unposted(self) -> List[Emission]:
+        """What a step made and the loop has not posted yet, taken (each emission is posted once)."""
+        unposted, self._unposted = self._unposted, []
+        return unposted
 
     def _post(self, emissions: List[Emission], opening: bool = False) -> None:
         """The emissions to the outboxes, each stream's to its own."""
@@ -276,18 +297,24 @@ class StreamRunner:
             if outcome is not None:
                 try:
                     outcome = Ready(prepare(outcome), not isinstance(outcome, Exception))
-                except Exception:  # left to the sender, which ends the stream if it cannot either
-                    pass
+                except Exception as exc:  # an output Triton cannot carry ends its stream with that error
+                    outcome = ModelError(f"model {self.engine.name!r}: could not make a response of its output: "
+                                         f"{failure_text(exc)}")
+                    if not final:
+                        self.engine.drop(stream)
+                        final = True
             ready.append((stream, outcome, final))
         return ready
 
-    def _unloading(self) -> List[Emission]:
-        """Every stream still running or waiting ends with an error: the model is unloading."""
+    def _ended(self, error: Exception) -> List[Emission]:
+        """Every stream still running or waiting ends with `error` (the model is unloading, or
+        the loop failed)."""
         emissions = []
         for stream in [*self.engine.live, *self.scheduler.drain(), *self._inbox]:
             self.engine.drop(stream)
-            emissions.append((stream, RequestCancelled("the model is unloading"), True))
+            emissions.append((stream, error, True))
         self._inbox.clear()
+        self._count(emissions)
         self.held = self.engine.held()
         return emissions
 

@@ -17,6 +17,7 @@ def test_request_parameters_become_options():
 @pytest.mark.parametrize("params, message", [
     ({"priority_level": -1}, "'priority_level' must be an integer from 0 to 15"),
     ({"priority_level": "high"}, "'priority_level' must be an integer"),
+    ({"priority_level": "\u00b2"}, "'priority_level' must be an integer from 0 to 15, got '\u00b2'"),
     ({"timeout_ms": 0}, "'timeout_ms' must be > 0"),
     ({"timeout_ms": "soon"}, "'timeout_ms' must be a number"),
     ({"session_end": True}, "need a session_id"),

@@ -33,6 +33,8 @@ def test_sampling_parameters_come_from_the_input_or_the_request_parameters():
 @pytest.mark.parametrize("keys, wording", [
     ({"max_tokens": 0}, "'max_tokens' must be an integer >= 1, got 0"),
     ({"max_tokens": "many"}, "'max_tokens' must be an integer >= 1, got 'many'"),
+    # str.isdigit() says yes to a superscript two, which int() refuses
+    ({"max_tokens": "\u00b2"}, "'max_tokens' must be an integer >= 1, got '\u00b2'"),
     ({"stop": [""]}, "'stop' must be a string or a list of strings (none empty)"),
     ({"ignore_eos": "maybe"}, "'ignore_eos' must be a boolean, got 'maybe'"),
 ])

@@ -446,3 +446,78 @@ def test_the_finish_reason_is_the_models_end_or_its_full_context_and_the_end_tok
     assert bytes(ending.closing()["finish_reason"][0]) == b"stop"
     assert said[done] == [(b"None", False)] * 4 + [(b"stop", True)]
     assert said[full] == [(b"None", False)] * 5 + [(b"length", True)]
+
+
+def test_a_start_that_makes_state_of_another_shape_fails_its_streams_and_keeps_nothing(model_path):
+    runner = counting_runner(model_path, np.empty)
+    graph = runner.engine.start_graph
+    real = graph.run_batch
+
+    def widened(batch):  # the state `token` a row of two where the stream's state holds one
+        outputs, lengths = real(batch)
+        return {**outputs, "token": np.concatenate([outputs["token"]] * 2, axis=1)}, lengths
+
+    graph.run_batch = widened
+    odd = [stream(2), stream(3)]
+    runner.submit(odd)
+    seen = run(runner)
+    for s in odd:
+        (error,) = seen[s][2]
+        assert isinstance(error, ModelError)
+        assert str(error) == "model 'counting': start.json made 'token' of shape [2] for a stream; its state holds [1]"
+    assert runner.engine.state.taken == 0 and runner.engine.cache.taken == 0
+    graph.run_batch = real
+    later = stream(2, max_tokens=3)
+    runner.submit([later])
+    assert run(runner)[later][0] == [2, 3, 4]
+
+
+def test_a_step_that_makes_state_of_another_shape_fails_the_batch_and_keeps_nothing(model_path):
+    runner = counting_runner(model_path, np.empty)
+    graph = runner.engine.step_graph
+    real = graph.run_batch
+
+    def widened(batch):
+        outputs, lengths = real(batch)
+        return {**outputs, "next_token": np.concatenate([outputs["next_token"]] * 2, axis=1)}, lengths
+
+    graph.run_batch = widened
+    both = [stream(2), stream(3)]
+    runner.submit(both)
+    seen = run(runner)
+    for s in both:
+        ys, _, (error,) = seen[s]
+        assert ys == [int(s.inputs["x"][0])]  # its first output, made by start
+        assert str(error) == ("model 'counting': step.json made the next 'token' of shape [2, 2] for 2 streams; "
+                              "their state holds [2, 1]")
+    assert runner.engine.state.taken == 0 and runner.engine.cache.taken == 0
+
+
+def test_a_prompt_leaves_the_running_streams_the_blocks_their_next_rows_take(model_path):
+    runner = counting_runner(model_path, np.empty, cache_blocks=3)
+    running = stream(4, max_tokens=3)  # a prompt of 4 rows fills its one block: its next row takes another
+    runner.submit([running])
+    seen = {}
+    for s, outcome, _ in runner.run_once():
+        seen.setdefault(s, []).append(outcome)
+    newcomer = stream(8)  # two blocks: all that is free, with none left for the running stream
+    runner.submit([newcomer])
+    rest = run(runner)
+    (error,) = rest[newcomer][2]
+    assert isinstance(error, OutOfMemory)
+    assert "cache blocks: 2 needed, 2 of 3 free, 1 kept for the running streams' next rows" in str(error)
+    assert rest[running][2] == [] and [int(o["y"][0]) for o in seen[running]] + rest[running][0] == [4, 5, 6]
+    assert runner.engine.cache.taken == 0
+
+
+def test_memory_the_start_could_not_get_is_out_of_memory_not_the_models_failure(model_path):
+    runner = counting_runner(model_path, np.empty)
+
+    def exhausted(batch):
+        raise MemoryError("the arena has 0 of 4096 bytes free")
+
+    runner.engine.start_graph.run_batch = exhausted
+    s = stream(2)
+    runner.submit([s])
+    (error,) = run(runner)[s][2]
+    assert type(error) is OutOfMemory and str(error) == "the arena has 0 of 4096 bytes free"

@@ -13,7 +13,7 @@ from latte.examples.streams import generate_alone, write_stream_model
 PROMPTS = [b"hello world", b"The quick brown fox", b"a", b"streams join and leave", b"0123456789" * 5]
 
 
-def served(kind, tmp_path, inputs=(), outputs=(), edit=lambda folder: None, **parameters):
+def served(kind, tmp_path, inputs=(), outputs=(), edit=lambda folder: None, prompt_optional=False, **parameters):
     """The example in process; `inputs` and `outputs`, (name, data type) pairs, join its config's;
     `edit` changes its files before it loads."""
     from latte.backend.streaming.model import StreamingModel
@@ -22,7 +22,7 @@ def served(kind, tmp_path, inputs=(), outputs=(), edit=lambda folder: None, **pa
     edit(folder)
     config = {"name": f"textgen_{kind}", "backend": "latte", "max_batch_size": 0,
               "model_transaction_policy": {"decoupled": True},
-              "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
+              "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": [1], "optional": prompt_optional},
                         {"name": "stream", "data_type": "TYPE_BOOL", "dims": [1], "optional": True},
                         {"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
                         *({"name": n, "data_type": t, "dims": [1], "optional": True} for n, t in inputs)],
@@ -241,3 +241,99 @@ def test_graphs_writing_an_output_latte_makes_stop_the_model_loading_saying_so(t
                                           "itself"):
         served("gru", tmp_path, inputs=[("return_finish_reason", "TYPE_BOOL")],
                outputs=[("finish_reason", "TYPE_STRING")], edit=rename_text)
+
+
+def errors_and_codes(call):
+    return [(r.error().message(), r.error().code()) for r, _ in call.get_response_sender().sent
+            if r is not None and r.has_error()]
+
+
+def test_a_control_python_cannot_read_as_a_number_is_a_bad_request_and_the_call_goes_on(tmp_path):
+    model, folder = served("gru", tmp_path)
+    try:
+        odd = InferenceRequest({"text_input": np.array([b"hello"], dtype=object),
+                                "sampling_parameters": np.array([b'{"max_tokens": "\\u00b2"}'], dtype=object)})
+        calls = [request(b"fine", 3), odd, request(b"also fine", 2)]
+        model.execute(calls)
+        wait_final(calls)
+        assert errors_and_codes(odd) == [("'max_tokens' must be an integer >= 1, got '\u00b2'",
+                                          StandinStub.TritonError.INVALID_ARG)]
+        assert texts(calls[0])[0] == generate_alone(folder, b"fine", 3)
+        assert texts(calls[2])[0] == generate_alone(folder, b"also fine", 2)
+        assert [texts(call)[2] for call in calls] == [1, 1, 1]  # one final each
+    finally:
+        model.finalize()
+
+
+def test_a_failure_of_the_loop_itself_ends_its_streams_and_the_next_ones_are_served(tmp_path):
+    model, folder = served("gru", tmp_path)
+    engine = model.runner.engine
+    real = engine.step
+    failing = [True]
+
+    def step_once_broken(streams):
+        if failing[0]:
+            failing[0] = False
+            raise KeyError("a defect")
+        return real(streams)
+
+    engine.step = step_once_broken
+    try:
+        first = [request(b"hello", 5, ignore_eos=True), request(b"world", 5, ignore_eos=True)]
+        model.execute(first)
+        wait_final(first)
+        for call in first:
+            (error,) = errors_and_codes(call)
+            assert error == ("model 'textgen_gru': the iteration loop failed: KeyError: 'a defect'",
+                             StandinStub.TritonError.INTERNAL)
+            assert texts(call)[2] == 1
+        assert model.runner.engine.held()["state_slots"] == 0
+        assert any(level == "error" and "the iteration loop failed: KeyError" in line
+                   for level, line in StandinStub.Logger.lines)
+        later = request(b"hello", 4, ignore_eos=True)
+        model.execute([later])
+        wait_final([later])
+        assert texts(later) == (generate_alone(folder, b"hello", 4, ignore_eos=True), [], 1)
+    finally:
+        model.finalize()
+
+
+def test_an_output_triton_cannot_carry_ends_its_stream_there_with_that_error(tmp_path):
+    model, _ = served("gru", tmp_path)
+    real = model.responses.success
+    made = []
+
+    def refusing(outputs):  # the stub's Tensor refuses the stream's third output
+        made.append(outputs)
+        if len(made) == 3:
+            raise TypeError("the output holds an object Triton cannot serialize")
+        return real(outputs)
+
+    model.responses.success = refusing
+    call = request(b"hello", 8, ignore_eos=True)
+    try:
+        model.execute([call])
+        wait_final([call])
+        sent = call.get_response_sender().sent
+        assert [r.has_error() for r, _ in sent] == [False, False, True]
+        assert [bool(flags) for _, flags in sent] == [False, False, True]
+        (error,) = errors_and_codes(call)
+        assert error == ("model 'textgen_gru': could not make a response of its output: TypeError: the output "
+                         "holds an object Triton cannot serialize", StandinStub.TritonError.INTERNAL)
+        assert model.runner.engine.held()["state_slots"] == 0
+    finally:
+        model.finalize()
+
+
+def test_a_request_without_an_optional_input_the_start_reads_is_told_which(tmp_path):
+    model, _ = served("gru", tmp_path, prompt_optional=True)
+    try:
+        bare = InferenceRequest({"sampling_parameters": np.array([b'{"max_tokens": 2}'], dtype=object)})
+        fine = request(b"hello", 2)
+        model.execute([bare, fine])
+        wait_final([bare, fine])
+        assert errors_and_codes(bare) == [("start.json reads input 'text_input', which the request does not carry",
+                                           StandinStub.TritonError.INVALID_ARG)]
+        assert texts(fine)[1:] == ([], 1)
+    finally:
+        model.finalize()

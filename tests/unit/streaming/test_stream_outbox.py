@@ -187,7 +187,7 @@ def test_with_nothing_to_step_the_loop_sends_a_newcomers_first_output_itself(mod
     assert [[int(o["y"][0]) for s, o, _ in posted if s is mine] for mine in pair] == [[40, 41], [42, 43]]
 
 
-def test_the_loop_makes_the_responses_and_leaves_one_it_cannot_make_to_the_sender(model_path):
+def test_the_loop_makes_the_responses_and_ends_a_stream_whose_output_it_cannot_make(model_path):
     def prepare(outcome):
         if isinstance(outcome, dict) and int(outcome["y"][0]) == 16:
             raise RuntimeError("an output the response cannot carry")
@@ -204,7 +204,9 @@ def test_the_loop_makes_the_responses_and_leaves_one_it_cannot_make_to_the_sende
             sent += outbox.get()
     finally:
         runner.close()
-    ready = [outcome.response[1] if isinstance(outcome, Ready) else outcome for _, outcome, _ in sent]
-    assert [int(o["y"][0]) for o in ready] == [14, 15, 16, 17]
-    assert [isinstance(outcome, Ready) for _, outcome, _ in sent] == [True, True, False, True]
-    assert [final for _, _, final in sent] == [False, False, False, True]
+    assert [int(outcome.response[1]["y"][0]) for _, outcome, _ in sent[:2]] == [14, 15]
+    _, error, final = sent[2]
+    assert len(sent) == 3 and final
+    assert str(error) == ("model 'counting': could not make a response of its output: RuntimeError: an output "
+                          "the response cannot carry")
+    assert runner.engine.state.taken == 0 and runner.engine.cache.taken == 0
