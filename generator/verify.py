@@ -210,7 +210,7 @@ def request_samples(config, length: int = 16, lengths=None, seed: int = 0) -> Li
     if lengths is None or not any(-1 in t.dims for t in config.input):
         return input_samples(config, length, seed=seed)
     raw = config.parameters["max_sequence_length"].string_value if "max_sequence_length" in config.parameters else ""
-    maximum = int(raw) if raw.strip().isdigit() and int(raw) > 0 else DEFAULT_MAX_LENGTH
+    maximum = int(raw) if raw.strip().isdecimal() and int(raw) > 0 else DEFAULT_MAX_LENGTH
     drawn = lengths.sample(np.random.default_rng(seed), DRAWN_REQUESTS, maximum)
     return [input_samples(config, int(n), count=1, seed=seed + i)[0] for i, n in enumerate(drawn)]
 

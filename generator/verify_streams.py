@@ -58,7 +58,7 @@ def _ms(value: Optional[float]) -> str:
 
 def _parameter(config, key: str) -> Optional[int]:
     raw = config.parameters[key].string_value if key in config.parameters else ""
-    return int(raw) if raw.strip().isdigit() else None
+    return int(raw) if raw.strip().isdecimal() else None  # isdigit() would pass a superscript int() refuses
 
 
 def suggest_streams(config, report: StreamVerifyReport) -> Optional[str]:

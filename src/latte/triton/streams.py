@@ -100,23 +100,29 @@ async def _client(url: str, model: str, prompts: Iterable[bytes], sampling: Dict
             await outgoing.put({"model_name": model, "inputs": request_inputs(prompt, stream, **sampling),
                                 "request_id": str(number), "enable_empty_final_response": True,
                                 "parameters": parameters or {}})
+            answered = False  # the request's final response, its error or its cancellation came
             async for result, error in responses:
                 now = time.perf_counter()
                 if error is not None:
-                    record.error = str(error)
+                    record.error, answered = str(error), True
                     break
                 piece = _piece(result)
                 if piece is not None:
                     record.arrivals.append(now)
                     record.pieces.append(piece)
                 if _final(result):
+                    answered = True
                     break
                 if cancel_after is not None and len(record.pieces) >= cancel_after:
-                    record.cancelled = True
+                    record.cancelled = answered = True
                     responses.cancel()
                     await outgoing.put(None)
                     responses = None
                     break
+            if not answered:  # the server ended the stream first: the next request opens another
+                record.error = "the stream ended before the request's final response"
+                await outgoing.put(None)
+                responses = None
     finally:
         if outgoing is not None:
             await outgoing.put(None)
