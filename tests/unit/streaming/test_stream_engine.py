@@ -448,16 +448,23 @@ def test_the_finish_reason_is_the_models_end_or_its_full_context_and_the_end_tok
     assert said[full] == [(b"None", False)] * 5 + [(b"length", True)]
 
 
+def widen(graph, output):
+    """The graph's `output` made a row of two where the streams' state holds one; gives back
+    the graph's own run_batch."""
+    real = graph.run_batch
+
+    def widened(batch):
+        outputs, lengths = real(batch)
+        return {**outputs, output: np.concatenate([outputs[output]] * 2, axis=1)}, lengths
+
+    graph.run_batch = widened
+    return real
+
+
 def test_a_start_that_makes_state_of_another_shape_fails_its_streams_and_keeps_nothing(model_path):
     runner = counting_runner(model_path, np.empty)
     graph = runner.engine.start_graph
-    real = graph.run_batch
-
-    def widened(batch):  # the state `token` a row of two where the stream's state holds one
-        outputs, lengths = real(batch)
-        return {**outputs, "token": np.concatenate([outputs["token"]] * 2, axis=1)}, lengths
-
-    graph.run_batch = widened
+    real = widen(graph, "token")
     odd = [stream(2), stream(3)]
     runner.submit(odd)
     seen = run(runner)
@@ -474,14 +481,7 @@ def test_a_start_that_makes_state_of_another_shape_fails_its_streams_and_keeps_n
 
 def test_a_step_that_makes_state_of_another_shape_fails_the_batch_and_keeps_nothing(model_path):
     runner = counting_runner(model_path, np.empty)
-    graph = runner.engine.step_graph
-    real = graph.run_batch
-
-    def widened(batch):
-        outputs, lengths = real(batch)
-        return {**outputs, "next_token": np.concatenate([outputs["next_token"]] * 2, axis=1)}, lengths
-
-    graph.run_batch = widened
+    widen(runner.engine.step_graph, "next_token")
     both = [stream(2), stream(3)]
     runner.submit(both)
     seen = run(runner)
