@@ -227,8 +227,10 @@ class BatchEngine:
             if opts.session_id is not None:
                 try:
                     item = self._with_session(item, opts)
-                except RequestError as exc:
-                    refused.append((i, exc))
+                except Exception as exc:  # this request's session alone: a full arena, a bad turn
+                    refused.append((i, exc if isinstance(exc, RequestError) else
+                                    out_of_memory(self.spec.signature.name, exc)
+                                    or model_failure(self.spec.signature.name, exc)))
                     continue
             work.append(Work(i, item, opts, now))
         return work, refused
@@ -314,8 +316,15 @@ class BatchEngine:
             if own is None and self._views:
                 return _new_tuple(BatchAnswer, (members, None, outputs, batch.member_rows))
             return BatchAnswer(members, split(self.spec, batch, outputs, own))
-        except Exception as exc:  # a batch recorded as run is not recorded again as failed
-            return BatchAnswer(members, self._isolated(exc, batch if ran is None else None, started, call, members))
+        except Exception as exc:
+            memory = out_of_memory(self.spec.signature.name, exc)
+            if memory is None and batch is not None and ran is None:  # one recorded as run is not again
+                self._record_failed(batch, len(members), started)
+            # The failed batch's arena buffers go back before its requests run alone, its own
+            # and those the exception's frames hold: on a tight arena the retries need them.
+            batch = ran = outputs = own = None
+            exc.__traceback__ = None
+            return BatchAnswer(members, self._isolated(exc, memory, call, members))
         finally:
             del batch  # arena-backed input buffers go back as soon as the call is over
 
@@ -327,18 +336,14 @@ class BatchEngine:
         lengths = [call.lengths[i] for i in members] if call.lengths is not None else None
         return assemble_columns(self.spec, arrays, rows, lengths, self.planner.buckets)
 
-    def _isolated(self, exc: Exception, batch: Optional[Batch], started: float, call: Call,
+    def _isolated(self, exc: Exception, memory: Optional[OutOfMemory], call: Call,
                   members: Sequence[int]) -> List[Result]:
         """The outcomes of the batch of the call's requests at `members` that raised `exc`: a
-        full arena fails them all (not the model's fault, nor the requests'); otherwise the
-        batch is recorded as failed and each request runs alone, so only those the model fails
-        on fail."""
+        full arena (`memory`) fails them all (not the model's fault, nor the requests');
+        otherwise each request runs alone, so only those the model fails on fail."""
         count = len(members)
-        memory = out_of_memory(self.spec.signature.name, exc)
         if memory is not None:
             return [memory] * count
-        if batch is not None:
-            self._record_failed(batch, count, started)
         if count == 1:
             # A step of a graph that refuses what this request brought answers it as a bad request.
             return [exc if isinstance(exc, RequestError) else model_failure(self.spec.signature.name, exc)]
@@ -375,7 +380,10 @@ class BatchEngine:
         if self.sessions is None or self.session_input is None:
             raise RequestError(f"model {self.spec.signature.name!r} keeps no session state; drop session_id "
                                f"(or set the parameter session_input in its config)")
-        tokens = request.inputs[self.session_input]
+        tokens = request.inputs.get(self.session_input)
+        if tokens is None:
+            raise RequestError(f"a session request carries the session's tokens in input {self.session_input!r}, "
+                               "which this request does not")
         sequence = self.sessions.extend(opts.session_id, tokens, opts.session_start)
         return ParsedRequest(inputs={**request.inputs, self.session_input: sequence}, rows=1,
                              parameters=request.parameters)

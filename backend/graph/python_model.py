@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import types
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -154,6 +155,8 @@ class PythonModelStep(Step):
         super().__init__(name, inputs, outputs, pad_value)
         self.model = model
         self._output_names = [t.name for t in outputs]
+        # Triton calls a model's execute one call at a time; scheduler lanes run batches at once.
+        self._executing = threading.Lock()
 
     @classmethod
     def load(cls, name: str, path: Path, folder: Path, config: Mapping, inputs: Sequence[TensorSpec],
@@ -198,7 +201,8 @@ class PythonModelStep(Step):
 
     def run(self, values: Values, members: Sequence[int]) -> Values:
         requests = self._requests(values, members)
-        responses = self.model.execute(requests)
+        with self._executing:
+            responses = self.model.execute(requests)
         if responses is None:  # decoupled: answered through the senders
             responses = [request.sent() for request in requests]
         responses = list(responses)

@@ -352,3 +352,54 @@ def test_a_torchscript_failure_reaches_the_client_as_one_line_and_the_log_keeps_
     assert isinstance(failed, ModelError)
     assert "\n" not in str(failed) and str(failed).endswith("negative input")
     assert "TorchScript" in failed.detail and "negative input" in failed.detail
+
+
+def test_a_session_request_that_cannot_continue_is_refused_alone_and_the_call_goes_on(tmp_path):
+    from latte.backend.sessions import SessionStore
+
+    store = SessionStore(60.0, 8, 64)
+    engine = per_token_engine(tmp_path, sessions=store, session_input="tokens")
+    real_extend = store.extend
+
+    def extend(session_id, tokens, start):
+        if session_id == "full":
+            raise MemoryError("the arena has 0 of 4096 bytes free")
+        return real_extend(session_id, tokens, start)
+
+    store.extend = extend
+    tokens = {"tokens": np.array([[1, 2]], dtype=np.int64)}
+    items = [ParsedRequest(inputs={}, rows=1), ParsedRequest(inputs=tokens, rows=1),
+             ParsedRequest(inputs=tokens, rows=1)]
+    options = [RequestOptions(session_id="bare", session_start=True),
+               RequestOptions(session_id="full", session_start=True),
+               RequestOptions(session_id="fine", session_start=True)]
+    bare, full, fine = engine.infer(items, options)
+    assert type(bare) is RequestError
+    assert str(bare) == "a session request carries the session's tokens in input 'tokens', which this request does not"
+    assert type(full) is OutOfMemory and str(full) == "the arena has 0 of 4096 bytes free"
+    np.testing.assert_array_equal(fine["vectors"], [[[1.0, 10.0], [2.0, 20.0]]])
+
+
+def test_the_requests_of_a_failed_batch_run_alone_after_its_buffers_went_back(tmp_path):
+    from latte.backend import memory_resource
+    from latte.memory import BuddyArena
+
+    arena = BuddyArena(1 << 20)
+    engine = picky_engine(tmp_path)
+    live_at_retries = []
+    run_alone = engine.run_batch
+
+    def retry(requests):
+        live_at_retries.append(arena.stats()["live"])
+        return run_alone(requests)
+
+    engine.run_batch = retry
+    memory_resource.use(arena.empty)
+    try:
+        requests = [ParsedRequest(inputs={"x": np.full((1, 2), v, np.float32)}, rows=1) for v in (1.0, -1.0, 3.0)]
+        ok1, failed, ok2 = engine.infer(requests)
+    finally:
+        memory_resource.release(arena.empty)
+    assert isinstance(failed, ModelError) and ok1["y"].tolist() == [[2.0, 2.0]] and ok2["y"].tolist() == [[6.0, 6.0]]
+    # The batch of three failed on -1; each then ran alone, with nothing of the batch held.
+    assert live_at_retries == [0, 0, 0]

@@ -143,3 +143,32 @@ def test_a_python_model_step_gets_one_request_per_client_request():
 def test_a_python_model_steps_refusal_is_the_requests_fault():
     with pytest.raises(RequestError, match="^step 'measure': empty text$"):
         python_step().run({"TEXT": Value(np.array([[b"ok"], [b""]], dtype=object))}, [1, 1])
+
+
+def test_a_python_model_step_is_executed_one_call_at_a_time_as_triton_calls_it():
+    import threading
+    import time
+
+    class Counting(Answers):
+        """Answers, noting how many calls of execute overlap."""
+
+        def __init__(self):
+            self.inside, self.most = 0, 0
+
+        def execute(self, requests):
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            time.sleep(0.005)  # another lane's call would come in meanwhile
+            self.inside -= 1
+            return super().execute(requests)
+
+    model = Counting()
+    measure = PythonModelStep("measure", model, [TensorSpec("TEXT", np.dtype(object), (1,))],
+                              [TensorSpec("LENGTH", np.dtype(np.float32), (1,))])
+    lanes = [threading.Thread(target=lambda: [measure.run({"TEXT": Value(np.array([[b"ab"]], dtype=object))}, [1])
+                                              for _ in range(5)]) for _ in range(4)]
+    for lane in lanes:
+        lane.start()
+    for lane in lanes:
+        lane.join()
+    assert model.most == 1
