@@ -50,9 +50,10 @@ def _scrape_until(url, predicate, timeout=15.0):
 
 
 def _success_count(text):
+    """latte's count of mlp_onnx's successful requests, over its instances."""
     lines = [line for line in text.splitlines()
              if line.startswith("latte_requests_total") and 'model="mlp_onnx"' in line and 'outcome="success"' in line]
-    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
 
 
 def test_latte_metrics_appear_next_to_tritons(server, clients, patient_model):
@@ -65,4 +66,6 @@ def test_latte_metrics_appear_next_to_tritons(server, clients, patient_model):
                    "latte_sessions", "latte_arena_bytes", "latte_arena_fragmentation", "latte_arena_fragmented",
                    "latte_arena_fit_bytes", "latte_arena_failures", "latte_scheduler"):
         assert series in text, f"{series} missing from {server.metrics_url}"
-    assert _success_count(text) == before + 1
+    # At least this request: latte publishes its counters every few seconds, so requests of
+    # earlier tests may show up in the same scrape.
+    assert _success_count(text) >= before + 1
