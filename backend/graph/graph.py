@@ -373,7 +373,7 @@ class Graph:
         if check:
             for name, spec in self._outputs.items():
                 if not _agrees(values[name], spec):
-                    raise ConfigError(f"{self.definition.path}: graph output {name!r} comes out "
+                    raise ConfigError(f"{self.definition.path.name}: graph output {name!r} comes out "
                                       f"{_value_text(values[name])}; the model config declares {_declared_text(spec)}")
         lengths = {name: values[name].lengths for name in self._ragged_outputs if values[name].lengths is not None}
         return {name: values[name].array for name in self.output_names}, lengths or None
@@ -392,10 +392,10 @@ class Graph:
         for spec in step.inputs:
             value = inputs.get(spec.name)
             if value is None:
-                raise ConfigError(f"{self.definition.path}: step {step.name!r} input {spec.name!r} is not wired to "
+                raise ConfigError(f"{self.definition.path.name}: step {step.name!r} input {spec.name!r} is not wired to "
                                   "any graph tensor")
             if not _agrees(value, spec):
-                raise ConfigError(f"{self.definition.path}: {self._producer(reads[spec.name])} is "
+                raise ConfigError(f"{self.definition.path.name}: {self._producer(reads[spec.name])} is "
                                   f"{_value_text(value)}, but step {step.name!r} reads it as input {spec.name!r} "
                                   f"declared {_declared_text(spec)}")
 
@@ -404,9 +404,9 @@ class Graph:
         for spec in step.outputs:
             value = produced.get(spec.name)
             if value is None:
-                raise ConfigError(f"{self.definition.path}: step {step.name!r} produced no output {spec.name!r}")
+                raise ConfigError(f"{self.definition.path.name}: step {step.name!r} produced no output {spec.name!r}")
             if not _agrees(value, spec):
-                raise ConfigError(f"{self.definition.path}: step {step.name!r} output {spec.name!r} comes out "
+                raise ConfigError(f"{self.definition.path.name}: step {step.name!r} output {spec.name!r} comes out "
                                   f"{_value_text(value)}; the step declares {_declared_text(spec)}")
 
     def sample_batch(self, seed: int = 0) -> Batch:

@@ -125,7 +125,7 @@ def test_a_step_input_declared_unlike_what_feeds_it_is_refused_at_load(fused_pip
 
     longest = max(len(decode_sample(sample["TEXT"], np.dtype(object)).reshape(-1)[0].split())
                   for sample in graph["samples"])
-    assert str(refused.value) == (f"{path}: step 'tokenize' output 'TOKENS' is INT64 [16, {longest}], but step "
+    assert str(refused.value) == (f"graph.json: step 'tokenize' output 'TOKENS' is INT64 [16, {longest}], but step "
                                   "'encoder' reads it as input 'tokens' declared INT32 [-1, -1]")
 
 
@@ -144,9 +144,9 @@ def test_a_step_whose_output_is_not_what_it_declares_is_refused_at_load(fused_pi
     repo = copy_of(fused_pipelines, "text", tmp_path)
     with open(repo / "embed_text" / "1" / "steps" / "normalize" / "1" / "model.py", "a") as step:
         step.write(WIDENING_NORMALIZE)
-    with pytest.raises(ConfigError, match=r"graph.json: step 'normalize' output 'EMBEDDING' comes out FP64 \[16, 32\]; "
+    with pytest.raises(ConfigError, match=r"^graph.json: step 'normalize' output 'EMBEDDING' comes out FP64 \[16, 32\]; "
                                           r"the step declares FP32 \[-1, 32\]$"):
-        example_model(repo, "embed_text")
+        example_model(repo, "embed_text")  # the file's name alone: checked on a served batch, it reaches clients
 
 
 def test_a_ragged_output_comes_back_at_each_requests_own_length(tmp_path):
