@@ -63,6 +63,14 @@ def out_of_memory(model: str, exc: BaseException) -> Optional[OutOfMemory]:
     return None
 
 
+def request_failure(model: str, exc: BaseException) -> Exception:
+    """What a request that `exc` ended is answered: its own fault as raised, memory that ran
+    out as OutOfMemory, anything else as the model's failure."""
+    if isinstance(exc, RequestError):
+        return exc
+    return out_of_memory(model, exc) or model_failure(model, exc)
+
+
 class BatchRecord(NamedTuple):
     """What one model call did, for metrics; the runner appends it as a plain tuple (a call
     on the request path costs more than the record) and take_records names its fields."""
@@ -228,9 +236,7 @@ class BatchEngine:
                 try:
                     item = self._with_session(item, opts)
                 except Exception as exc:  # this request's session alone: a full arena, a bad turn
-                    refused.append((i, exc if isinstance(exc, RequestError) else
-                                    out_of_memory(self.spec.signature.name, exc)
-                                    or model_failure(self.spec.signature.name, exc)))
+                    refused.append((i, request_failure(self.spec.signature.name, exc)))
                     continue
             work.append(Work(i, item, opts, now))
         return work, refused
@@ -346,7 +352,7 @@ class BatchEngine:
             return [memory] * count
         if count == 1:
             # A step of a graph that refuses what this request brought answers it as a bad request.
-            return [exc if isinstance(exc, RequestError) else model_failure(self.spec.signature.name, exc)]
+            return [request_failure(self.spec.signature.name, exc)]
         return [result for request in call.requests(members) for result in self.run_batch([request])]
 
     def run(self, batch: Batch, started: Optional[float] = None

@@ -136,15 +136,20 @@ def _ratio(ours, theirs):
     return ours / theirs if ours is not None and theirs else None
 
 
-def _share(latte: List[Dict], echo: List[Dict], loop: List[float]) -> Optional[float]:
-    """The median over the rounds of latte's tokens/s over that round's own bound H (its echo
-    window and its loop's rate); None without a round that has all three."""
-    shares = []
-    for ours, theirs, rate in zip(latte, echo, loop):
-        bound = harmonic_bound(theirs["tokens_per_s"] or 0.0, rate or 0.0)
-        if bound > 0 and ours["tokens_per_s"] is not None:
-            shares.append(ours["tokens_per_s"] / bound)
-    return _median(shares)
+def _share(latte: List[Dict], echo: List[Dict], loop: List[float], by_round: bool) -> Optional[float]:
+    """latte / H: where the loop was measured in each round, the median of the rounds' own
+    ratios, each against its round's H (its echo window and its loop's rate); else, or without
+    a round that has all three, latte's median over H of the medians."""
+    if by_round:
+        shares = []
+        for ours, theirs, rate in zip(latte, echo, loop):
+            bound = harmonic_bound(theirs["tokens_per_s"] or 0.0, rate or 0.0)
+            if bound > 0 and ours["tokens_per_s"] is not None:
+                shares.append(ours["tokens_per_s"] / bound)
+        if shares:
+            return statistics.median(shares)
+    ours, bound = _med(latte, "tokens_per_s"), harmonic_bound(_med(echo, "tokens_per_s") or 0.0, _median(loop) or 0.0)
+    return ours / bound if bound and ours is not None else None
 
 
 def summarize(result: Dict) -> Dict:
@@ -161,18 +166,14 @@ def summarize(result: Dict) -> Dict:
         for c in levels:
             ratios = paired_ratios(latte[c], stock[c], "tokens_per_s")
             echo = _med(served["echo"][c], "tokens_per_s")
-            inproc = _median(result["in_process"][kind][c])
+            loops, loops_beside = result["in_process"][kind][c], result.get("beside_echo", {}).get(kind, {}).get(c, [])
+            inproc = _median(loops)
             h = harmonic_bound(echo, inproc)
             ours = _med(latte[c], "tokens_per_s")
-            loop_beside = _median(result.get("beside_echo", {}).get(kind, {}).get(c, []))
+            loop_beside = _median(loops_beside)
             h_beside = harmonic_bound(echo, loop_beside) if loop_beside else None
-            share = _share(latte[c], served["echo"][c], result["in_process"][kind][c]) if by_round else None
-            if share is None:
-                share = ours / h if h else None
-            share_beside = _share(latte[c], served["echo"][c], result.get("beside_echo", {}).get(kind, {}).get(c, [])) \
-                if by_round else None
-            if share_beside is None and h_beside:
-                share_beside = ours / h_beside
+            share = _share(latte[c], served["echo"][c], loops, by_round)
+            share_beside = _share(latte[c], served["echo"][c], loops_beside, by_round) if h_beside else None
             ratio_at[(kind, c)] = (_median(ratios), share, ours, h)
             beside_at[(kind, c)] = (inproc / loop_beside, share_beside) if h_beside else None
             ttft = (pooled_ms(latte[c], 99), pooled_ms(stock[c], 99))

@@ -75,6 +75,16 @@ class StatePool:
     def gather(self, slots: np.ndarray) -> Dict[str, np.ndarray]:
         return {name: array[slots] for name, array in self.arrays.items()}
 
+    def write_row(self, slot: int, rows: Dict[str, np.ndarray], made_by: str) -> None:
+        """One stream's row of each state tensor; a row of another shape (numpy would broadcast
+        some) is refused before any is written."""
+        for name, array in self.arrays.items():
+            if rows[name].shape != array.shape[1:]:
+                raise ModelError(f"{made_by} made {name!r} of shape {list(rows[name].shape)} for a stream; its "
+                                 f"state holds {list(array.shape[1:])}")
+        for name, array in self.arrays.items():
+            array[slot] = rows[name]
+
     def write(self, slots: np.ndarray, values: Dict[str, np.ndarray], made_by: str = "the step") -> None:
         """Each state tensor's rows at `slots`; a value of another shape (numpy would broadcast
         some) is refused before any is written."""

@@ -15,8 +15,8 @@ import numpy as np
 
 from latte.backend.batching import Batch
 from latte.backend.dtypes import to_numpy
-from latte.backend.engine import model_failure, out_of_memory
-from latte.backend.errors import ModelError, OutOfMemory, RequestError
+from latte.backend.engine import request_failure
+from latte.backend.errors import OutOfMemory
 from latte.backend.streaming.blocks import Allocate, BlockPool, ShortOfBlocks, StatePool
 from latte.backend.streaming.definition import StreamDefinition
 from latte.backend.streaming.invariance import PROBE_MOST_ROWS, PROBE_ROWS, fewest_invariant_rows, probe_feed
@@ -97,13 +97,9 @@ class StreamEngine:
 
     def _hold(self, stream: Stream, outputs, lengths, i: int) -> None:
         """The stream's state slot and cache blocks, filled with what start made."""
-        stream.slot = slot = self.state.take()  # given back by `drop`, should a row not fit
-        for name, array in self.state.arrays.items():
-            row = outputs[name][i]
-            if row.shape != array.shape[1:]:
-                raise ModelError(f"{self.definition.start.path.name} made {name!r} of shape {list(row.shape)} "
-                                 f"for a stream; its state holds {list(array.shape[1:])}")
-            array[slot] = row
+        stream.slot = self.state.take()  # given back by `drop`, should a row not fit
+        self.state.write_row(stream.slot, {name: outputs[name][i] for name in self.state.arrays},
+                             self.definition.start.path.name)
         cache = self.definition.cache
         if cache is None:
             return
@@ -217,10 +213,8 @@ class StreamEngine:
         return [(stream, outcome, final)]
 
     def _failed(self, stream: Stream, exc: BaseException) -> Emission:
-        failure = exc if isinstance(exc, RequestError) else \
-            out_of_memory(self.name, exc) or model_failure(self.name, exc)
         self.drop(stream)
-        return stream, failure, True
+        return stream, request_failure(self.name, exc), True
 
     def drop(self, stream: Stream) -> None:
         """The stream leaves: its state and cache blocks go back to the pools (idempotent)."""
