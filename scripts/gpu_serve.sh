@@ -4,6 +4,7 @@
 #
 #   OUT=build/gpu scripts/gpu_serve.sh              # on the GPU machine, KIND_GPU
 #   PYTHON=.venv/bin/python scripts/gpu_serve.sh --rehearse   # here: the same steps, KIND_CPU
+#   RANKER_S=70 ... scripts/gpu_serve.sh --plan   # whether TOTAL_S holds every part's whole budget
 #
 # What tritonserver needs travels as one archive built from pinned wheels by
 # `python3 scripts/gpu_pack.py --python X.Y` (build/gpu-pack/triton-pyX.Y.tar.xz, X.Y the
@@ -30,26 +31,22 @@
 # with `.venv/bin/python -m latte.bench.page`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-rehearse=0
+rehearse=0 plan_only=0
 case "${1:-}" in
   --rehearse) rehearse=1 ;;
+  --plan) plan_only=1 ;;
   "") ;;
-  *) echo "gpu_serve: unknown argument ${1} (usage: scripts/gpu_serve.sh [--rehearse])" >&2; exit 2 ;;
+  *) echo "gpu_serve: unknown argument ${1} (usage: scripts/gpu_serve.sh [--rehearse | --plan])" >&2; exit 2 ;;
 esac
 python="${PYTHON:-python3}"
 out="${OUT:-build/gpu}"
-mkdir -p "$out"
-exec > >(tee "$out/log.txt") 2>&1
+if [ "$plan_only" = 0 ]; then
+  mkdir -p "$out"
+  exec > >(tee "$out/log.txt") 2>&1
+fi
 began=$SECONDS
 say() { echo "[gpu_serve $((SECONDS - began))s] $*"; }
 
-pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" \
-  || { echo "gpu_serve: $python does not run"; exit 2; }
-archive="${ARCHIVE:-build/gpu-pack/triton-py$pyver.tar.xz}"
-if [ ! -f "$archive" ]; then
-  echo "gpu_serve: $archive is missing; build it with: python3 scripts/gpu_pack.py --python $pyver"
-  exit 2
-fi
 # Seconds of measuring per part (RANKER_S, SEQUENCE_S, MEMORY_S, PIPELINE_S, CHECKS_S, ALLOCATOR_S, CALL_S;
 # 0 leaves a part out) and the served-memory run's windows at most (MEMORY_WINDOWS).
 if [ "$rehearse" = 1 ]; then
@@ -64,6 +61,43 @@ total_s=${TOTAL_S:-540}
 for name in ranker_s sequence_s memory_s pipeline_s checks_s allocator_s call_s memory_windows total_s; do
   [[ "${!name}" =~ ^[0-9]+$ ]] || { echo "gpu_serve: ${name^^} must be a whole number of seconds (or windows), got ${!name}"; exit 2; }
 done
+# Seconds of loads and builds each part may spend before it measures (a model's load, the
+# pipeline's generation and profiling): its allowance, on top of its seconds of measuring.
+declare -A setup=([checks]=0 [one-call]=40 [ranker]=70 [sequence]=70 [served-memory]=70 [allocator]=30 [pipeline]=170)
+order=(checks one-call ranker sequence served-memory allocator pipeline)
+declare -A asked=([checks]=$checks_s [one-call]=$call_s [ranker]=$ranker_s [sequence]=$sequence_s
+                  [served-memory]=$memory_s [allocator]=$allocator_s [pipeline]=$pipeline_s)
+[ "$rehearse" = 1 ] && asked[allocator]=0
+# --plan walks the parts as the run will, each taking its seconds of measuring and the loads it
+# took on an H200 (2026-11-28: the build 16 s; the pipeline's generation about 50 s, a served
+# part's loads under 10 s), and says which would measure for less than asked or be left out.
+declare -A typical=([checks]=0 [one-call]=10 [ranker]=5 [sequence]=5 [served-memory]=10 [allocator]=0 [pipeline]=55)
+if [ "$plan_only" = 1 ]; then
+  clock=16 short=0
+  for name in "${order[@]}"; do
+    want=${asked[$name]}
+    [ "$want" -gt 0 ] || continue
+    left=$((total_s - clock - setup[$name] - 30))
+    if [ "$left" -lt 20 ]; then
+      echo "  $name: left out (at about ${clock} s, TOTAL_S=${total_s} leaves it under 20 s beside its ${setup[$name]} s allowance for loads)"
+      short=1; continue
+    fi
+    got=$(( want < left ? want : left ))
+    [ "$got" -lt "$want" ] && { echo "  $name: ${got} s of measuring, not ${want} s (from about ${clock} s)"; short=1; } \
+      || echo "  $name: ${got} s of measuring (from about ${clock} s)"
+    clock=$((clock + got + typical[$name]))
+  done
+  echo "plan: about ${clock} s of TOTAL_S=${total_s}$([ "$short" = 1 ] && echo "; raise TOTAL_S or lower a part's seconds for every part to get what it asks")"
+  exit "$short"
+fi
+
+pyver="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" \
+  || { echo "gpu_serve: $python does not run"; exit 2; }
+archive="${ARCHIVE:-build/gpu-pack/triton-py$pyver.tar.xz}"
+if [ ! -f "$archive" ]; then
+  echo "gpu_serve: $archive is missing; build it with: python3 scripts/gpu_pack.py --python $pyver"
+  exit 2
+fi
 
 root=build/gpu-serve
 rm -rf "$root" && mkdir -p "$root/results"
@@ -158,28 +192,28 @@ device_checks() {  # the paged device arena's tests, before anything measures wi
 mkdir -p "$root/results/logs"
 export -f device_checks
 export venv root
-measure checks "$checks_s" 0 bash -c device_checks
+measure checks "$checks_s" "${setup[checks]}" bash -c device_checks
 # One request at a time in process, no server: the stock loop's code, latte's runtime and latte's
 # execute, each frozen and not, so a served P50 gap at concurrency 1 is traced to its part.
-measure one-call "$call_s" 40 "$venv/bin/python" benchmarks/one_call.py --device "$( [ "$gpus" = 1 ] && echo cuda || echo cpu )" \
+measure one-call "$call_s" "${setup[one-call]}" "$venv/bin/python" benchmarks/one_call.py --device "$( [ "$gpus" = 1 ] && echo cuda || echo cpu )" \
   --calls 300 --rounds 5 --profile --json "$root/results/logs/one-call.json" --results-dir "$root/results"
-measure ranker "$ranker_s" 70 "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
+measure ranker "$ranker_s" "${setup[ranker]}" "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,32,128 --measurement-ms 1000 --budget-s @BUDGET@ \
   --results-dir "$root/results"
-measure sequence "$sequence_s" 70 "$venv/bin/python" benchmarks/serving.py --model sequence --runtime torchscript \
+measure sequence "$sequence_s" "${setup[sequence]}" "$venv/bin/python" benchmarks/serving.py --model sequence --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 --budget-s @BUDGET@ \
   --results-dir "$root/results"
-measure served-memory "$memory_s" 70 "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
+measure served-memory "$memory_s" "${setup[served-memory]}" "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
   --budget-s @BUDGET@ --windows "$memory_windows" --results-dir "$root/results"
 if [ "$gpus" = 1 ]; then
-  measure allocator "$allocator_s" 30 "$venv/bin/python" benchmarks/gpu_allocator.py --models sequence,encoder \
+  measure allocator "$allocator_s" "${setup[allocator]}" "$venv/bin/python" benchmarks/gpu_allocator.py --models sequence,encoder \
     --contenders caching,expandable,arena,arena_paged --steps "${ALLOCATOR_STEPS:-3000}" --rounds 3 \
     --cap-steps 3000 --cap-ratio 1.10 --budget-s @BUDGET@ --results-dir "$root/results"
 else
   say "allocator: left out (it needs a CUDA device)"
 fi
 # The pipeline's repository is generated (its models profiled, the fused one too) before it measures.
-measure pipeline "$pipeline_s" 170 "$venv/bin/python" benchmarks/pipelines.py \
+measure pipeline "$pipeline_s" "${setup[pipeline]}" "$venv/bin/python" benchmarks/pipelines.py \
   --pipeline text --format torchscript --gpus "$gpus" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 \
   --budget-s @BUDGET@ --results-dir "$root/results"
 
