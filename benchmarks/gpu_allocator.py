@@ -272,6 +272,8 @@ class PagedFigures(NamedTuple):
     others: str      # the other contenders' OOMs under the same cap
     stats: dict      # the arena's own figures (map and unmap calls)
     steps: int
+    held_live: float          # its own peak held over its peak live
+    caching_held_live: float  # the caching allocator's, the same way
 
 
 def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-allocator") -> dict:
@@ -319,7 +321,9 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
         if pages and "arena_paged" in capped:
             others = ", ".join(f"{name} {capped[name]['ooms']}" for name in ("caching", "expandable") if name in capped)
             paged.append(PagedFigures(model, pages["peak_held"] / base["peak_held"], pages["p99_vs"],
-                                      capped["arena_paged"]["ooms"], others, pages.get("arena", {}), pages["steps"]))
+                                      capped["arena_paged"]["ooms"], others, pages.get("arena", {}), pages["steps"],
+                                      pages["peak_held"] / max(1, pages["peak_live"]),
+                                      base["peak_held"] / max(1, base["peak_live"])))
     targets = []
     if held:
         ok = all(v <= 0.8 for _, v in held)
@@ -348,7 +352,10 @@ def summarize(results: list[dict], device: str, steps: int, name: str = "gpu-all
         if any(p.held > 0.5 for p in paged):
             why.append("idle pages stay mapped up to half the pages in use (a device's idle_share 2), so that few "
                        "blocks wait for the device's kernels while pages are unmapped: a smaller share holds less "
-                       "and waits more (docs/memory.md, On a CUDA device)")
+                       "and waits more (docs/memory.md, On a CUDA device); held ≤ 0.5x needs the caching "
+                       "allocator to hold at least twice the paged arena's own held / live: " + ", ".join(
+                           f"{p.model} caching {p.caching_held_live:.2f}x, paged {p.held_live:.2f}x"
+                           for p in paged if p.held > 0.5))
         if slower:
             why.append("a step that needs new pages makes a few driver calls per page, and one that unmaps waits "
                        "for the device's kernels first: " + ", ".join(

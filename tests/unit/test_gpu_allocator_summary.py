@@ -50,6 +50,9 @@ def test_a_paged_arena_holding_more_than_half_the_caching_allocators_says_why(gp
         "paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's"]
     assert (held.met, held.measured) == ("no", "encoder 0.52x / 1.00x")
     assert "up to half the pages in use" in held.why and "a smaller share holds less and waits more" in held.why
+    # The bound in figures: 992 / 360 MiB against 512 / 360 MiB.
+    assert held.why.endswith("held ≤ 0.5x needs the caching allocator to hold at least twice the paged arena's own "
+                             "held / live: encoder caching 2.76x, paged 1.42x")
     assert targets(gpu_allocator.summarize(encoder_runs(paged_held=400), "a GPU", 6000))[
         "paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's"].met == "yes"
 
