@@ -16,7 +16,7 @@ from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, Requ
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
 from latte.backend.planner import BatchPlanner
 from latte.backend.requests import Call, ParsedRequest, requests_call
-from latte.backend.sessions import SessionStore
+from latte.backend.sessions import SessionStore, Turn
 
 Result = Union[Dict[str, np.ndarray], Exception]
 
@@ -111,19 +111,20 @@ class Work:
     """One request on its way through the engine: where its answer goes (`position`), its
     inputs, options, and when it arrived; one is made per request, hence the slots."""
 
-    __slots__ = ("position", "request", "options", "arrival", "deadline")
+    __slots__ = ("position", "request", "options", "arrival", "deadline", "turn")
 
     def __init__(self, position: int, request: ParsedRequest, options: RequestOptions = DEFAULT_OPTIONS,
-                 arrival: float = 0.0) -> None:
+                 arrival: float = 0.0, turn: Optional[Turn] = None) -> None:
         self.position = position
         self.request = request
         self.options = options
         self.arrival = arrival
         self.deadline = _NEVER if options.timeout_ms is None else arrival + options.timeout_ms / 1000.0
+        self.turn = turn  # the session's turn this request is, settled by its answer
 
     def at(self, position: int) -> "Work":
         """The same work answered at another position."""
-        return Work(position, self.request, self.options, self.arrival)
+        return Work(position, self.request, self.options, self.arrival, self.turn)
 
 
 _NEVER = float("inf")
@@ -193,12 +194,17 @@ class BatchEngine:
             yield answered(refused)
         if not work:
             return
-        if self.dispatcher is not None:
-            groups = self.dispatcher.run(work, now)
-        else:
-            groups = (self._run_in_time(group) for group in self.order(self._groups(work)))
-        for pairs in groups:
-            yield answered(pairs)
+        turns = self._turns(work)
+        try:
+            if self.dispatcher is not None:
+                groups = self.dispatcher.run(work, now)
+            else:
+                groups = (self._run_in_time(group) for group in self.order(self._groups(work)))
+            for pairs in groups:
+                self._settle(turns, pairs)
+                yield answered(pairs)
+        finally:
+            self._release(turns)  # turns never answered: the call failed or was abandoned
 
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
               options: Optional[Sequence[Optional[RequestOptions]]] = None) -> List[Result]:
@@ -220,8 +226,18 @@ class BatchEngine:
         work, refused = self._admit(items, options, now)
         if refused:
             on_results(refused)
-        if work:
-            self.dispatcher.submit(work, now, on_results)
+        if not work:
+            return
+        turns = self._turns(work)
+        if turns:
+            def answered_turns(pairs: List[Tuple[int, Result]]) -> None:
+                self._settle(turns, pairs)
+                on_results(pairs)
+        try:
+            self.dispatcher.submit(work, now, answered_turns if turns else on_results)
+        except BaseException:
+            self._release(turns)
+            raise
 
     def _admit(self, items, options, now: float) -> Tuple[List[Work], List[Tuple[int, Result]]]:
         """Work for the readable requests (their sessions continued), and the refusals."""
@@ -232,13 +248,14 @@ class BatchEngine:
                 refused.append((i, item))
                 continue
             opts = (options[i] if options is not None else None) or DEFAULT_OPTIONS
+            turn = None
             if opts.session_id is not None:
                 try:
-                    item = self._with_session(item, opts)
+                    item, turn = self._with_session(item, opts)
                 except Exception as exc:  # this request's session alone: a full arena, a bad turn
                     refused.append((i, request_failure(self.spec.signature.name, exc)))
                     continue
-            work.append(Work(i, item, opts, now))
+            work.append(Work(i, item, opts, now, turn))
         return work, refused
 
     def _groups(self, work: Sequence[Work]) -> List[List[Work]]:
@@ -298,10 +315,10 @@ class BatchEngine:
 
     def _run(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
         results = self.run_batch([w.request for w in group])
-        if self.sessions is not None:
-            for w, result in zip(group, results):
-                if not isinstance(result, Exception):
-                    self._commit_session(w)
+        for w, result in zip(group, results):
+            if w.turn is not None and not isinstance(result, Exception):
+                # Before the answer leaves, so that the session's next request finds this one's prefix.
+                self.sessions.commit(w.turn, w.options.session_end)
         return [(w.position, result) for w, result in zip(group, results)]
 
     def _run_members(self, call: Call, members: Sequence[int]) -> BatchAnswer:
@@ -380,9 +397,7 @@ class BatchEngine:
         return [BatchRecord(*record) for record in _drained(self.records)]
 
     # -- sessions -------------------------------------------------------------------------
-    def _with_session(self, request: ParsedRequest, opts: RequestOptions) -> ParsedRequest:
-        if opts.session_id is None:
-            return request
+    def _with_session(self, request: ParsedRequest, opts: RequestOptions) -> Tuple[ParsedRequest, Turn]:
         if self.sessions is None or self.session_input is None:
             raise RequestError(f"model {self.spec.signature.name!r} keeps no session state; drop session_id "
                                f"(or set the parameter session_input in its config)")
@@ -390,10 +405,25 @@ class BatchEngine:
         if tokens is None:
             raise RequestError(f"a session request carries the session's tokens in input {self.session_input!r}, "
                                "which this request does not")
-        sequence = self.sessions.extend(opts.session_id, tokens, opts.session_start)
-        return ParsedRequest(inputs={**request.inputs, self.session_input: sequence}, rows=1,
-                             parameters=request.parameters)
+        turn = self.sessions.extend(opts.session_id, tokens, opts.session_start)
+        return ParsedRequest(inputs={**request.inputs, self.session_input: turn.sequence}, rows=1,
+                             parameters=request.parameters), turn
 
-    def _commit_session(self, w: Work) -> None:
-        if w.options.session_id is not None and self.sessions is not None:
-            self.sessions.commit(w.options.session_id, w.request.inputs[self.session_input], w.options.session_end)
+    @staticmethod
+    def _turns(work: Sequence[Work]) -> Dict[int, Turn]:
+        """The session turns among `work`, by position: each is settled by its request's answer."""
+        return {w.position: w.turn for w in work if w.turn is not None}
+
+    def _settle(self, turns: Dict[int, Turn], pairs: Sequence[Tuple[int, Result]]) -> None:
+        """Answered turns leave `turns`; a failed one is released (an answered one was committed
+        when it ran), so the session takes its next request."""
+        if not turns:
+            return
+        for position, outcome in pairs:
+            turn = turns.pop(position, None)
+            if turn is not None and isinstance(outcome, Exception):
+                self.sessions.release(turn)
+
+    def _release(self, turns: Dict[int, Turn]) -> None:
+        while turns:
+            self.sessions.release(turns.popitem()[1])

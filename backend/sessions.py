@@ -7,10 +7,11 @@ becomes the new prefix. Sessions end explicitly (session_end) or when idle for `
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, NamedTuple, Optional
 
 import numpy as np
 
@@ -33,7 +34,26 @@ class SessionStats:
     expired: int = 0
 
 
+class Turn(NamedTuple):
+    """One request of a session on its way through the model: the sequence it runs (the
+    session's prefix and its own tokens), settled by `commit` once answered or `release` if not."""
+    session_id: str
+    number: int
+    sequence: np.ndarray
+    start: bool
+
+
+class _InFlight(NamedTuple):
+    number: int
+    since: float
+    start: bool
+
+
 class SessionStore:
+    """Sessions by id. A session has at most one turn in flight: its next request comes after
+    that one's answer, as each turn runs on the prefix the one before it left. A session being
+    started counts against `max_sessions` from its first turn, not its first answer."""
+
     def __init__(self, ttl_s: float, max_sessions: int, max_length: Optional[int],
                  clock: Callable[[], float] = time.monotonic) -> None:
         if ttl_s <= 0:
@@ -45,25 +65,36 @@ class SessionStore:
         self.max_length = max_length
         self._clock = clock
         self._sessions: Dict[str, Session] = {}
+        self._turns: Dict[str, _InFlight] = {}
+        self._starting = 0  # turns in flight that open a session
+        self._numbers = itertools.count(1)
         self._stats = SessionStats()
         self._lock = threading.Lock()
 
     def reap(self) -> int:
-        """Drop sessions idle for longer than the TTL; returns how many."""
+        """Drop sessions idle for longer than the TTL; returns how many. A turn in flight for
+        longer than the TTL is forgotten too, so that a turn never settled cannot hold its
+        session shut."""
         now = self._clock()
         with self._lock:
             expired = [key for key, s in self._sessions.items() if now - s.last_used > self.ttl_s]
             for key in expired:
                 del self._sessions[key]
+            for key in [key for key, t in self._turns.items() if now - t.since > self.ttl_s]:
+                self._forget(key)
             self._stats.expired += len(expired)
             return len(expired)
 
-    def extend(self, session_id: str, tokens: np.ndarray, start: bool) -> np.ndarray:
-        """The sequence to run for this request: the session's prefix followed by `tokens` (1 x n)."""
+    def extend(self, session_id: str, tokens: np.ndarray, start: bool) -> Turn:
+        """The turn of this request: the session's prefix followed by `tokens` (1 x n), in flight
+        until it is settled."""
         if tokens.ndim != 2 or tokens.shape[0] != 1:
             raise RequestError(f"session requests carry one sequence (1 row); got shape {list(tokens.shape)}")
         self.reap()
         with self._lock:
+            if session_id in self._turns:
+                raise RequestError(f"session {session_id!r} has a request in flight; send its next request "
+                                   "after that one's answer")
             session = self._sessions.get(session_id)
             if session is None and not start:
                 raise RequestError(
@@ -72,35 +103,60 @@ class SessionStore:
                 )
             if session is not None and start:
                 raise RequestError(f"session {session_id!r} is already open; send session_start only once")
-            if session is None and len(self._sessions) >= self.max_sessions:
+            if session is None and len(self._sessions) + self._starting >= self.max_sessions:
                 raise RequestError(f"too many open sessions ({self.max_sessions}); end some or wait for the TTL")
             prefix = session.prefix if session is not None else tokens[0, :0]
-        total = prefix.shape[0] + tokens.shape[1]
-        if self.max_length is not None and total > self.max_length:
-            raise RequestError(
-                f"session {session_id!r} would reach {total} tokens; the model takes at most {self.max_length} "
-                f"(end the session and start a new one)"
-            )
-        combined = memory_resource.empty((1, total), tokens.dtype)
-        combined[0, :prefix.shape[0]] = prefix
-        combined[0, prefix.shape[0]:] = tokens[0]
-        return combined
+            total = prefix.shape[0] + tokens.shape[1]
+            if self.max_length is not None and total > self.max_length:
+                raise RequestError(
+                    f"session {session_id!r} would reach {total} tokens; the model takes at most {self.max_length} "
+                    f"(end the session and start a new one)"
+                )
+            combined = memory_resource.empty((1, total), tokens.dtype)
+            combined[0, :prefix.shape[0]] = prefix
+            combined[0, prefix.shape[0]:] = tokens[0]
+            number = next(self._numbers)
+            self._turns[session_id] = _InFlight(number, self._clock(), start)
+            self._starting += start
+        return Turn(session_id, number, combined, start)
 
-    def commit(self, session_id: str, sequence: np.ndarray, end: bool) -> None:
-        """Store `sequence` (1 x n) as the new prefix, or drop the session when it ends."""
+    def commit(self, turn: Turn, end: bool) -> None:
+        """The turn was answered: its sequence becomes the session's prefix, or the session
+        ends. A turn no longer in flight (forgotten past the TTL) changes nothing."""
         with self._lock:
+            if not self._settle(turn):
+                return
             if end:
-                if self._sessions.pop(session_id, None) is not None:
+                if self._sessions.pop(turn.session_id, None) is not None:
                     self._stats.ended += 1
                 return
-            existing = self._sessions.get(session_id)
+            existing = self._sessions.get(turn.session_id)
             if existing is None:
                 self._stats.started += 1
-                self._sessions[session_id] = Session(prefix=sequence[0], last_used=self._clock(), requests=1)
+                self._sessions[turn.session_id] = Session(prefix=turn.sequence[0], last_used=self._clock(), requests=1)
             else:
-                existing.prefix = sequence[0]
+                existing.prefix = turn.sequence[0]
                 existing.last_used = self._clock()
                 existing.requests += 1
+
+    def release(self, turn: Turn) -> None:
+        """The turn failed or was never run: its session stays as it was (a start opens none)."""
+        with self._lock:
+            self._settle(turn)
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._turns)
+
+    def _settle(self, turn: Turn) -> bool:
+        current = self._turns.get(turn.session_id)
+        if current is None or current.number != turn.number:
+            return False
+        self._forget(turn.session_id)
+        return True
+
+    def _forget(self, session_id: str) -> None:
+        self._starting -= self._turns.pop(session_id).start
 
     def stats(self) -> SessionStats:
         with self._lock:

@@ -380,6 +380,37 @@ def test_a_session_request_that_cannot_continue_is_refused_alone_and_the_call_go
     np.testing.assert_array_equal(fine["vectors"], [[[1.0, 10.0], [2.0, 20.0]]])
 
 
+def test_a_sessions_turns_in_one_call_are_one_at_a_time_and_a_failed_turn_frees_its_session(tmp_path):
+    from latte.backend.sessions import SessionStore
+
+    store = SessionStore(60.0, 2, 64)
+    engine = per_token_engine(tmp_path, sessions=store, session_input="tokens")
+
+    def turn(*values):
+        return ParsedRequest(inputs={"tokens": np.array([values], dtype=np.int64)}, rows=1)
+
+    # Two starts of one session, and a third session past max_sessions=2 with one start in flight.
+    opened, again, third, other = engine.infer(
+        [turn(1), turn(2), turn(3), turn(4)],
+        [RequestOptions(session_id="s", session_start=True), RequestOptions(session_id="s", session_start=True),
+         RequestOptions(session_id="t", session_start=True), RequestOptions(session_id="u", session_start=True)])
+    assert "vectors" in opened and "vectors" in third
+    assert type(again) is RequestError
+    assert str(again) == "session 's' has a request in flight; send its next request after that one's answer"
+    assert type(other) is RequestError and str(other).startswith("too many open sessions (2)")
+    assert (store.stats().live, store.in_flight()) == (2, 0)
+
+    # A turn whose deadline passed before it ran is answered, and the session takes its next turn
+    # on the prefix it had.
+    late = iter([100.0])  # admitted at 100 s, run at 100.5 s: past its 1 ms
+    engine.clock = lambda: next(late, 100.5)
+    (timed_out,) = engine.infer([turn(5)], [RequestOptions(session_id="s", timeout_ms=1.0)])
+    assert type(timed_out) is DeadlineExceeded
+    assert store.in_flight() == 0
+    (next_turn,) = engine.infer([turn(6)], [RequestOptions(session_id="s")])
+    np.testing.assert_array_equal(next_turn["vectors"][0, :, 0], [1.0, 6.0])
+
+
 def test_the_requests_of_a_failed_batch_run_alone_after_its_buffers_went_back(tmp_path):
     from latte.backend import memory_resource
     from latte.memory import BuddyArena

@@ -307,3 +307,28 @@ def test_a_request_the_full_queue_cannot_take_is_answered_overloaded_and_unavail
     assert all("is overloaded: its queue is full (max_queue_size=1)" in str(r) for r in refused)
     assert {(error_class(r).code, outcome_label(r)) for r in refused} == {("UNAVAILABLE", "overloaded")}
     assert all(r["logits"].shape == (1, 8) for r in served)
+
+
+def test_a_session_turn_the_scheduler_refuses_frees_its_session_for_the_next_turn(example_engine):
+    from latte.backend.sessions import SessionStore
+
+    spec, engine = example_engine("sequence_onnx")
+    engine.sessions, engine.session_input = SessionStore(60.0, 4, None), "tokens"
+    engine.dispatcher = LaneDispatcher(engine, lanes=1)
+    ticks = itertools.count(0.0, 1.0)
+    engine.clock = lambda: next(ticks)  # every look at the clock is a second later: a 1 ms timeout passes
+    answers = []
+    try:
+        turn = ParsedRequest(inputs={"tokens": np.array([[5, 6, 7]], np.int64)}, rows=1)
+        engine.submit([turn], [RequestOptions(session_id="s", session_start=True, timeout_ms=1)], answers.extend)
+        deadline = time.monotonic() + 30
+        while not answers and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ((_, late),) = answers
+        assert isinstance(late, DeadlineExceeded)
+        # The start was never run: it opened nothing, and the same start is taken again.
+        assert engine.sessions.in_flight() == 0 and engine.sessions.stats().live == 0
+        (opened,) = engine.infer([turn], [RequestOptions(session_id="s", session_start=True)])
+        assert opened["embedding"].shape[0] == 1 and engine.sessions.stats().live == 1
+    finally:
+        engine.dispatcher.close()
