@@ -13,6 +13,7 @@ that fails one gets its message worded here.
 from __future__ import annotations
 
 import json
+import traceback
 from types import MappingProxyType
 from typing import Dict, List, Mapping, Optional, Sequence, Union
 
@@ -21,7 +22,7 @@ import numpy as np
 from latte._native import BATCH_PROBLEMS, InputRule, inspect_arrays
 from latte.backend.config import ModelSpec, TensorSpec
 from latte.backend.dtypes import NUMPY_TO_TRITON, wire_name
-from latte.backend.errors import RequestCancelled, RequestError
+from latte.backend.errors import ModelError, RequestCancelled, RequestError
 from latte.backend.options import call_options
 
 # The length of a request not yet measured (ParsedRequest.length); None means no ragged input.
@@ -124,6 +125,12 @@ class RequestReader:
         self._order = [t.name for t in spec.signature.inputs]
 
     def _read_by_input(self, requests: Sequence) -> Call:
+        try:
+            return self._read_columns(requests)
+        except Exception:  # a fault reading some tensor: read alone, that request is answered alone
+            return self._read_by_request(requests)
+
+    def _read_columns(self, requests: Sequence) -> Call:
         """The call's arrays by input when it is plain: every request sends every input once,
         no parameters and no timeout, and passes every check. Any other call is read request
         by request, which words each request's refusal.
@@ -222,9 +229,11 @@ class RequestReader:
             except (RequestError, RequestCancelled) as exc:
                 every = False
                 items.append(exc)
-            except Exception as exc:  # a reader bug must still answer this request alone
+            except Exception as exc:  # a fault of the stub's or the reader's: this request alone, as internal
                 every = False
-                items.append(RequestError(f"could not read request: {type(exc).__name__}: {exc}"))
+                items.append(ModelError(f"model {self.spec.signature.name!r} could not read the request: "
+                                        f"{type(exc).__name__}: {exc}",
+                                        detail="".join(traceback.format_exception(exc))))
         self._check(items, every)
         return items, defaults
 

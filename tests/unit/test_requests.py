@@ -210,3 +210,22 @@ def test_a_plain_ragged_call_is_read_with_each_requests_longest_length():
                                    Request(ids=np.ones((2, 9), np.int64), mask=np.ones((2, 3), np.int64))])
     assert columns.rows == [1, 2] and columns.lengths == [7, 9]
     assert RequestReader(ONE_SHAPE, by_columns=True).read_call([pair()]).lengths is None  # nothing ragged
+
+
+class FaultyTensor(Tensor):
+    def as_numpy(self):
+        raise RuntimeError("shared memory region is gone")
+
+
+@pytest.mark.parametrize("by_columns", [False, True])
+def test_a_tensor_the_stub_cannot_give_fails_that_request_alone_as_an_internal_error(by_columns):
+    from latte.backend.errors import ModelError
+
+    faulty = good()
+    faulty._tensors[1] = FaultyTensor("scale", None)
+    call = RequestReader(SPEC, by_columns=by_columns).read_call([good(), faulty, good()])
+    first, failed, last = call.items
+    assert first.rows == 2 and last.rows == 2
+    assert type(failed) is ModelError and failed.code == "INTERNAL"
+    assert str(failed) == "model 'seq' could not read the request: RuntimeError: shared memory region is gone"
+    assert "Traceback" in failed.detail and "as_numpy" in failed.detail  # for the server log, not the client
