@@ -97,7 +97,7 @@ class StreamingModel:
         scheduler = StreamScheduler(options.max_streams, options.joins_per_iteration, options.max_waiting)
         self.runner = StreamRunner(engine, scheduler, options.cancel_check_ms / 1000.0, options.cancel_checks_per_s,
                                    outboxes=options.response_threads, prepare=self._prepare,
-                                   send=self._send_one, log_error=self.pb.Logger.log_error)
+                                   send=self._send_guarded, log_error=self.pb.Logger.log_error)
         self._declares_stream = any(t.name == "stream" for t in spec.signature.inputs)
         self._text = next((t.name for t in spec.signature.outputs
                            if is_string(t.dtype) and t.name not in STREAM_OUTPUTS), None)
@@ -190,19 +190,24 @@ class StreamingModel:
             first = outbox.openings()
             if first:
                 self._send_all(first, outbox)
-            try:
-                self._send_one(stream, outcome, final)
-            except Exception as exc:  # a defect of latte's own: the sender goes on, the stream ends
-                self.pb.Logger.log_error(f"latte: {self.name}: could not send a response: {type(exc).__name__}: {exc}\n"
-                                         f"{traceback.format_exc()}")
-                stream.cancelled = True  # the loop drops it at its next iteration
-                if final:
-                    try:
-                        response = self.responses.error(ModelError(f"model {self.name!r} could not send its "
-                                                                   "response; the server log says why"))
-                    except Exception:
-                        response = None
-                    self._send(stream.sender, response, final=True)
+            self._send_guarded(stream, outcome, final)
+
+    def _send_guarded(self, stream: Stream, outcome, final: bool) -> None:
+        """One emission sent, by a sender or by the loop; a failure of latte's own is logged
+        and ends that stream alone, with a final response still sent."""
+        try:
+            self._send_one(stream, outcome, final)
+        except Exception as exc:
+            self.pb.Logger.log_error(f"latte: {self.name}: could not send a response: {type(exc).__name__}: {exc}\n"
+                                     f"{traceback.format_exc()}")
+            stream.cancelled = True  # the loop drops it at its next iteration
+            if final:
+                try:
+                    response = self.responses.error(ModelError(f"model {self.name!r} could not send its "
+                                                               "response; the server log says why"))
+                except Exception:
+                    response = None
+                self._send(stream.sender, response, final=True)
 
     def _prepare(self, outcome):
         """The response the loop makes of an outcome (runner.py `_ready`); raises when an output

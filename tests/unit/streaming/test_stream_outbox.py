@@ -60,7 +60,7 @@ def test_a_newcomers_first_output_goes_before_the_rest_of_the_list_being_sent():
     outbox, sent = Outbox(2), []
 
     class Sender:
-        _send_all = StreamingModel._send_all
+        _send_all, _send_guarded = StreamingModel._send_all, StreamingModel._send_guarded
 
         def _send_one(self, stream, outcome, final):
             sent.append(stream)
@@ -210,3 +210,31 @@ def test_the_loop_makes_the_responses_and_ends_a_stream_whose_output_it_cannot_m
     assert str(error) == ("model 'counting': could not make a response of its output: RuntimeError: an output "
                           "the response cannot carry")
     assert runner.engine.state.taken == 0 and runner.engine.cache.taken == 0
+
+
+def test_a_send_that_fails_ends_that_stream_alone_with_a_final_error():
+    # The senders and the loop (a lone newcomer's first output) send through this one guard.
+    from types import SimpleNamespace
+
+    from latte.backend.streaming.model import StreamingModel
+
+    logged, sent = [], []
+
+    class Model:
+        _send_guarded = StreamingModel._send_guarded
+        name = "textgen"
+        pb = SimpleNamespace(Logger=SimpleNamespace(log_error=logged.append))
+        responses = SimpleNamespace(error=lambda exc: ("error", str(exc)))
+
+        def _send_one(self, stream, outcome, final):
+            raise RuntimeError("the response could not be made")
+
+        def _send(self, sender, response, final, stream=None):
+            sent.append((sender, response, final))
+
+    failing = SimpleNamespace(sender="its sender", cancelled=False)
+    Model()._send_guarded(failing, "its output", True)
+    assert failing.cancelled  # the loop drops it at its next iteration; no other stream is touched
+    assert sent == [("its sender", ("error", "model 'textgen' could not send its response; the server log says why"),
+                     True)]
+    assert logged[0].startswith("latte: textgen: could not send a response: RuntimeError: the response could not")
