@@ -202,3 +202,23 @@ def test_a_load_just_under_the_quiet_line_is_not_shown_above_it():
 
     assert cut_load(0.4956) == 0.49 and cut_load(0.5) == 0.5 and cut_load(None) is None
     assert [cut_load(x) for x in (0.29, 0.57, 1.13)] == [0.29, 0.57, 1.13]
+
+
+def test_the_page_opens_with_each_areas_targets_counted():
+    page = render_markdown([example(targets=[Target("a", "0.9x", "no"), Target("b", "2x", "yes"),
+                                             Target("c", "1.1x", "partly")]),
+                            example(benchmark="other", area="soak", title="A soak")])
+    assert page.index("## At a glance") < page.index("## Summary")
+    assert "| [Serving](#serving-latte-against-tritons-stock-python-backend) | 1 of 3 | 1 | 1 |" in page
+    assert "| [Soak](#soak) | 1 of 1 | 0 | 0 |" in page
+
+
+def test_a_runs_first_table_shows_and_the_rest_fold_away():
+    tables = [Table("", ["model", "ratio"], [["ranker", "1.20x"]]),
+              Table("Level by level:", ["level", "ratio"], [["1", "0.9x"]]),
+              Table("CPU per request:", ["level", "us"], [["1", "300"]])]
+    page = render_markdown([example(tables=tables)])
+    headline, folded = page.index("| ranker | 1.20x |"), page.index("<details>")
+    assert headline < folded < page.index("Level by level:") < page.index("CPU per request:") < page.index("</details>")
+    assert "<summary>2 more tables</summary>" in page
+    assert "<details>" not in render_markdown([example()])  # one table: nothing to fold

@@ -55,6 +55,23 @@ def summary_table(results: Sequence[Results]) -> Table:
     return Table("", ["area", "target", "measured", "met"], rows)
 
 
+def glance_table(results: Sequence[Results]) -> Table:
+    """Per area, how many of its targets are met: the page in a few lines."""
+    counts: Dict[str, Dict[str, int]] = {}
+    for r in results:
+        tally = counts.setdefault(r.area, {"yes": 0, "partly": 0, "no": 0})
+        for t in r.targets:
+            tally[t.met] += 1
+    rows = []
+    for area, heading in AREAS:
+        if area in counts:
+            tally = counts[area]
+            total = sum(tally.values())
+            rows.append([f"[{heading.split(':')[0]}](#{anchor(heading)})", f"{tally['yes']} of {total}",
+                         str(tally["partly"]), str(tally["no"])])
+    return Table("", ["area", "targets met", "partly", "not met"], rows)
+
+
 def chart_file(chart: Chart) -> str:
     return f"{IMAGES}/{chart.name}.svg"
 
@@ -68,10 +85,16 @@ def section(r: Results) -> List[str]:
              f"    {r.command}", ""]
     if r.summary:
         lines += [r.summary, ""]
-    for table in r.tables:
+    # The first table is the run's headline; the rest (per level, per round, CPU) fold away.
+    for index, table in enumerate(r.tables):
+        if index == 1:
+            rest = len(r.tables) - 1
+            lines += ["<details>", f"<summary>{rest} more table{'s' if rest > 1 else ''}</summary>", ""]
         if table.caption:
             lines += [table.caption, ""]
         lines += markdown_table(table) + [""]
+    if len(r.tables) > 1:
+        lines += ["</details>", ""]
     for chart in r.charts:
         lines += [f"![{chart.title}]({chart_file(chart)})", ""]
     lines += [f"- {note}" for note in r.notes] + ([""] if r.notes else [])
@@ -85,7 +108,8 @@ def section(r: Results) -> List[str]:
 
 
 def render_markdown(results: Sequence[Results]) -> str:
-    lines = [HEADER, "## Summary", ""] + markdown_table(summary_table(results)) + [""]
+    lines = [HEADER, "## At a glance", ""] + markdown_table(glance_table(results)) + [""]
+    lines += ["## Summary", ""] + markdown_table(summary_table(results)) + [""]
     grouped = by_area(results)
     for area, heading in AREAS:
         if area not in grouped:
