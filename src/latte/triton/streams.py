@@ -106,6 +106,10 @@ async def _client(url: str, model: str, prompts: Iterable[bytes], sampling: Dict
                 if error is not None:
                     record.error, answered = str(error), True
                     break
+                if result.get_response().id != str(number):
+                    # An earlier request's, sent after the error it was recorded with (an error
+                    # response need not be the final one): not this request's.
+                    continue
                 piece = _piece(result)
                 if piece is not None:
                     record.arrivals.append(now)

@@ -12,10 +12,10 @@ import tritonclient.grpc.aio as aioclient
 from latte.triton import streams
 
 
-def result(piece, final=False):
+def result(piece, final=False, request="0"):
     parameters = {"triton_final_response": SimpleNamespace(bool_param=True)} if final else {}
     return SimpleNamespace(as_numpy=lambda name: np.array([piece], dtype=object),
-                           get_response=lambda: SimpleNamespace(parameters=parameters))
+                           get_response=lambda: SimpleNamespace(parameters=parameters, id=request))
 
 
 class ScriptedStream:
@@ -38,9 +38,20 @@ class ScriptedStream:
 
 def test_a_stream_ended_before_the_final_response_is_that_requests_error(monkeypatch):
     scripts = [[(result(b"a"), None), (result(b"b"), None)],          # ends with no final response
-               [(result(b"c"), None), (result(b"", final=True), None)]]
+               [(result(b"c", request="1"), None), (result(b"", final=True, request="1"), None)]]
     opened = []
 
+    monkeypatch.setattr(aioclient, "InferenceServerClient", scripted_client(scripts, opened))
+    records = []
+    asyncio.run(streams._client("localhost:0", "textgen", [b"one", b"two"], {"max_tokens": 2}, True, records,
+                                until=time.perf_counter() + 60))
+    assert [(r.prompt, r.pieces, r.error) for r in records] == [
+        (b"one", [b"a", b"b"], "the stream ended before the request's final response"),
+        (b"two", [b"c", b""], None)]
+    assert len(opened) == 2
+
+
+def scripted_client(scripts, opened):
     class ScriptedClient:
         def __init__(self, url):
             pass
@@ -52,11 +63,18 @@ def test_a_stream_ended_before_the_final_response_is_that_requests_error(monkeyp
         async def close(self):
             pass
 
-    monkeypatch.setattr(aioclient, "InferenceServerClient", ScriptedClient)
+    return ScriptedClient
+
+
+def test_what_a_request_sends_after_its_error_is_not_counted_for_the_next_request(monkeypatch):
+    # A server may send an error that is not the request's final response, then more of it.
+    scripts = [[(None, "the model refused a token"), (result(b"late"), None), (result(b"", final=True), None),
+                (result(b"c", request="1"), None), (result(b"", final=True, request="1"), None)]]
+    opened = []
+    monkeypatch.setattr(aioclient, "InferenceServerClient", scripted_client(scripts, opened))
     records = []
     asyncio.run(streams._client("localhost:0", "textgen", [b"one", b"two"], {"max_tokens": 2}, True, records,
                                 until=time.perf_counter() + 60))
     assert [(r.prompt, r.pieces, r.error) for r in records] == [
-        (b"one", [b"a", b"b"], "the stream ended before the request's final response"),
-        (b"two", [b"c", b""], None)]
-    assert len(opened) == 2
+        (b"one", [], "the model refused a token"), (b"two", [b"c", b""], None)]
+    assert len(opened) == 1
