@@ -190,12 +190,12 @@ class BatchEngine:
     def _ordered(self, call: Call) -> Iterator[BatchAnswer]:
         now = self.clock()
         work, refused = self._admit(call.items, call.options, now)
-        if refused:
-            yield answered(refused)
-        if not work:
-            return
         turns = self._turns(work)
         try:
+            if refused:
+                yield answered(refused)
+            if not work:
+                return
             if self.dispatcher is not None:
                 groups = self.dispatcher.run(work, now)
             else:
@@ -224,19 +224,19 @@ class BatchEngine:
             raise RuntimeError("submit needs scheduler lanes (a LaneDispatcher)")
         now = self.clock()
         work, refused = self._admit(items, options, now)
-        if refused:
-            on_results(refused)
-        if not work:
-            return
         turns = self._turns(work)
         if turns:
             def answered_turns(pairs: List[Tuple[int, Result]]) -> None:
                 self._settle(turns, pairs)
                 on_results(pairs)
         try:
-            self.dispatcher.submit(work, now, answered_turns if turns else on_results)
+            if refused:
+                on_results(refused)
+            if work:
+                # It answers through the callback whatever it queued, or could not queue.
+                self.dispatcher.submit(work, now, answered_turns if turns else on_results)
         except BaseException:
-            self._release(turns)
+            self._release(turns)  # nothing of this call was queued
             raise
 
     def _admit(self, items, options, now: float) -> Tuple[List[Work], List[Tuple[int, Result]]]:
@@ -315,10 +315,6 @@ class BatchEngine:
 
     def _run(self, group: Sequence[Work]) -> List[Tuple[int, Result]]:
         results = self.run_batch([w.request for w in group])
-        for w, result in zip(group, results):
-            if w.turn is not None and not isinstance(result, Exception):
-                # Before the answer leaves, so that the session's next request finds this one's prefix.
-                self.sessions.commit(w.turn, w.options.session_end)
         return [(w.position, result) for w, result in zip(group, results)]
 
     def _run_members(self, call: Call, members: Sequence[int]) -> BatchAnswer:
@@ -405,7 +401,7 @@ class BatchEngine:
         if tokens is None:
             raise RequestError(f"a session request carries the session's tokens in input {self.session_input!r}, "
                                "which this request does not")
-        turn = self.sessions.extend(opts.session_id, tokens, opts.session_start)
+        turn = self.sessions.extend(opts.session_id, tokens, opts.session_start, opts.session_end)
         return ParsedRequest(inputs={**request.inputs, self.session_input: turn.sequence}, rows=1,
                              parameters=request.parameters), turn
 
@@ -415,15 +411,22 @@ class BatchEngine:
         return {w.position: w.turn for w in work if w.turn is not None}
 
     def _settle(self, turns: Dict[int, Turn], pairs: Sequence[Tuple[int, Result]]) -> None:
-        """Answered turns leave `turns`; a failed one is released (an answered one was committed
-        when it ran), so the session takes its next request."""
+        """The turns of answered requests leave `turns`, as their answers go out (not before,
+        so an answer that never leaves advances no session; not after, so the session's next
+        request finds this one's prefix): committed where answered with outputs, else released."""
         if not turns:
             return
         for position, outcome in pairs:
             turn = turns.pop(position, None)
-            if turn is not None and isinstance(outcome, Exception):
+            if turn is None:
+                continue
+            if isinstance(outcome, Exception):
                 self.sessions.release(turn)
+            else:
+                self.sessions.commit(turn)
 
     def _release(self, turns: Dict[int, Turn]) -> None:
-        while turns:
-            self.sessions.release(turns.popitem()[1])
+        for position in list(turns):
+            turn = turns.pop(position, None)  # a lane may settle it meanwhile
+            if turn is not None:
+                self.sessions.release(turn)

@@ -104,9 +104,12 @@ class LaneDispatcher:
         self._enqueue(work, now, call)
 
     def _enqueue(self, work: Sequence[Work], now: float, call: _Call) -> None:
+        """Queue the call's work. Raising (its plan failed), it queued none of it; once some is
+        queued, what cannot be is answered through the call, as the queued work is."""
         keys = self.engine.planned_keys(work)
         # Idle lanes start on whatever is submitted first, so the most urgent goes first.
-        for w in sorted(work, key=lambda w: (-w.options.priority, w.deadline)):
+        ordered = sorted(work, key=lambda w: (-w.options.priority, w.deadline))
+        for index, w in enumerate(ordered):
             request_id = next(self._ids)
             with self._lock:
                 self._pending[request_id] = (w, call)
@@ -117,11 +120,14 @@ class LaneDispatcher:
                 self.scheduler.submit(request_id, repr(keys[w.position]),
                                       priority=w.options.priority,  # options.py admits the native levels only
                                       timeout_s=timeout, size=w.request.rows)
-            except BaseException:
-                # Never queued, so never completed: the caller answers it (and the rest of the call).
+            except Exception as exc:
                 with self._lock:
                     self._pending.pop(request_id, None)
-                raise
+                failure = ModelError(f"model {self.engine.spec.signature.name!r} could not queue the request: "
+                                     f"{type(exc).__name__}: {exc}")
+                for left in ordered[index:]:
+                    self._answer(call, left.position, failure)
+                return
 
     def _execute(self, key: str, request_ids: List[int], lane: int) -> None:
         started = time.monotonic()
@@ -145,10 +151,15 @@ class LaneDispatcher:
                 outcome = refusal(self.engine.spec.signature.name, self.queue_capacity, error, w, self.engine.clock())
             else:
                 outcome = ModelError("the batch finished without a result")
+        self._answer(call, w.position, outcome)
+
+    @staticmethod
+    def _answer(call: _Call, position: int, outcome: Result) -> None:
+        """A request's one answer, to whoever waits for the call's."""
         if call.on_results is not None:
-            call.on_results([(w.position, outcome)])
+            call.on_results([(position, outcome)])
         else:
-            call.finished.put((w.position, outcome))
+            call.finished.put((position, outcome))
 
     def metrics(self) -> dict:
         """The scheduler's figures plus each lane's utilization (busy share since start)."""

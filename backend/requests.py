@@ -233,7 +233,7 @@ class RequestReader:
                 every = False
                 items.append(ModelError(f"model {self.spec.signature.name!r} could not read the request: "
                                         f"{type(exc).__name__}: {exc}",
-                                        detail="".join(traceback.format_exception(exc))))
+                                        detail="".join(traceback.format_exception(type(exc), exc, exc.__traceback__))))
         self._check(items, every)
         return items, defaults
 

@@ -41,6 +41,7 @@ class Turn(NamedTuple):
     number: int
     sequence: np.ndarray
     start: bool
+    end: bool
 
 
 class _InFlight(NamedTuple):
@@ -85,7 +86,7 @@ class SessionStore:
             self._stats.expired += len(expired)
             return len(expired)
 
-    def extend(self, session_id: str, tokens: np.ndarray, start: bool) -> Turn:
+    def extend(self, session_id: str, tokens: np.ndarray, start: bool, end: bool = False) -> Turn:
         """The turn of this request: the session's prefix followed by `tokens` (1 x n), in flight
         until it is settled."""
         if tokens.ndim != 2 or tokens.shape[0] != 1:
@@ -118,15 +119,16 @@ class SessionStore:
             number = next(self._numbers)
             self._turns[session_id] = _InFlight(number, self._clock(), start)
             self._starting += start
-        return Turn(session_id, number, combined, start)
+        return Turn(session_id, number, combined, start, end)
 
-    def commit(self, turn: Turn, end: bool) -> None:
+    def commit(self, turn: Turn) -> None:
         """The turn was answered: its sequence becomes the session's prefix, or the session
-        ends. A turn no longer in flight (forgotten past the TTL) changes nothing."""
+        ends. A turn forgotten past the TTL still continues its session when no later turn is
+        in flight; one that would open a session opens none."""
         with self._lock:
-            if not self._settle(turn):
+            if not self._settle(turn) and (turn.start or turn.session_id in self._turns):
                 return
-            if end:
+            if turn.end:
                 if self._sessions.pop(turn.session_id, None) is not None:
                     self._stats.ended += 1
                 return

@@ -200,11 +200,11 @@ class StreamingModel:
         except Exception as exc:
             self.pb.Logger.log_error(f"latte: {self.name}: could not send a response: {type(exc).__name__}: {exc}\n"
                                      f"{traceback.format_exc()}")
-            stream.cancelled = True  # the loop drops it at its next iteration
+            failure = ModelError(f"model {self.name!r} could not send its response; the server log says why")
+            stream.cancelled = failure  # the loop ends it with this error at its next iteration
             if final:
                 try:
-                    response = self.responses.error(ModelError(f"model {self.name!r} could not send its "
-                                                               "response; the server log says why"))
+                    response = self.responses.error(failure)
                 except Exception:
                     response = None
                 self._send(stream.sender, response, final=True)

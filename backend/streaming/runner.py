@@ -165,7 +165,9 @@ class StreamRunner:
         cancelled: List[Emission] = []
         for stream in [s for s in self.engine.live if s.cancelled]:
             self.engine.drop(stream)
-            cancelled.append((stream, RequestCancelled("the client cancelled the stream"), True))
+            ended_by = stream.cancelled if isinstance(stream.cancelled, Exception) else \
+                RequestCancelled("the client cancelled the stream")
+            cancelled.append((stream, ended_by, True))
         free = self.engine.cache.free if self.engine.cache is not None else None
         plan = self.scheduler.schedule(now, len(self.engine.live), free, sweep=checked)
         for stream in plan.cancelled:

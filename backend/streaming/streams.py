@@ -4,7 +4,7 @@ its outputs turns into (sent now, kept for the one response at the end, or the e
 from __future__ import annotations
 
 import itertools
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -55,7 +55,9 @@ class Stream:
         self.produced = 0                  # outputs so far
         self.pieces: List[Outputs] = []    # outputs kept for a response that is not streamed
         self.said = b""                    # the text so far, where stop strings are looked for
-        self.cancelled = False             # set where its client is found gone
+        # Set where its client is found gone, or to the error that ends it where its response
+        # could not be sent.
+        self.cancelled: Union[bool, Exception] = False
         self.check_at = arrival            # when the loop next asks whether its client gave up
         self.ended = False
         self.sent_at: Optional[float] = None  # when its last output was sent (its sender's clock)

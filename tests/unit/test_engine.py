@@ -361,10 +361,10 @@ def test_a_session_request_that_cannot_continue_is_refused_alone_and_the_call_go
     engine = per_token_engine(tmp_path, sessions=store, session_input="tokens")
     real_extend = store.extend
 
-    def extend(session_id, tokens, start):
+    def extend(session_id, tokens, start, end=False):
         if session_id == "full":
             raise MemoryError("the arena has 0 of 4096 bytes free")
-        return real_extend(session_id, tokens, start)
+        return real_extend(session_id, tokens, start, end)
 
     store.extend = extend
     tokens = {"tokens": np.array([[1, 2]], dtype=np.int64)}
@@ -409,6 +409,21 @@ def test_a_sessions_turns_in_one_call_are_one_at_a_time_and_a_failed_turn_frees_
     assert store.in_flight() == 0
     (next_turn,) = engine.infer([turn(6)], [RequestOptions(session_id="s")])
     np.testing.assert_array_equal(next_turn["vectors"][0, :, 0], [1.0, 6.0])
+
+
+def test_a_call_given_up_after_its_refusals_leaves_no_session_turn_in_flight(tmp_path):
+    from latte.backend.sessions import SessionStore
+
+    store = SessionStore(60.0, 2, 64)
+    engine = per_token_engine(tmp_path, sessions=store, session_input="tokens")
+    turn = ParsedRequest(inputs={"tokens": np.array([[1, 2]], dtype=np.int64)}, rows=1)
+    answers = engine.answers(requests_call([RequestError("a bad one"), turn],
+                                           [None, RequestOptions(session_id="s", session_start=True)]))
+    next(answers)  # the refusal; then the caller fails answering it and drops the rest of the call
+    answers.close()
+    assert store.in_flight() == 0
+    (opened,) = engine.infer([turn], [RequestOptions(session_id="s", session_start=True)])
+    assert "vectors" in opened and store.stats().live == 1
 
 
 def test_the_requests_of_a_failed_batch_run_alone_after_its_buffers_went_back(tmp_path):

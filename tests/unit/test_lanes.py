@@ -332,3 +332,38 @@ def test_a_session_turn_the_scheduler_refuses_frees_its_session_for_the_next_tur
         assert opened["embedding"].shape[0] == 1 and engine.sessions.stats().live == 1
     finally:
         engine.dispatcher.close()
+
+
+def test_work_the_scheduler_cannot_queue_is_answered_with_the_rest_of_the_call(example_engine):
+    spec, engine = example_engine("mlp_onnx")
+    engine.dispatcher = LaneDispatcher(engine, lanes=1)
+    submit, calls = engine.dispatcher.scheduler.submit, []
+
+    class Native:  # the native scheduler, refusing its second request
+        def __getattr__(self, name):
+            return getattr(scheduler, name)
+
+        def submit(self, request_id, key, **kwargs):
+            calls.append(request_id)
+            if len(calls) == 2:
+                raise RuntimeError("the scheduler is closed")
+            return submit(request_id, key, **kwargs)
+
+    scheduler = engine.dispatcher.scheduler
+    engine.dispatcher.scheduler = Native()
+    answers = []
+    try:
+        feed = EXAMPLES["mlp"].sample(1, np.random.default_rng(0))
+        requests = [ParsedRequest(inputs=feed, rows=1) for _ in range(3)]
+        engine.submit(requests, [RequestOptions(priority=p) for p in (2, 1, 0)], answers.extend)
+        deadline = time.monotonic() + 30
+        while len(answers) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        engine.dispatcher.scheduler = scheduler
+        engine.dispatcher.close()
+    by_position = dict(answers)
+    assert len(answers) == 3 and by_position[0]["logits"].shape == (1, 8)  # queued first: run
+    for position in (1, 2):  # the refused one and the one after it, never queued
+        assert str(by_position[position]) == ("model 'mlp_onnx' could not queue the request: "
+                                              "RuntimeError: the scheduler is closed")

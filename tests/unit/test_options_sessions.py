@@ -43,10 +43,10 @@ def tokens(*values):
 def test_a_session_runs_each_request_on_its_prefix_and_ends_explicitly():
     store = SessionStore(ttl_s=10, max_sessions=4, max_length=8)
     first = store.extend("s", tokens(1, 2), start=True)
-    store.commit(first, end=False)
-    second = store.extend("s", tokens(3), start=False)
+    store.commit(first)
+    second = store.extend("s", tokens(3), start=False, end=True)
     np.testing.assert_array_equal(second.sequence, [[1, 2, 3]])
-    store.commit(second, end=True)
+    store.commit(second)
     assert store.stats().live == 0 and store.stats().ended == 1
     with pytest.raises(RequestError, match="unknown session 's'"):
         store.extend("s", tokens(4), start=False)
@@ -56,7 +56,7 @@ def test_idle_sessions_are_reclaimed_after_the_ttl():
     clock = Clock()
     store = SessionStore(ttl_s=5, max_sessions=100, max_length=None, clock=clock)
     for i in range(50):  # clients that start a session and vanish
-        store.commit(store.extend(f"abandoned-{i}", tokens(1), start=True), end=False)
+        store.commit(store.extend(f"abandoned-{i}", tokens(1), start=True))
     assert store.stats().live == 50
     clock.now = 5.5
     assert store.reap() == 50
@@ -65,7 +65,7 @@ def test_idle_sessions_are_reclaimed_after_the_ttl():
 
 def test_sessions_are_bounded_in_count_and_length():
     store = SessionStore(ttl_s=5, max_sessions=1, max_length=3)
-    store.commit(store.extend("a", tokens(1, 2), start=True), end=False)
+    store.commit(store.extend("a", tokens(1, 2), start=True))
     with pytest.raises(RequestError, match="too many open sessions"):
         store.extend("b", tokens(1), start=True)
     with pytest.raises(RequestError, match="would reach 4 tokens; the model takes at most 3"):
@@ -87,21 +87,20 @@ def test_a_session_being_started_counts_against_the_limit_before_its_answer():
 
 def test_a_sessions_next_request_waits_for_the_answer_to_the_one_in_flight():
     store = SessionStore(ttl_s=5, max_sessions=4, max_length=None)
-    store.commit(store.extend("s", tokens(1), start=True), end=False)
+    store.commit(store.extend("s", tokens(1), start=True))
     second = store.extend("s", tokens(2), start=False)
     with pytest.raises(RequestError) as refused:
         store.extend("s", tokens(3), start=False)
     assert str(refused.value) == "session 's' has a request in flight; send its next request after that one's answer"
-    store.commit(second, end=False)
+    store.commit(second)
     np.testing.assert_array_equal(store.extend("s", tokens(3), start=False).sequence, [[1, 2, 3]])
 
 
 def test_a_released_turn_leaves_its_session_as_it_was():
     store = SessionStore(ttl_s=5, max_sessions=4, max_length=None)
-    store.commit(store.extend("s", tokens(1), start=True), end=False)
+    store.commit(store.extend("s", tokens(1), start=True))
     failed = store.extend("s", tokens(2), start=False)
     store.release(failed)
-    store.commit(failed, end=False)  # settled already: changes nothing
     np.testing.assert_array_equal(store.extend("s", tokens(3), start=False).sequence, [[1, 3]])
 
 
@@ -111,8 +110,19 @@ def test_a_turn_never_settled_is_forgotten_after_the_ttl():
     lost = store.extend("s", tokens(1), start=True)
     clock.now = 5.5
     store.extend("t", tokens(1), start=True)  # the lost start no longer holds the one place
-    store.commit(lost, end=False)  # its late answer opens nothing
+    store.commit(lost)  # its late answer opens nothing
     assert store.stats().live == 0 and store.in_flight() == 1
+
+
+def test_a_late_answer_of_a_forgotten_turn_still_continues_its_session():
+    clock = Clock()
+    store = SessionStore(ttl_s=5, max_sessions=2, max_length=None, clock=clock)
+    store.commit(store.extend("s", tokens(1), start=True))
+    slow = store.extend("s", tokens(2), start=False)
+    clock.now = 5.5  # the turn ran past the TTL and was forgotten; the session was idle as long
+    store.reap()
+    store.commit(slow)  # the client got its answer: the session goes on from it
+    np.testing.assert_array_equal(store.extend("s", tokens(3), start=False).sequence, [[1, 2, 3]])
 
 
 def test_bucket_edges_default_to_powers_of_two_up_to_the_maximum():

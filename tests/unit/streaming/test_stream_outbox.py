@@ -216,6 +216,7 @@ def test_a_send_that_fails_ends_that_stream_alone_with_a_final_error():
     # The senders and the loop (a lone newcomer's first output) send through this one guard.
     from types import SimpleNamespace
 
+    from latte.backend.errors import ModelError
     from latte.backend.streaming.model import StreamingModel
 
     logged, sent = [], []
@@ -234,7 +235,27 @@ def test_a_send_that_fails_ends_that_stream_alone_with_a_final_error():
 
     failing = SimpleNamespace(sender="its sender", cancelled=False)
     Model()._send_guarded(failing, "its output", True)
-    assert failing.cancelled  # the loop drops it at its next iteration; no other stream is touched
-    assert sent == [("its sender", ("error", "model 'textgen' could not send its response; the server log says why"),
-                     True)]
+    message = "model 'textgen' could not send its response; the server log says why"
+    assert sent == [("its sender", ("error", message), True)]
+    # Not final: the loop ends the stream at its next iteration with this error (INTERNAL), not as
+    # cancelled by its client; no other stream is touched.
+    midway = SimpleNamespace(sender="another sender", cancelled=False)
+    Model()._send_guarded(midway, "its output", False)
+    assert type(midway.cancelled) is ModelError and str(midway.cancelled) == message
+    assert len(sent) == 1
     assert logged[0].startswith("latte: textgen: could not send a response: RuntimeError: the response could not")
+
+
+def test_a_stream_whose_response_could_not_be_sent_ends_with_that_error_not_as_cancelled(model_path):
+    from latte.backend.errors import ModelError
+
+    runner = counting_runner(model_path, np.empty)
+    broken, beside = stream(14, max_tokens=6), stream(30, max_tokens=3)
+    runner.submit([broken, beside])
+    runner.run_once()  # both start
+    broken.cancelled = ModelError("model 'counting' could not send its response; the server log says why")
+    emissions = runner.run_once()
+    ended = [(outcome, final) for s, outcome, final in emissions if s is broken]
+    assert len(ended) == 1 and ended[0][1] and ended[0][0] is broken.cancelled
+    assert [int(o["y"][0]) for s, o, _ in emissions if s is beside] == [31]
+    assert runner.figures["failed"] == 1 and runner.figures["cancelled"] == 0
