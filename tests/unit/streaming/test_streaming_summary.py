@@ -141,3 +141,22 @@ def test_a_run_that_measured_the_loop_before_the_server_is_judged_on_the_medians
     summary = streaming.summarize(result)
     assert h_target(summary).measured == "109 % at worst"
     assert not any("median of the rounds' own ratios" in note for note in summary["notes"])
+
+
+def test_64_streams_no_faster_than_16_names_the_bound_at_both(streaming):
+    result = run([window(3300.0, [5.0] * 100) for _ in range(3)], [window(1200.0, [10.0] * 100) for _ in range(3)])
+    result["levels"] = [16, 64]
+    result["in_process"]["gpt"][64] = [11000.0] * 3
+    result["beside_echo"]["gpt"][64] = [9000.0] * 3
+    result["served"]["latte_gpt"][64] = [window(3200.0, [13.0] * 100) for _ in range(3)]
+    result["served"]["stock_gpt"][64] = [window(1000.0, [67.0] * 100) for _ in range(3)]
+    result["served"]["echo"][64] = [echo_window()] * 3
+    target = next(t for t in streaming.summarize(result)["targets"] if t.target.startswith("Tokens/s at 64"))
+    assert (target.met, target.measured) == ("no", "3200 vs 3300")
+    # H = 1 / (1/7000 + 1/10000) = 4118 at 16 and 1 / (1/7000 + 1/11000) = 4278 at 64.
+    assert target.why == ("the bound H grows 1.04x from 16 to 64 streams (4118 to 4278 tokens/s; the echo alone "
+                          "7000 and 7000): the serving cost bounds both levels, and latte reaches 80 % and 75 % of it")
+    # Where H grows, the bound is not claimed.
+    result["in_process"]["gpt"][64] = [50000.0] * 3
+    target = next(t for t in streaming.summarize(result)["targets"] if t.target.startswith("Tokens/s at 64"))
+    assert "serving cost bounds" not in target.why and target.why.startswith("the bound H grows 1.49x")
