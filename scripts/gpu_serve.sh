@@ -68,6 +68,13 @@ order=(checks one-call ranker sequence served-memory allocator pipeline)
 declare -A asked=([checks]=$checks_s [one-call]=$call_s [ranker]=$ranker_s [sequence]=$sequence_s
                   [served-memory]=$memory_s [allocator]=$allocator_s [pipeline]=$pipeline_s)
 [ "$rehearse" = 1 ] && asked[allocator]=0
+# The seconds a part measures for, started `elapsed` seconds into the run: what TOTAL_S leaves it
+# after its allowance for loads and 30 s kept back, at most what it asks; 0 (left out) where that
+# is under 20 s. The run and --plan both decide by this.
+part_seconds() {  # name, seconds asked, seconds elapsed
+  local left=$((total_s - $3 - setup[$1] - 30))
+  if [ "$left" -lt 20 ]; then echo 0; elif [ "$2" -lt "$left" ]; then echo "$2"; else echo "$left"; fi
+}
 # --plan walks the parts as the run will, each taking its seconds of measuring and the loads it
 # took on an H200 (2026-11-28: the build 16 s; the pipeline's generation about 50 s, a served
 # part's loads under 10 s), and says which would measure for less than asked or be left out.
@@ -77,12 +84,11 @@ if [ "$plan_only" = 1 ]; then
   for name in "${order[@]}"; do
     want=${asked[$name]}
     [ "$want" -gt 0 ] || continue
-    left=$((total_s - clock - setup[$name] - 30))
-    if [ "$left" -lt 20 ]; then
+    got=$(part_seconds "$name" "$want" "$clock")
+    if [ "$got" = 0 ]; then
       echo "  $name: left out (at about ${clock} s, TOTAL_S=${total_s} leaves it under 20 s beside its ${setup[$name]} s allowance for loads)"
       short=1; continue
     fi
-    got=$(( want < left ? want : left ))
     [ "$got" -lt "$want" ] && { echo "  $name: ${got} s of measuring, not ${want} s (from about ${clock} s)"; short=1; } \
       || echo "  $name: ${got} s of measuring (from about ${clock} s)"
     clock=$((clock + got + typical[$name]))
@@ -151,15 +157,15 @@ for name in RANKER_S SEQUENCE_S MEMORY_S PIPELINE_S CHECKS_S ALLOCATOR_S CALL_S 
 done
 export LATTE_RESULTS_COMMAND="${settings}scripts/gpu_serve.sh"
 # The whole script ends within TOTAL_S of its start (default 540: a call may run 600): a part gets
-# what is left of it less the part's own loads and builds, or is left out when that is under 20 s.
-deadline=$((began + total_s))
-measure() {  # name, seconds of measuring, seconds of loads and builds before it, command (@BUDGET@: the seconds)
-  local name="$1" budget="$2" setup="$3"; shift 3
+# what is left of it less the part's own loads and builds, or is left out (part_seconds).
+measure() {  # name, seconds of measuring, command (@BUDGET@: the seconds)
+  local name="$1" budget="$2"; shift 2
   [ "$budget" -gt 0 ] || { say "$name: left out"; return; }
-  local left=$((deadline - SECONDS - setup - 30))
-  [ "$left" -ge 20 ] || { say "$name: left out (TOTAL_S=${total_s} would pass)"; return; }
-  [ "$budget" -le "$left" ] || { say "$name: ${left}s of measuring, not ${budget}s (TOTAL_S)"; budget=$left; }
-  local limit=$((budget + setup)) args=() arg
+  local got
+  got=$(part_seconds "$name" "$budget" $((SECONDS - began)))
+  [ "$got" -gt 0 ] || { say "$name: left out (TOTAL_S=${total_s} would pass)"; return; }
+  [ "$got" = "$budget" ] || { say "$name: ${got}s of measuring, not ${budget}s (TOTAL_S)"; budget=$got; }
+  local limit=$((budget + setup[$name])) args=() arg
   for arg in "$@"; do args+=("${arg//@BUDGET@/$budget}"); done
   say "$name: at most ${limit}s"
   # SIGINT, not SIGTERM: Python unwinds its `with TritonServer` and stops the server it started,
@@ -192,28 +198,28 @@ device_checks() {  # the paged device arena's tests, before anything measures wi
 mkdir -p "$root/results/logs"
 export -f device_checks
 export venv root
-measure checks "$checks_s" "${setup[checks]}" bash -c device_checks
+measure checks "$checks_s" bash -c device_checks
 # One request at a time in process, no server: the stock loop's code, latte's runtime and latte's
 # execute, each frozen and not, so a served P50 gap at concurrency 1 is traced to its part.
-measure one-call "$call_s" "${setup[one-call]}" "$venv/bin/python" benchmarks/one_call.py --device "$( [ "$gpus" = 1 ] && echo cuda || echo cpu )" \
+measure one-call "$call_s" "$venv/bin/python" benchmarks/one_call.py --device "$( [ "$gpus" = 1 ] && echo cuda || echo cpu )" \
   --calls 300 --rounds 5 --profile --json "$root/results/logs/one-call.json" --results-dir "$root/results"
-measure ranker "$ranker_s" "${setup[ranker]}" "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
+measure ranker "$ranker_s" "$venv/bin/python" benchmarks/serving.py --model ranker --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,32,128 --measurement-ms 1000 --budget-s @BUDGET@ \
   --results-dir "$root/results"
-measure sequence "$sequence_s" "${setup[sequence]}" "$venv/bin/python" benchmarks/serving.py --model sequence --runtime torchscript \
+measure sequence "$sequence_s" "$venv/bin/python" benchmarks/serving.py --model sequence --runtime torchscript \
   --kind "$kind" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 --budget-s @BUDGET@ \
   --results-dir "$root/results"
-measure served-memory "$memory_s" "${setup[served-memory]}" "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
+measure served-memory "$memory_s" "$venv/bin/python" benchmarks/gpu_served.py --kind "$kind" \
   --budget-s @BUDGET@ --windows "$memory_windows" --results-dir "$root/results"
 if [ "$gpus" = 1 ]; then
-  measure allocator "$allocator_s" "${setup[allocator]}" "$venv/bin/python" benchmarks/gpu_allocator.py --models sequence,encoder \
+  measure allocator "$allocator_s" "$venv/bin/python" benchmarks/gpu_allocator.py --models sequence,encoder \
     --contenders caching,expandable,arena,arena_paged --steps "${ALLOCATOR_STEPS:-3000}" --rounds 3 \
     --cap-steps 3000 --cap-ratio 1.10 --budget-s @BUDGET@ --results-dir "$root/results"
 else
   say "allocator: left out (it needs a CUDA device)"
 fi
 # The pipeline's repository is generated (its models profiled, the fused one too) before it measures.
-measure pipeline "$pipeline_s" "${setup[pipeline]}" "$venv/bin/python" benchmarks/pipelines.py \
+measure pipeline "$pipeline_s" "$venv/bin/python" benchmarks/pipelines.py \
   --pipeline text --format torchscript --gpus "$gpus" --rounds 3 --concurrency 1,16,64 --measurement-ms 1000 \
   --budget-s @BUDGET@ --results-dir "$root/results"
 
