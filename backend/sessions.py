@@ -73,16 +73,17 @@ class SessionStore:
         self._lock = threading.Lock()
 
     def reap(self) -> int:
-        """Drop sessions idle for longer than the TTL; returns how many. A turn in flight for
-        longer than the TTL is forgotten too, so that a turn never settled cannot hold its
-        session shut."""
+        """Drop sessions idle for longer than the TTL; returns how many. A session with a turn in
+        flight is not idle. A turn in flight for longer than the TTL is forgotten, so that a
+        turn never settled cannot hold its session shut; its session may expire from then on."""
         now = self._clock()
         with self._lock:
-            expired = [key for key, s in self._sessions.items() if now - s.last_used > self.ttl_s]
-            for key in expired:
-                del self._sessions[key]
             for key in [key for key, t in self._turns.items() if now - t.since > self.ttl_s]:
                 self._forget(key)
+            expired = [key for key, s in self._sessions.items()
+                       if now - s.last_used > self.ttl_s and key not in self._turns]
+            for key in expired:
+                del self._sessions[key]
             self._stats.expired += len(expired)
             return len(expired)
 
@@ -124,9 +125,12 @@ class SessionStore:
     def commit(self, turn: Turn) -> None:
         """The turn was answered: its sequence becomes the session's prefix, or the session
         ends. A turn forgotten past the TTL still continues its session when no later turn is
-        in flight; one that would open a session opens none."""
+        in flight, and opens it again if it expired meanwhile only while `max_sessions` has room;
+        one that would open a session opens none."""
         with self._lock:
-            if not self._settle(turn) and (turn.start or turn.session_id in self._turns):
+            if not self._settle(turn) and (turn.start or turn.session_id in self._turns or (
+                    turn.session_id not in self._sessions
+                    and len(self._sessions) + self._starting >= self.max_sessions)):
                 return
             if turn.end:
                 if self._sessions.pop(turn.session_id, None) is not None:

@@ -125,6 +125,33 @@ def test_a_late_answer_of_a_forgotten_turn_still_continues_its_session():
     np.testing.assert_array_equal(store.extend("s", tokens(3), start=False).sequence, [[1, 2, 3]])
 
 
+def test_a_session_with_a_request_in_flight_does_not_expire():
+    clock = Clock()
+    store = SessionStore(ttl_s=5, max_sessions=2, max_length=None, clock=clock)
+    store.commit(store.extend("s", tokens(1), start=True))
+    clock.now = 4.0
+    running = store.extend("s", tokens(2), start=False)
+    clock.now = 5.5  # idle since its last answer for longer than the TTL, but its turn is 1.5 s old
+    assert store.reap() == 0
+    store.commit(running)
+    assert store.stats().live == 1 and store.stats().started == 1 and store.stats().expired == 0
+    np.testing.assert_array_equal(store.extend("s", tokens(3), start=False).sequence, [[1, 2, 3]])
+
+
+def test_a_late_answer_reopens_its_expired_session_only_while_the_limit_has_room():
+    clock = Clock()
+    store = SessionStore(ttl_s=5, max_sessions=1, max_length=None, clock=clock)
+    store.commit(store.extend("s", tokens(1), start=True))
+    slow = store.extend("s", tokens(2), start=False)
+    clock.now = 5.5  # the slow turn is forgotten and "s" expires, so "t" takes the one place
+    newcomer = store.extend("t", tokens(1), start=True)
+    store.commit(slow)
+    store.commit(newcomer)
+    assert store.stats().live == 1
+    with pytest.raises(RequestError, match="unknown session 's'"):
+        store.extend("s", tokens(3), start=False)
+
+
 def test_bucket_edges_default_to_powers_of_two_up_to_the_maximum():
     plan = BucketPlan.default(100)
     assert plan.edges == [16, 32, 64, 100]
