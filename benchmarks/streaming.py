@@ -202,15 +202,23 @@ def summarize(result: Dict) -> Dict:
                               f"{ratio:.2f}x", "yes" if ratio >= 4 else "no", why))
         if 64 in levels:
             _, share64, ours64, bound64 = ratio_at[("gpt", 64)]
+            # Each round's own 64 / 16, as latte / stock and latte / H are judged: the box drifts
+            # between rounds more than between a round's two levels.
+            growth = paired_ratios(served["latte_gpt"][64], served["latte_gpt"][16], "tokens_per_s")
+            grew = _median(growth) > 1 if growth else ours64 > ours16
+            measured = f"{ours64:.0f} vs {ours16:.0f}"
+            if growth:
+                measured = (f"{_median(growth):.2f}x (the median of the rounds' own ratios, rounds "
+                            f"{min(growth):.2f}-{max(growth):.2f}; the medians {ours64:.0f} vs {ours16:.0f})")
             why = ""
-            if ours64 <= ours16 and bound16 and bound64 and share and share64:
+            if not grew and bound16 and bound64 and share and share64:
                 echo16, echo64 = (_med(served["echo"][c], "tokens_per_s") for c in (16, 64))
                 why = (f"the bound H grows {bound64 / bound16:.2f}x from 16 to 64 streams ({bound16:.0f} to "
                        f"{bound64:.0f} tokens/s; the echo alone {echo16:.0f} and {echo64:.0f})"
                        + (": the serving cost bounds both levels" if bound64 < 1.1 * bound16 else "")
                        + f", and latte reaches {100 * share:.0f} % and {100 * share64:.0f} % of it")
-            targets.append(Target("Tokens/s at 64 streams above 16 (transformer)", f"{ours64:.0f} vs {ours16:.0f}",
-                                  "yes" if ours64 > ours16 else "no", why))
+            targets.append(Target("Tokens/s at 64 streams above 16 (transformer)", measured, "yes" if grew else "no",
+                                  why))
         ours, theirs = served["latte_gpt"][16], served["stock_gpt"][16]
         ttft = _ratio(pooled_ms(ours, 99), pooled_ms(theirs, 99))
         rounds = _median(paired_ratios(ours, theirs, "ttft_p99_ms"))
