@@ -48,10 +48,17 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def measure(url: str, model: str, concurrency: int, seconds: float, max_tokens: int) -> Dict:
+def measure(url: str, model: str, concurrency: int, seconds: float, max_tokens: int, **sampling) -> Dict:
     """The window's figures; a contender's own first-token times too, for its TTFT over the
     rounds (the echo's are not compared)."""
-    return measure_streams(url, model, concurrency, seconds, max_tokens, PROMPTS).as_dict(samples=model != "echo")
+    return measure_streams(url, model, concurrency, seconds, max_tokens, PROMPTS,
+                           **sampling).as_dict(samples=model != "echo")
+
+
+def at_cadence(kind: str) -> str:
+    """The served key of the echo sent at latte's cadence for `kind`: a response every gap a
+    stream, the gap being latte's inter-token P50 in the same round and level."""
+    return f"echo_at_{kind}"
 
 
 def run(args) -> Dict:
@@ -108,10 +115,24 @@ def _serve(args, repo: Path, kinds: List[str], levels: List[int], models: Dict, 
                 for name in order:
                     figures = measure(server.grpc_url, name, c, args.seconds, args.max_tokens)
                     served.setdefault(name, {}).setdefault(c, []).append(figures)
-                    print(f"round {r + 1}, {c:>3} streams, {name:<12} {figures['tokens_per_s']:8.0f} tokens/s  "
-                          f"TTFT P50 {figures['ttft_p50_ms'] or 0:6.1f} ms P99 {figures['ttft_p99_ms'] or 0:6.1f} ms"
-                          f"  ITL P50 {figures['itl_p50_ms'] or 0:5.2f} ms  errors {figures['errors']}", flush=True)
+                    _print_window(r, c, name, figures)
+                # The echo again, each stream's responses one every latte's inter-token P50 of
+                # this round: what the responses cost the machine at the cadence of a stream in
+                # a batched loop, against the echo's back-to-back ones.
+                for kind in (kinds if c > 1 else []):
+                    gap = served[f"latte_{kind}"][c][-1]["itl_p50_ms"]
+                    figures = measure(server.grpc_url, "echo", c, args.seconds, args.max_tokens, gap_ms=gap or 0.0)
+                    served.setdefault(at_cadence(kind), {}).setdefault(c, []).append({**figures, "gap_ms": gap})
+                    _print_window(r, c, at_cadence(kind), figures)
     return served
+
+
+def _print_window(r: int, c: int, name: str, figures: Dict) -> None:
+    busy = figures.get("busy_cores")
+    print(f"round {r + 1}, {c:>3} streams, {name:<12} {figures['tokens_per_s']:8.0f} tokens/s  "
+          f"TTFT P50 {figures['ttft_p50_ms'] or 0:6.1f} ms P99 {figures['ttft_p99_ms'] or 0:6.1f} ms"
+          f"  ITL P50 {figures['itl_p50_ms'] or 0:5.2f} ms  errors {figures['errors']}"
+          + (f"  cores busy {busy:.2f}" if busy is not None else ""), flush=True)
 
 
 def _med(runs: List[Dict], key: str):
@@ -136,6 +157,27 @@ def _ratio(ours, theirs):
     return ours / theirs if ours is not None and theirs else None
 
 
+def _cpu_us(runs: List[Dict]) -> Optional[float]:
+    """µs of the machine's CPU time (every process) per token or response: the median over the
+    windows that read the cores busy."""
+    return _median([1e6 * run["busy_cores"] / run["tokens_per_s"] for run in runs
+                    if run.get("busy_cores") is not None and run["tokens_per_s"]])
+
+
+def _cpu_row(kind: str, c: int, latte: List[Dict], echo: List[Dict], paced: List[Dict]):
+    """The CPU table's row and (latte's, the echo's back to back, the echo's at latte's cadence,
+    the gap), or None where the run did not read the cores."""
+    figures = (_cpu_us(latte), _cpu_us(echo), _cpu_us(paced), _median([run.get("gap_ms") for run in paced]))
+    if None in figures:
+        return None, None
+
+    def cell(us, runs):
+        return f"{us:.0f} ({_med(runs, 'busy_cores'):.2f})"
+
+    return ([kind, str(c), cell(figures[0], latte), cell(figures[1], echo), f"{figures[3]:.2f}", cell(figures[2], paced),
+             f"{_med(paced, 'tokens_per_s'):.0f}"], figures)
+
+
 def _share(latte: List[Dict], echo: List[Dict], loop: List[float], by_round: bool) -> Optional[float]:
     """latte / H: where the loop was measured in each round, the median of the rounds' own
     ratios, each against its round's H (its echo window and its loop's rate); else, or without
@@ -154,8 +196,9 @@ def _share(latte: List[Dict], echo: List[Dict], loop: List[float], by_round: boo
 
 def summarize(result: Dict) -> Dict:
     levels, kinds, served = result["levels"], result["kinds"], result["served"]
-    rows, targets, charts = [], [], []
+    rows, cpu_rows, targets, charts = [], [], [], []
     ratio_at: Dict = {}
+    cpu_at: Dict = {}      # (kind, level): µs a token or response (latte, echo, echo at latte's cadence), gap
     beside_at: Dict = {}   # (kind, level): (the loop's cost beside the echo / alone, latte / H beside)
     # Runs that measure the loop in each round give each round's latte / H its own bound; earlier
     # runs measured it once before the server started, so only the medians can be compared.
@@ -187,6 +230,10 @@ def summarize(result: Dict) -> Dict:
                          f"{_ms(_med(latte[c], 'itl_p50_ms'), 2)} / {_ms(_med(latte[c], 'itl_p99_ms'), 2)}",
                          f"{_ms(_med(stock[c], 'itl_p50_ms'), 2)} / {_ms(_med(stock[c], 'itl_p99_ms'), 2)}",
                          f"{_med(latte[c], 'in_flight'):.1f}"])
+            if served.get(at_cadence(kind), {}).get(c):
+                row, cpu_at[(kind, c)] = _cpu_row(kind, c, latte[c], served["echo"][c], served[at_cadence(kind)][c])
+                if row is not None:
+                    cpu_rows.append(row)
             points["latte"].append((c, ours))
             points["stock"].append((c, _med(stock[c], "tokens_per_s")))
             points["bound H"].append((c, h))
@@ -231,11 +278,17 @@ def summarize(result: Dict) -> Dict:
     for kind in kinds:
         if above_one:
             level = min(above_one, key=lambda c: ratio_at[(kind, c)][1])
-            worst, why = ratio_at[(kind, level)][1], ""
+            worst, reasons = ratio_at[(kind, level)][1], []
             if worst < 0.8 and beside_at.get((kind, level)):
                 cost, share = beside_at[(kind, level)]
-                why = (f"at {level} streams the loop costs {cost:.2f}x its CPU time per token beside the echo's "
-                       f"traffic; against H beside the echo latte reaches {100 * share:.0f} %")
+                reasons.append(f"at {level} streams the loop costs {cost:.2f}x its CPU time per token beside the "
+                               f"echo's traffic; against H beside the echo latte reaches {100 * share:.0f} %")
+            if worst < 0.8 and cpu_at.get((kind, level)):
+                ours_us, echo_us, paced_us, gap = cpu_at[(kind, level)]
+                reasons.append(f"the echo's responses cost the machine {echo_us:.0f} µs of CPU each back to back "
+                               f"and {paced_us:.0f} µs sent as latte sends a stream's outputs (one every {gap:.2f} "
+                               f"ms), where latte spends {ours_us:.0f} µs a token, its loop included")
+            why = "; ".join(reasons)
             _, _, rate, bound = ratio_at[(kind, level)]
             measured = f"{100 * worst:.0f} % at worst"
             if by_round and bound:
@@ -256,11 +309,18 @@ def summarize(result: Dict) -> Dict:
                    "in-process tokens/s", "bound H", "latte / H", "loop beside the echo (tokens per CPU s)",
                    "H beside the echo (latte's share)", "latte TTFT", "stock TTFT", "latte ITL", "stock ITL",
                    "latte in flight"], rows)
+    tables = [table]
+    if cpu_rows:
+        tables.append(Table("CPU time of the whole machine (server, stubs, clients) per token or response, in µs, "
+                            "with the cores busy on average (of all of them); the echo back to back, and at latte's "
+                            "cadence: each stream's responses one every gap, latte's inter-token P50 in that round",
+                            ["example", "streams", "latte (cores busy)", "echo back to back (cores busy)", "gap ms",
+                             "echo at latte's cadence (cores busy)", "echo at latte's cadence, tokens/s"], cpu_rows))
     best = max(ratio_at.items(), key=lambda item: item[1][0])
     summary = (f"latte streams {best[1][0]:.2f}x the stock decoupled model's tokens/s at best ({best[0][0]}, "
                f"{best[0][1]} streams); every output is one response through the stub, whose cost (the echo) "
                "bounds both.")
-    windows = [len(w["ttft_ms"]) for name, by_level in served.items() if name != "echo"
+    windows = [len(w["ttft_ms"]) for name, by_level in served.items() if not name.startswith("echo")
                for runs in by_level.values() for w in runs]
     fewest, most = (min(windows), max(windows)) if windows else (0, 0)
     notes = [f"Each request asks for {result['max_tokens']} outputs (ignore_eos); each measurement runs "
@@ -278,7 +338,7 @@ def summarize(result: Dict) -> Dict:
              "Beside the echo: the same loop while clients in another process stream from the echo at the same "
              "level, counted per second of the loop's own CPU time (what a token costs it with the server, the "
              "stub and the clients on the same cores); H beside the echo puts that rate in H's place."]
-    return {"summary": summary, "targets": targets, "tables": [table], "charts": charts, "notes": notes}
+    return {"summary": summary, "targets": targets, "tables": tables, "charts": charts, "notes": notes}
 
 
 def main(argv=None) -> int:

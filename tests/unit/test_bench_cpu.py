@@ -60,3 +60,20 @@ def test_a_stub_that_ends_between_listing_and_reading_is_no_instance_of_any_mode
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()   # its /proc entry is gone, as a stub's is once its instance unloads
     assert procmem.stub_instance(ended.pid) == "?"
+
+
+def test_the_machine_is_charged_at_least_for_this_process_working():
+    """The whole machine's busy time counts this process's work (and whatever else runs)."""
+    before_box, before_own = cpu.box_busy_seconds(), cpu.process_cpu_seconds(os.getpid())
+    _busy(0.3)
+    own = cpu.process_cpu_seconds(os.getpid()) - before_own
+    assert cpu.box_busy_seconds() - before_box >= own - 0.05
+
+
+def test_a_streaming_window_reads_the_cores_busy_while_it_is_open():
+    from latte.bench.streams import _BusyCores
+
+    window = _BusyCores(0.05, 0.4)
+    _busy(0.5)  # one core kept busy across the window
+    busy = window.result()
+    assert busy is not None and 0.7 <= busy <= os.cpu_count() + 0.1

@@ -29,6 +29,13 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def box_busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (every core, every process) since boot:
+    /proc/stat's first line less its idle and iowait."""
+    fields = [int(v) for v in (procmem.PROC / "stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICKS
+
+
 def children_cpu_seconds() -> float:
     """CPU seconds of this process's children that have ended and been waited for (the load
     generator, once its run is over)."""

@@ -5,11 +5,13 @@ traffic."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import select
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from latte.bench.cpu import box_busy_seconds
 from latte.triton.streams import StreamRecord
 
 
@@ -35,6 +38,9 @@ class StreamFigures:
     # first tokens (the stock model's, at 16 streams, about 140), so its own P99 is one of its
     # two largest.
     ttft_ms: Tuple[float, ...] = field(default=(), repr=False)
+    # The machine's cores busy over the window, on average (every process: server, stubs,
+    # clients); None where it was not read.
+    busy_cores: Optional[float] = None
 
     def as_dict(self, samples: bool = False) -> Dict:
         """The figures; with `samples`, the first-token times too."""
@@ -231,12 +237,42 @@ def warm_streams(grpc_url: str, model: str, prompts: Sequence[bytes] = BENCH_PRO
 
 
 def measure_streams(grpc_url: str, model: str, concurrent: int, seconds: float, max_tokens: int,
-                    prompts: Sequence[bytes] = BENCH_PROMPTS) -> StreamFigures:
+                    prompts: Sequence[bytes] = BENCH_PROMPTS, **sampling) -> StreamFigures:
     """`concurrent` clients streaming for `seconds` after WARM_S, each request asking for
-    `max_tokens` outputs (the end token ignored): what the window shows."""
+    `max_tokens` outputs (the end token ignored) and any other `sampling` keys: what the window
+    shows, with the machine's cores busy meanwhile."""
     from latte.triton.streams import run_streams
 
     started = time.perf_counter()
+    busy = _BusyCores(WARM_S, seconds)
     records = run_streams(grpc_url, model, list(prompts), concurrency=concurrent, max_tokens=max_tokens,
-                          duration_s=seconds + WARM_S, ignore_eos=True)
-    return stream_figures(records, started + WARM_S, started + WARM_S + seconds)
+                          duration_s=seconds + WARM_S, ignore_eos=True, **sampling)
+    figures = stream_figures(records, started + WARM_S, started + WARM_S + seconds)
+    return dataclasses.replace(figures, busy_cores=busy.result())
+
+
+class _BusyCores:
+    """The machine's busy CPU seconds read when a window opens and when it closes (timers
+    beside the clients' event loop), as cores busy on average."""
+
+    def __init__(self, opens_in: float, seconds: float) -> None:
+        self._readings: Dict[str, Tuple[float, float]] = {}
+        self._timers = [threading.Timer(opens_in, self._read, ("open",)),
+                        threading.Timer(opens_in + seconds, self._read, ("close",))]
+        for timer in self._timers:
+            timer.daemon = True
+            timer.start()
+
+    def _read(self, which: str) -> None:
+        try:
+            self._readings[which] = (time.perf_counter(), box_busy_seconds())
+        except OSError:  # no /proc/stat here: the figure is left out
+            pass
+
+    def result(self) -> Optional[float]:
+        for timer in self._timers:
+            timer.join()
+        if len(self._readings) < 2:
+            return None
+        (t0, busy0), (t1, busy1) = self._readings["open"], self._readings["close"]
+        return (busy1 - busy0) / (t1 - t0) if t1 > t0 else None

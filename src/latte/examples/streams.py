@@ -7,7 +7,8 @@
 - `write_stock_model(repo, name, kind)`: the same programs in a stock Python-backend decoupled
   model, a thread per request (stream_stock_model.py);
 - `write_echo_model(repo, name)`: a stock decoupled model that only sends as many responses as
-  it is asked for (the cost of the responses alone, for the bound).
+  it is asked for (the cost of the responses alone, for the bound), back to back or, asked for
+  a `gap_ms`, one every gap_ms (the cadence of a stream in a batched loop).
 
 `kind` is "gpt" (the transformer: its cache grows a row per token, in blocks) or "gru" (the
 recurrent decoder: a fixed-size state). Both speak Triton's vLLM backend's interface:
@@ -185,10 +186,13 @@ def write_stock_model(repo: Path, name: str, kind: str = "gpt", seed: int = 0, m
 
 ECHO_MODEL = '''\
 """Sends as many one-character responses as sampling_parameters' max_tokens asks, and nothing
-else: what streaming that many responses through the stub costs."""
+else: what streaming that many responses through the stub costs. With a gap_ms there, the
+responses of a request leave one every gap_ms (on a schedule from its first, so a late one does
+not push back the rest), as a stream's outputs leave a loop that steps every stream in turn."""
 
 import json
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -206,8 +210,13 @@ class TritonPythonModel:
     def echo(self, request):
         sender = request.get_response_sender()
         sampling = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
-        count = int(json.loads(sampling.as_numpy().reshape(-1)[0]).get("max_tokens", 16)) if sampling else 16
+        keys = json.loads(sampling.as_numpy().reshape(-1)[0]) if sampling else {}
+        count, gap = int(keys.get("max_tokens", 16)), float(keys.get("gap_ms", 0)) / 1000.0
+        first = time.monotonic()
         for i in range(count):
+            delay = first + i * gap - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
             response = pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([b"x"], dtype=object))])
             sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if i == count - 1 else 0)
 '''
