@@ -166,7 +166,7 @@ def _cpu_us(runs: List[Dict]) -> Optional[float]:
 
 def _cpu_row(kind: str, c: int, latte: List[Dict], echo: List[Dict], paced: List[Dict]):
     """The CPU table's row and (latte's, the echo's back to back, the echo's at latte's cadence,
-    the gap), or None where the run did not read the cores."""
+    the gap); (None, None) where the run did not read the cores."""
     figures = (_cpu_us(latte), _cpu_us(echo), _cpu_us(paced), _median([run.get("gap_ms") for run in paced]))
     if None in figures:
         return None, None

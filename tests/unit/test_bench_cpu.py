@@ -71,9 +71,9 @@ def test_the_machine_is_charged_at_least_for_this_process_working():
 
 
 def test_a_streaming_window_reads_the_cores_busy_while_it_is_open():
-    from latte.bench.streams import _BusyCores
+    from latte.bench.streams import BusyCores
 
-    window = _BusyCores(0.05, 0.4)
+    window = BusyCores(0.05, 0.4)
     _busy(0.5)  # one core kept busy across the window
     busy = window.result()
     assert busy is not None and 0.7 <= busy <= os.cpu_count() + 0.1

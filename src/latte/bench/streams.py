@@ -244,14 +244,14 @@ def measure_streams(grpc_url: str, model: str, concurrent: int, seconds: float, 
     from latte.triton.streams import run_streams
 
     started = time.perf_counter()
-    busy = _BusyCores(WARM_S, seconds)
+    busy = BusyCores(WARM_S, seconds)
     records = run_streams(grpc_url, model, list(prompts), concurrency=concurrent, max_tokens=max_tokens,
                           duration_s=seconds + WARM_S, ignore_eos=True, **sampling)
     figures = stream_figures(records, started + WARM_S, started + WARM_S + seconds)
     return dataclasses.replace(figures, busy_cores=busy.result())
 
 
-class _BusyCores:
+class BusyCores:
     """The machine's busy CPU seconds read when a window opens and when it closes (timers
     beside the clients' event loop), as cores busy on average."""
 
