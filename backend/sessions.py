@@ -124,13 +124,14 @@ class SessionStore:
 
     def commit(self, turn: Turn) -> None:
         """The turn was answered: its sequence becomes the session's prefix, or the session
-        ends. A turn forgotten past the TTL still continues its session when no later turn is
-        in flight, and opens it again if it expired meanwhile only while `max_sessions` has room;
-        one that would open a session opens none."""
+        ends. A turn forgotten past the TTL left with its session (reap drops both at once), so
+        its late answer opens the session again from its sequence, while `max_sessions` has room
+        and no session of that id was started or is in flight meanwhile; one that would open a
+        session opens none."""
         with self._lock:
-            if not self._settle(turn) and (turn.start or turn.session_id in self._turns or (
-                    turn.session_id not in self._sessions
-                    and len(self._sessions) + self._starting >= self.max_sessions)):
+            if not self._settle(turn) and (turn.start or turn.session_id in self._turns
+                                           or turn.session_id in self._sessions
+                                           or len(self._sessions) + self._starting >= self.max_sessions):
                 return
             if turn.end:
                 if self._sessions.pop(turn.session_id, None) is not None:

@@ -25,6 +25,7 @@ tokens/s and inter-token latency are medians of the rounds.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from typing import Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 
+from latte.bench import cpu  # noqa: E402
 from latte.bench.quiet import wait_until_quiet  # noqa: E402
 from latte.bench.results import (Chart, Series, Table, Target, command_line, cut_load, new_results,  # noqa: E402
                                  paired_ratios, ratio_against, write_summary)
@@ -48,10 +50,20 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def measure(url: str, model: str, concurrency: int, seconds: float, max_tokens: int, **sampling) -> Dict:
+def measure(url: str, model: str, concurrency: int, seconds: float, max_tokens: int,
+            server_pid: Optional[int] = None, **sampling) -> Dict:
     """The window's figures; a contender's own first-token times too, for its TTFT over the
-    rounds (the echo's are not compared)."""
-    return measure_streams(url, model, concurrency, seconds, max_tokens, PROMPTS,
+    rounds (the echo's are not compared). With the server's pid, the CPU of the server, the
+    model's stubs and this process (the clients) over the window too."""
+    reader = None
+    if server_pid is not None:
+        stubs = cpu.model_stub_pids(server_pid, model)
+
+        def reader():
+            return {"server": cpu.process_cpu_seconds(server_pid),
+                    "stub": sum(cpu.process_cpu_seconds(pid) for pid in stubs),
+                    "client": cpu.process_cpu_seconds(os.getpid())}
+    return measure_streams(url, model, concurrency, seconds, max_tokens, PROMPTS, cpu=reader,
                            **sampling).as_dict(samples=model != "echo")
 
 
@@ -113,26 +125,30 @@ def _serve(args, repo: Path, kinds: List[str], levels: List[int], models: Dict, 
                     print(f"round {r + 1}, {c:>3} streams, in process beside the echo, {kind}: {rate:8.0f} tokens "
                           "per second of the loop's CPU time", flush=True)
                 for name in order:
-                    figures = measure(server.grpc_url, name, c, args.seconds, args.max_tokens)
+                    figures = measure(server.grpc_url, name, c, args.seconds, args.max_tokens, server.process.pid)
                     served.setdefault(name, {}).setdefault(c, []).append(figures)
                     _print_window(r, c, name, figures)
                 # The echo again, each stream's responses one every latte's inter-token P50 of
-                # this round: what the responses cost the machine at the cadence of a stream in
-                # a batched loop, against the echo's back-to-back ones.
+                # this round: what the responses cost at the cadence of a stream in a batched
+                # loop, against the echo's back-to-back ones.
                 for kind in (kinds if c > 1 else []):
                     gap = served[f"latte_{kind}"][c][-1]["itl_p50_ms"]
-                    figures = measure(server.grpc_url, "echo", c, args.seconds, args.max_tokens, gap_ms=gap or 0.0)
+                    if gap is None:  # latte's window had no gaps to pace by
+                        continue
+                    figures = measure(server.grpc_url, "echo", c, args.seconds, args.max_tokens, server.process.pid,
+                                      gap_ms=gap)
                     served.setdefault(at_cadence(kind), {}).setdefault(c, []).append({**figures, "gap_ms": gap})
                     _print_window(r, c, at_cadence(kind), figures)
     return served
 
 
 def _print_window(r: int, c: int, name: str, figures: Dict) -> None:
-    busy = figures.get("busy_cores")
+    busy, processes = figures.get("busy_cores"), figures.get("process_cores") or {}
     print(f"round {r + 1}, {c:>3} streams, {name:<12} {figures['tokens_per_s']:8.0f} tokens/s  "
           f"TTFT P50 {figures['ttft_p50_ms'] or 0:6.1f} ms P99 {figures['ttft_p99_ms'] or 0:6.1f} ms"
           f"  ITL P50 {figures['itl_p50_ms'] or 0:5.2f} ms  errors {figures['errors']}"
-          + (f"  cores busy {busy:.2f}" if busy is not None else ""), flush=True)
+          + (f"  cores busy {busy:.2f}" if busy is not None else "")
+          + "".join(f" {name} {cores:.2f}" for name, cores in processes.items()), flush=True)
 
 
 def _med(runs: List[Dict], key: str):
@@ -157,25 +173,43 @@ def _ratio(ours, theirs):
     return ours / theirs if ours is not None and theirs else None
 
 
-def _cpu_us(runs: List[Dict]) -> Optional[float]:
-    """µs of the machine's CPU time (every process) per token or response: the median over the
-    windows that read the cores busy."""
-    return _median([1e6 * run["busy_cores"] / run["tokens_per_s"] for run in runs
-                    if run.get("busy_cores") is not None and run["tokens_per_s"]])
+def _cores(run: Dict, part: str) -> Optional[float]:
+    """Cores busy over a window: the machine's, the server's and the clients' together, or the
+    model's stubs'."""
+    if part == "machine":
+        return run.get("busy_cores")
+    processes = run.get("process_cores") or {}
+    names = ("server", "client") if part == "server and client" else (part,)
+    return sum(processes[name] for name in names) if all(name in processes for name in names) else None
+
+
+def _cpu_us(runs: List[Dict], part: str = "machine") -> Optional[float]:
+    """µs of CPU time per token or response of `part` (_cores): the median over the windows
+    that read it."""
+    return _median([1e6 * _cores(run, part) / run["tokens_per_s"] for run in runs
+                    if _cores(run, part) is not None and run["tokens_per_s"]])
+
+
+CPU_PARTS = ("machine", "server and client", "stub")
 
 
 def _cpu_row(kind: str, c: int, latte: List[Dict], echo: List[Dict], paced: List[Dict]):
-    """The CPU table's row and (latte's, the echo's back to back, the echo's at latte's cadence,
-    the gap); (None, None) where the run did not read the cores."""
-    figures = (_cpu_us(latte), _cpu_us(echo), _cpu_us(paced), _median([run.get("gap_ms") for run in paced]))
-    if None in figures:
+    """The CPU table's row and {contender: {part: µs}} with the gap; (None, None) where the run
+    did not read every part."""
+    contenders = {"latte": latte, "echo": echo, "paced": paced}
+    figures = {name: {part: _cpu_us(runs, part) for part in CPU_PARTS} for name, runs in contenders.items()}
+    gap = _median([run.get("gap_ms") for run in paced])
+    if gap is None or any(us is None for parts in figures.values() for us in parts.values()):
         return None, None
 
-    def cell(us, runs):
-        return f"{us:.0f} ({_med(runs, 'busy_cores'):.2f})"
+    def cells(name):
+        parts, runs = figures[name], contenders[name]
+        return [f"{parts['machine']:.0f} ({_median([_cores(run, 'machine') for run in runs]):.2f})",
+                f"{parts['server and client']:.0f} / {parts['stub']:.0f}"]
 
-    return ([kind, str(c), cell(figures[0], latte), cell(figures[1], echo), f"{figures[3]:.2f}", cell(figures[2], paced),
-             f"{_med(paced, 'tokens_per_s'):.0f}"], figures)
+    row = [kind, str(c), *cells("latte"), *cells("echo"), f"{gap:.2f}", *cells("paced"),
+           f"{_med(paced, 'tokens_per_s'):.0f}"]
+    return row, {**figures, "gap": gap}
 
 
 def _share(latte: List[Dict], echo: List[Dict], loop: List[float], by_round: bool) -> Optional[float]:
@@ -284,10 +318,12 @@ def summarize(result: Dict) -> Dict:
                 reasons.append(f"at {level} streams the loop costs {cost:.2f}x its CPU time per token beside the "
                                f"echo's traffic; against H beside the echo latte reaches {100 * share:.0f} %")
             if worst < 0.8 and cpu_at.get((kind, level)):
-                ours_us, echo_us, paced_us, gap = cpu_at[(kind, level)]
-                reasons.append(f"the echo's responses cost the machine {echo_us:.0f} µs of CPU each back to back "
-                               f"and {paced_us:.0f} µs sent as latte sends a stream's outputs (one every {gap:.2f} "
-                               f"ms), where latte spends {ours_us:.0f} µs a token, its loop included")
+                figures = cpu_at[(kind, level)]
+                server_client = {name: figures[name]["server and client"] for name in ("latte", "echo", "paced")}
+                reasons.append(f"the server and the clients spend {server_client['echo']:.0f} µs of CPU a response "
+                               f"on the echo back to back, {server_client['paced']:.0f} µs sent as latte sends a "
+                               f"stream's outputs (one every {figures['gap']:.2f} ms), and "
+                               f"{server_client['latte']:.0f} µs on latte's tokens")
             why = "; ".join(reasons)
             _, _, rate, bound = ratio_at[(kind, level)]
             measured = f"{100 * worst:.0f} % at worst"
@@ -311,11 +347,14 @@ def summarize(result: Dict) -> Dict:
                    "latte in flight"], rows)
     tables = [table]
     if cpu_rows:
-        tables.append(Table("CPU time of the whole machine (server, stubs, clients) per token or response, in µs, "
-                            "with the cores busy on average (of all of them); the echo back to back, and at latte's "
-                            "cadence: each stream's responses one every gap, latte's inter-token P50 in that round",
-                            ["example", "streams", "latte (cores busy)", "echo back to back (cores busy)", "gap ms",
-                             "echo at latte's cadence (cores busy)", "echo at latte's cadence, tokens/s"], cpu_rows))
+        tables.append(Table("CPU time per token or response, in µs: of the whole machine (with its cores busy on "
+                            "average, of all of them), and of the server and the clients together / of the model's "
+                            "stub; the echo back to back, and at latte's cadence: each stream's responses one every "
+                            "gap, latte's inter-token P50 in that round",
+                            ["example", "streams", "latte: machine (cores busy)", "latte: server and clients / stub",
+                             "echo: machine (cores busy)", "echo: server and clients / stub", "gap ms",
+                             "echo at the gap: machine (cores busy)", "echo at the gap: server and clients / stub",
+                             "echo at the gap, tokens/s"], cpu_rows))
     best = max(ratio_at.items(), key=lambda item: item[1][0])
     summary = (f"latte streams {best[1][0]:.2f}x the stock decoupled model's tokens/s at best ({best[0][0]}, "
                f"{best[0][1]} streams); every output is one response through the stub, whose cost (the echo) "

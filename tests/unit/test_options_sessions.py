@@ -152,6 +152,17 @@ def test_a_late_answer_reopens_its_expired_session_only_while_the_limit_has_room
         store.extend("s", tokens(3), start=False)
 
 
+def test_a_late_answer_leaves_a_session_started_anew_under_its_id_alone():
+    clock = Clock()
+    store = SessionStore(ttl_s=5, max_sessions=4, max_length=None, clock=clock)
+    store.commit(store.extend("s", tokens(1), start=True))
+    slow = store.extend("s", tokens(2), start=False, end=True)
+    clock.now = 5.5  # the slow turn is forgotten and "s" expires; its client starts "s" again
+    store.commit(store.extend("s", tokens(7), start=True))
+    store.commit(slow)  # the old turn's answer neither rewrites nor ends the new session
+    np.testing.assert_array_equal(store.extend("s", tokens(8), start=False).sequence, [[7, 8]])
+
+
 def test_bucket_edges_default_to_powers_of_two_up_to_the_maximum():
     plan = BucketPlan.default(100)
     assert plan.edges == [16, 32, 64, 100]

@@ -31,9 +31,12 @@ def process_cpu_seconds(pid: int) -> float:
 
 def box_busy_seconds() -> float:
     """CPU seconds the whole machine has spent busy (every core, every process) since boot:
-    /proc/stat's first line less its idle and iowait."""
-    fields = [int(v) for v in (procmem.PROC / "stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICKS
+    /proc/stat's user, nice, system, irq and softirq. Idle and iowait are not work, and neither
+    is steal (the hypervisor running another guest on this one's core); guest time is counted
+    in user and nice already."""
+    user, nice, system, _idle, _iowait, irq, softirq = (
+        int(v) for v in (procmem.PROC / "stat").read_text().split("\n", 1)[0].split()[1:8])
+    return (user + nice + system + irq + softirq) / _TICKS
 
 
 def children_cpu_seconds() -> float:

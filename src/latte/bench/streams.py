@@ -22,6 +22,9 @@ import numpy as np
 from latte.bench.cpu import box_busy_seconds
 from latte.triton.streams import StreamRecord
 
+# CPU seconds so far of a process or a group of them, by name (measure_streams' `cpu`).
+CpuReader = Callable[[], Dict[str, float]]
+
 
 @dataclass
 class StreamFigures:
@@ -39,8 +42,9 @@ class StreamFigures:
     # two largest.
     ttft_ms: Tuple[float, ...] = field(default=(), repr=False)
     # The machine's cores busy over the window, on average (every process: server, stubs,
-    # clients); None where it was not read.
+    # clients); None where it was not read. And the cores of the processes a caller named.
     busy_cores: Optional[float] = None
+    process_cores: Optional[Dict[str, float]] = None
 
     def as_dict(self, samples: bool = False) -> Dict:
         """The figures; with `samples`, the first-token times too."""
@@ -237,26 +241,31 @@ def warm_streams(grpc_url: str, model: str, prompts: Sequence[bytes] = BENCH_PRO
 
 
 def measure_streams(grpc_url: str, model: str, concurrent: int, seconds: float, max_tokens: int,
-                    prompts: Sequence[bytes] = BENCH_PROMPTS, **sampling) -> StreamFigures:
+                    prompts: Sequence[bytes] = BENCH_PROMPTS, cpu: Optional[CpuReader] = None,
+                    **sampling) -> StreamFigures:
     """`concurrent` clients streaming for `seconds` after WARM_S, each request asking for
     `max_tokens` outputs (the end token ignored) and any other `sampling` keys: what the window
-    shows, with the machine's cores busy meanwhile."""
+    shows, with the machine's cores busy meanwhile and, where `cpu` reads processes' CPU
+    seconds by name, each one's cores."""
     from latte.triton.streams import run_streams
 
     started = time.perf_counter()
-    busy = BusyCores(WARM_S, seconds)
+    busy = BusyCores(WARM_S, seconds, cpu)
     records = run_streams(grpc_url, model, list(prompts), concurrency=concurrent, max_tokens=max_tokens,
                           duration_s=seconds + WARM_S, ignore_eos=True, **sampling)
     figures = stream_figures(records, started + WARM_S, started + WARM_S + seconds)
-    return dataclasses.replace(figures, busy_cores=busy.result())
+    cores = busy.result()
+    return dataclasses.replace(figures, busy_cores=cores.pop("machine", None), process_cores=cores or None)
 
 
 class BusyCores:
-    """The machine's busy CPU seconds read when a window opens and when it closes (timers
-    beside the clients' event loop), as cores busy on average."""
+    """CPU seconds read when a window opens and when it closes (timers beside the clients'
+    event loop), as cores busy on average: the machine's, and those `read` names (a process or
+    a group of them)."""
 
-    def __init__(self, opens_in: float, seconds: float) -> None:
-        self._readings: Dict[str, Tuple[float, float]] = {}
+    def __init__(self, opens_in: float, seconds: float, read: Optional[CpuReader] = None) -> None:
+        self._read_more = read
+        self._readings: Dict[str, Tuple[float, Dict[str, float]]] = {}
         self._timers = [threading.Timer(opens_in, self._read, ("open",)),
                         threading.Timer(opens_in + seconds, self._read, ("close",))]
         for timer in self._timers:
@@ -264,15 +273,22 @@ class BusyCores:
             timer.start()
 
     def _read(self, which: str) -> None:
+        seconds: Dict[str, float] = {}
         try:
-            self._readings[which] = (time.perf_counter(), box_busy_seconds())
-        except OSError:  # no /proc/stat here: the figure is left out
-            pass
+            seconds["machine"] = box_busy_seconds()
+            if self._read_more is not None:
+                seconds.update(self._read_more())
+        except OSError:  # no /proc here, or a process gone: the figures are left out
+            return
+        self._readings[which] = (time.perf_counter(), seconds)
 
-    def result(self) -> Optional[float]:
+    def result(self) -> Dict[str, float]:
+        """Cores busy by name ("machine" for the whole machine); empty where a reading failed."""
         for timer in self._timers:
             timer.join()
         if len(self._readings) < 2:
-            return None
-        (t0, busy0), (t1, busy1) = self._readings["open"], self._readings["close"]
-        return (busy1 - busy0) / (t1 - t0) if t1 > t0 else None
+            return {}
+        (t0, opened), (t1, closed) = self._readings["open"], self._readings["close"]
+        if t1 <= t0:
+            return {}
+        return {name: (closed[name] - opened[name]) / (t1 - t0) for name in closed if name in opened}
