@@ -75,7 +75,7 @@ class SessionStore:
     def reap(self) -> int:
         """Drop sessions idle for longer than the TTL; returns how many. A session with a turn in
         flight is not idle. A turn in flight for longer than the TTL is forgotten, so that a
-        turn never settled cannot hold its session shut; its session may expire from then on."""
+        turn never settled cannot hold its session shut; its session, idle as long, goes with it."""
         now = self._clock()
         with self._lock:
             for key in [key for key, t in self._turns.items() if now - t.since > self.ttl_s]:
