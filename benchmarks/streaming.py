@@ -60,9 +60,8 @@ def measure(url: str, model: str, concurrency: int, seconds: float, max_tokens: 
         stubs = cpu.model_stub_pids(server_pid, model)
 
         def reader():
-            return {"server": cpu.process_cpu_seconds(server_pid),
-                    "stub": sum(cpu.process_cpu_seconds(pid) for pid in stubs),
-                    "client": cpu.process_cpu_seconds(os.getpid())}
+            sample = cpu.sample(server_pid, stubs)  # its client is a child's; the clients here are this process
+            return {"server": sample.server, "stub": sample.stubs, "client": cpu.process_cpu_seconds(os.getpid())}
     return measure_streams(url, model, concurrency, seconds, max_tokens, PROMPTS, cpu=reader,
                            **sampling).as_dict(samples=model != "echo")
 
