@@ -3,6 +3,11 @@
 A session holds the token prefix seen so far for the model's `session_input`; each
 request of the session is run on prefix + its own tokens, and the combined sequence
 becomes the new prefix. Sessions end explicitly (session_end) or when idle for `ttl_s`.
+
+Where a model's process is given a state folder, each committed prefix is also kept by a
+checkpoint (supervision.checkpoint.SessionCheckpoint), so that a restarted process resumes
+its sessions: the store tells it every change as it makes it, under its lock, so the files
+follow the sessions in the order they changed.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import itertools
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, NamedTuple, Optional
+from typing import Callable, Dict, Mapping, NamedTuple, Optional, Protocol
 
 import numpy as np
 
@@ -44,6 +49,14 @@ class Turn(NamedTuple):
     end: bool
 
 
+class Checkpoint(Protocol):
+    """Where sessions' committed prefixes outlive the process (SessionCheckpoint)."""
+
+    def save(self, session_id: str, prefix: np.ndarray) -> None: ...
+
+    def drop(self, session_id: str) -> None: ...
+
+
 class _InFlight(NamedTuple):
     number: int
     since: float
@@ -56,7 +69,7 @@ class SessionStore:
     started counts against `max_sessions` from its first turn, not its first answer."""
 
     def __init__(self, ttl_s: float, max_sessions: int, max_length: Optional[int],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, checkpoint: Optional[Checkpoint] = None) -> None:
         if ttl_s <= 0:
             raise ValueError(f"session TTL must be > 0 seconds, got {ttl_s}")
         if max_sessions < 1:
@@ -65,6 +78,7 @@ class SessionStore:
         self.max_sessions = max_sessions
         self.max_length = max_length
         self._clock = clock
+        self.checkpoint = checkpoint
         self._sessions: Dict[str, Session] = {}
         self._turns: Dict[str, _InFlight] = {}
         self._starting = 0  # turns in flight that open a session
@@ -84,8 +98,23 @@ class SessionStore:
                        if now - s.last_used > self.ttl_s and key not in self._turns]
             for key in expired:
                 del self._sessions[key]
+                self._dropped(key)
             self._stats.expired += len(expired)
             return len(expired)
+
+    def restore(self, sessions: Mapping[str, np.ndarray]) -> int:
+        """Open the sessions a process before this one committed (id -> prefix), each as if just
+        used; past `max_sessions`, the rest are dropped. Returns how many were opened."""
+        now = self._clock()
+        with self._lock:
+            for key, prefix in sessions.items():
+                if key in self._sessions:
+                    continue
+                if len(self._sessions) >= self.max_sessions:
+                    self._dropped(key)
+                    continue
+                self._sessions[key] = Session(prefix=prefix, last_used=now)
+            return len(self._sessions)
 
     def extend(self, session_id: str, tokens: np.ndarray, start: bool, end: bool = False) -> Turn:
         """The turn of this request: the session's prefix followed by `tokens` (1 x n), in flight
@@ -136,6 +165,7 @@ class SessionStore:
             if turn.end:
                 if self._sessions.pop(turn.session_id, None) is not None:
                     self._stats.ended += 1
+                    self._dropped(turn.session_id)
                 return
             existing = self._sessions.get(turn.session_id)
             if existing is None:
@@ -145,6 +175,8 @@ class SessionStore:
                 existing.prefix = turn.sequence[0]
                 existing.last_used = self._clock()
                 existing.requests += 1
+            if self.checkpoint is not None:
+                self.checkpoint.save(turn.session_id, turn.sequence[0])
 
     def release(self, turn: Turn) -> None:
         """The turn failed or was never run: its session stays as it was (a start opens none)."""
@@ -161,6 +193,10 @@ class SessionStore:
             return False
         self._forget(turn.session_id)
         return True
+
+    def _dropped(self, session_id: str) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint.drop(session_id)
 
     def _forget(self, session_id: str) -> None:
         self._starting -= self._turns.pop(session_id).start

@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from latte.backend import autocomplete, device_memory, memory_resource
+from latte.backend import autocomplete, device_memory, memory_resource, vitals
 from latte.backend.config import (ARENA_PAGE_BYTES, parse_args, parse_model_config, thread_budget_warning,
                                   usable_core_ids)
 from latte.backend.engine import BatchEngine, ModelError, model_failure
@@ -103,9 +103,11 @@ class LatteModel:
             pb.Logger.log_warn(f"latte: {oversubscribed}")
         self.arena = host_arena(pb, spec)
         device_memory.use(spec.serving)  # before the model's first CUDA tensor
-        self.graph = self.dispatcher = self.publisher = self._sender = None
+        self.graph = self.dispatcher = self.publisher = self._sender = self.vitals = None
         self._serving = False  # set once loaded: warm-up's batches are not served ones
         try:
+            # Where `latte serve` supervises the model: what it runs is marked, what crashed it refused.
+            self.vitals = vitals.for_instance(args, spec, pb.Logger)
             self._load(args)
         except BaseException:
             self._close()  # what loaded goes; the load's own error is the one raised
@@ -133,7 +135,8 @@ class LatteModel:
         self.responses = ResponseBuilder(pb, [t.name for t in signature.outputs])
         self.early = EarlyAnswers(serving.respond)
         # Answers of async_execute wait here for the sender thread, highest priority_level first
-        # (then in the order they finished): (-priority, sequence number, [(sender, response)]).
+        # (then in the order they finished): (-priority, sequence number, [(sender, response)],
+        # the call's Landing or None).
         self._outbox: "queue.PriorityQueue" = queue.PriorityQueue()
         self._sequence = itertools.count()
         if serving.async_execute:
@@ -154,7 +157,15 @@ class LatteModel:
                 f"latte: {name}: sessions live in the instance that opened them and Triton hands each "
                 f"request to any of the {serving.instance_count} instances, so a session's next request can be "
                 "refused as unknown; serve a model with session_input on one instance")
-        return SessionStore(serving.session_ttl_s, serving.max_sessions, serving.max_sequence_length)
+        if self.vitals is None:
+            return SessionStore(serving.session_ttl_s, serving.max_sessions, serving.max_sequence_length)
+        kept = self.vitals.checkpoint()
+        store = SessionStore(serving.session_ttl_s, serving.max_sessions, serving.max_sequence_length,
+                             checkpoint=kept)
+        restored = store.restore(kept.load())
+        if restored:
+            self.pb.Logger.log_info(f"latte: {name}: {restored} session(s) resumed where the last process left them")
+        return store
 
     def _ready(self, warmed: int) -> None:
         """The cost model measured, the collector told to leave what loaded alone, and the
@@ -210,9 +221,28 @@ class LatteModel:
         built as it finishes. With async_execute the lanes answer through the senders."""
         started = time.perf_counter()
         call = self.reader.read_call(requests)
+        if self.vitals is not None:
+            return self._execute_marked(requests, call, started)
         if self._async:
             return self._submit(requests, call, started)
         return self._answer(requests, call, started)
+
+    def _execute_marked(self, requests, call, started: float) -> Optional[List]:
+        """execute under supervision: the requests that crashed the model before refused, the
+        others marked in flight until their answers are out (with async_execute, until the
+        sender thread sent the last of them)."""
+        call, slot = self.vitals.intake(call)
+        if self._async:
+            landing = self.vitals.landing(slot, call.count)
+            try:
+                return self._submit(requests, call, started, landing)
+            except BaseException:
+                landing.abort()
+                raise
+        try:
+            return self._answer(requests, call, started)
+        finally:
+            self.vitals.end(slot)
 
     def _answer(self, requests, call, started: float) -> List:
         """The call's responses: each batch's answers built as the engine finishes it, sent at
@@ -313,9 +343,10 @@ class LatteModel:
             responses[position] = _SENT
         self.early.sent(len(built), time.perf_counter() - begun)
 
-    def _submit(self, requests, call, started: float) -> None:
+    def _submit(self, requests, call, started: float, landing: Optional[vitals.Landing] = None) -> None:
         """async_execute: hand the requests to the lanes and return, so Triton can deliver the
-        next call while these run; each is answered through its response sender when done.
+        next call while these run; each is answered through its response sender when done
+        (and counted off `landing`, once sent, where the call is marked in flight).
 
         Triton frees a request's input tensors when execute returns, so they are copied first.
         """
@@ -339,7 +370,8 @@ class LatteModel:
             # lane goes on to its next batch.
             if fresh:
                 self._outbox.put((-_top_priority(positions, options), next(self._sequence),
-                                  [(senders[position], self.responses.build(outcome)) for position, outcome in fresh]))
+                                  [(senders[position], self.responses.build(outcome)) for position, outcome in fresh],
+                                  landing))
 
         try:
             self.engine.submit(items, options, answer)
@@ -352,11 +384,13 @@ class LatteModel:
 
     def _send_responses(self) -> None:
         while True:
-            _, _, batch = self._outbox.get()
+            _, _, batch, landing = self._outbox.get()
             if batch is None:
                 return
             for sender, response in batch:
                 self._send(sender, response)
+            if landing is not None:
+                landing.sent(len(batch))
 
     def _tally(self, positions, results, options) -> dict:
         """(outcome label, priority) -> how many, for a batch's answered requests (`results`
@@ -412,9 +446,10 @@ class LatteModel:
                    (("metrics publisher", self.publisher and self.publisher.close),
                     ("scheduler lanes", self.dispatcher and self.dispatcher.close),
                     ("response sender", self._sender and self._stop_sender),
-                    ("model", self.graph and self.graph.close)))
+                    ("model", self.graph and self.graph.close),
+                    ("flight file", self.vitals and self.vitals.close)))
         memory_resource.release(self.arena.empty)
 
     def _stop_sender(self) -> None:
-        self._outbox.put((_LAST, next(self._sequence), None))  # after every answer still waiting
+        self._outbox.put((_LAST, next(self._sequence), None, None))  # after every answer still waiting
         self._sender.join(timeout=5.0)

@@ -365,3 +365,47 @@ def derive(profile: Profile, slo_ms: float, arrival_rate: Optional[float] = None
     return Derivation(max_batch_size=b, dynamic_batching=dynamic, instance_count=count, instance_kind=kind,
                       parameters=parameters, worst_case_ms=worst, throughput=throughput, planned_rate=planned,
                       slo_ms=slo_ms, explanation=why)
+
+
+# Health rules `latte serve` evaluates for each model it supervises, rendered into its config's
+# parameters. An execute is declared hung only far beyond anything the profile saw (a GC pause or a
+# noisy neighbour must not look like a hang), and never within a few seconds.
+EXECUTE_TIMEOUT_FACTOR = 50
+MIN_EXECUTE_TIMEOUT_S = 5
+HEALTH_P99_WINDOW_S = 120
+HEALTH_CPU_PEGGED_PERCENT = 90
+HEALTH_CPU_PEGGED_S = 120
+REJUVENATE_MIN_INTERVAL_S = 600
+
+
+def slowest_execute_ms(profile: Profile, max_batch_size: int) -> float:
+    """The profiled P99 of the slowest execute a config allows: the largest batch up to
+    max_batch_size (1 for a model that does not batch), at any measured length."""
+    limit = max(1, max_batch_size)
+    points = [p for p in profile.points if p.batch_size <= limit] or profile.points
+    return max(p.p99_ms for p in points)
+
+
+def health_rules(slo_ms: float, execute_p99_ms: float,
+                 rss_growth_mib_per_min: Optional[float] = None) -> Dict[str, str]:
+    """The model parameters of latte serve's health rules, from the SLO and the profiled P99 of
+    one execute: a hang is an execute past max(5 s, 50 x that P99); a P99 above the SLO for two
+    minutes, or a CPU pegged above 90 % for two minutes, reloads the model (at most once in ten
+    minutes); so does resident memory growing faster than rss_growth_mib_per_min, when given."""
+    if slo_ms <= 0 or execute_p99_ms <= 0:
+        raise DerivationError(f"health rules need a positive SLO and execute P99, got {slo_ms} and {execute_p99_ms}")
+    # Rounded first, so that float noise (50 x 0.3 s = 15.000000000000002) does not add a second.
+    timeout_s = max(MIN_EXECUTE_TIMEOUT_S, math.ceil(round(EXECUTE_TIMEOUT_FACTOR * execute_p99_ms / 1000.0, 6)))
+    rules = {
+        "execute_timeout_s": str(timeout_s),
+        "health_p99_slo_ms": f"{slo_ms:g}",
+        "health_p99_window_s": str(HEALTH_P99_WINDOW_S),
+        "health_cpu_pegged_percent": str(HEALTH_CPU_PEGGED_PERCENT),
+        "health_cpu_pegged_s": str(HEALTH_CPU_PEGGED_S),
+        "rejuvenate_min_interval_s": str(REJUVENATE_MIN_INTERVAL_S),
+    }
+    if rss_growth_mib_per_min is not None:
+        if rss_growth_mib_per_min <= 0:
+            raise DerivationError(f"health_rss_growth_mib_per_min must be > 0, got {rss_growth_mib_per_min}")
+        rules["health_rss_growth_mib_per_min"] = f"{rss_growth_mib_per_min:g}"
+    return rules

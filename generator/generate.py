@@ -17,7 +17,7 @@ from latte.triton.perf import read_input_data
 from latte.generator.calibrate import ServingCost, machine_serving_cost
 from latte.generator.dag import EnsembleError, EnsembleWiring, Interface, StepWiring, TensorInfo, check_ensemble
 from latte.generator.fuse import Fusion, fuse_ensemble, step_source, write_fused_model
-from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive
+from latte.generator.derive import DEFAULT_BACKEND_OVERHEAD_MS, Derivation, derive, health_rules, slowest_execute_ms
 from latte.generator.config_summary import derivation_report
 from latte.generator.operating_point import OperatingPoint, plan_operating_points, write_operating_points
 from latte.generator.profile_data import Profile, latency_ceiling_ms
@@ -108,6 +108,10 @@ def plan_latte_model(spec: PipelineSpec, model: ModelEntry, profile: Profile) ->
     parameters = {"model_file": model_file, "runtime": model.runtime, **parameters}
     # The bound the deployment's alerts hold the model to (latte deploy k8s, monitoring.py).
     parameters.setdefault("slo_ms", f"{model.slo_ms:g}")
+    # What latte serve supervises the model by; the spec's overrides win.
+    for key, value in health_rules(model.slo_ms, slowest_execute_ms(profile, max_batch),
+                                   model.health_rss_growth_mib_per_min).items():
+        parameters.setdefault(key, value)
 
     rng = np.random.default_rng(0)
     warmup_inputs, warmup_files = [], {}
@@ -358,7 +362,8 @@ def derive_fused(spec: PipelineSpec, repo: Path, fusions: Mapping[str, Fusion], 
             context["instance_groups"] = [{"count": d.instance_count, "kind": kind}]
             if "arena_bytes" in d.parameters:
                 context["parameters"] = {**context["parameters"], "arena_bytes": d.parameters["arena_bytes"]}
-            context["parameters"] = {**context["parameters"], "slo_ms": f"{slo:g}"}
+            context["parameters"] = {**context["parameters"], "slo_ms": f"{slo:g}",
+                                     **health_rules(slo, slowest_execute_ms(profile, d.max_batch_size))}
             write_fused_model(repo, model, templates)
             derived.append(FusedPlan(model.name, d, Path(path)))
     return derived

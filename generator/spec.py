@@ -15,6 +15,7 @@
         arrival_rate: 200                   # optional, requests/s
         priority_levels: 2                  # optional; clients send the parameter priority_level 0 or 1
         priority_queue: latte               # optional; whose queue holds them: latte (default) or triton
+        health_rss_growth_mib_per_min: 8    # optional; latte serve reloads the model when its RSS grows faster
         profile: profiles/encoder.json      # optional; profiled during generate when absent
         overrides: {max_batch_size: 8}      # optional; wins over the derived values
         versions:                           # optional, instead of `file`: one file per version folder
@@ -65,7 +66,7 @@ BACKENDS = ("latte", "python")
 PYTHON_DEFAULT_MAX_BATCH = 16
 MODEL_KEYS = {"name", "file", "function", "backend", "runtime", "slo_ms", "arrival_rate", "priority_levels", "priority_queue", "profile",
               "overrides", "inputs", "outputs", "max_batch_size", "instance_count", "intra_op_threads",
-              "backend_overhead_ms", "versions", "version_policy", "response_cache"}
+              "backend_overhead_ms", "versions", "version_policy", "response_cache", "health_rss_growth_mib_per_min"}
 STREAM_MODEL_KEYS = {"name", "stream", "ttft_ms", "inter_token_ms", "max_tokens", "arrival_rate", "profile",
                      "intra_op_threads", "overrides"}
 VERSION_KEYS = {"version", "file"}
@@ -113,6 +114,7 @@ class ModelEntry:
     version_policy: Optional[Dict[str, Any]] = None   # {"all": {}}, {"latest": N} or {"specific": [..]}
     response_cache: bool = False
     function: Optional[str] = None       # python models: a plain function on batch arrays a fused model calls
+    health_rss_growth_mib_per_min: Optional[float] = None   # latte models: RSS growth that gets them reloaded
     stream: Optional["StreamSLO"] = None  # a streaming model: its SLOs (file is its stream.json)
 
 
@@ -303,7 +305,8 @@ def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
         for key in ("inputs", "outputs"):
             if key not in raw:
                 raise doc.error(path + (key,), "missing; a python model declares its inputs and outputs")
-        for key in ("slo_ms", "profile", "runtime", "arrival_rate", "overrides", "backend_overhead_ms", "priority_queue"):
+        for key in ("slo_ms", "profile", "runtime", "arrival_rate", "overrides", "backend_overhead_ms", "priority_queue",
+                    "health_rss_growth_mib_per_min"):
             if key in raw:
                 raise doc.error(path + (key,), "only latte models are profiled and derived; remove it")
         if entry.max_batch_size is None:
@@ -337,6 +340,8 @@ def _model(reader: _Reader, directory: Path, path: KeyPath) -> ModelEntry:
     entry.intra_op_threads, entry.profile = _threads_and_profile(reader, raw, path, directory, file)
     overhead = reader.optional(raw, path, "backend_overhead_ms", reader.number)
     entry.backend_overhead_ms = float(overhead) if overhead is not None else None
+    growth = reader.optional(raw, path, "health_rss_growth_mib_per_min", reader.number, minimum=0.001)
+    entry.health_rss_growth_mib_per_min = float(growth) if growth is not None else None
     if "overrides" in raw:
         entry.overrides = dict(reader.mapping(path + ("overrides",), OVERRIDE_KEYS))
     return entry

@@ -57,23 +57,35 @@ def healthy_series() -> List[Dict]:
         {"series": 'latte_arena_fragmented{model="m"}', "values": f"0x{MINUTES}"},
         {"series": 'latte_arena_failures{model="m", kind="fragmentation"}', "values": f"0x{MINUTES}"},
         {"series": 'latte_resident_memory_bytes{model="m", pod="p"}', "values": f"{512 * 2 ** 20}x{MINUTES}"},
+        # The supervisor's series (latte serve's health port): every reason from 0, nothing given up.
+        *({"series": f'latte_model_restarts_total{{model="m", pod="p", reason="{reason}"}}', "values": values(flat)}
+          for reason in ("died", "hung", "rejuvenated", "gave_up")),
+        {"series": 'latte_model_given_up{model="m", pod="p"}', "values": f"0x{MINUTES}"},
     ]
+
+
+# Alerts judged per pod: their series carry the pod they come from.
+PER_POD = {"LatteResidentMemoryGrowing", "LatteModelRestarted", "LatteModelGivenUp"}
 
 
 def expected(alert: str, **more: str) -> Dict:
     rule = next(r for r in monitoring.alert_rules(SETTINGS) if r["alert"] == alert)
     labels = {"severity": rule["labels"]["severity"], "model": "m", **more}
-    if alert == "LatteResidentMemoryGrowing":
+    if alert in PER_POD:
         labels["pod"] = "p"
     annotations = {k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], v)
                    for k, v in rule["annotations"].items()}
     return {"exp_labels": labels, "exp_annotations": annotations}
 
 
-def scenario(series: List[Dict], checks: Dict[str, bool], at: str = f"{MINUTES - 5}m") -> Dict:
-    """One promtool test: `series`, and at `at` each alert named firing (True) or quiet (False)."""
+def scenario(series: List[Dict], checks: Dict[str, object], at: str = f"{MINUTES - 5}m") -> Dict:
+    """One promtool test: `series`, and at `at` each alert named firing (True, or the labels it fires
+    with besides model and pod) or quiet (False)."""
+    def alerts(alert: str, fires) -> List[Dict]:
+        return [] if not fires else [expected(alert, **(fires if isinstance(fires, dict) else {}))]
+
     return {"interval": "1m", "input_series": series,
-            "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": [expected(alert)] if fires else []}
+            "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": alerts(alert, fires)}
                                 for alert, fires in checks.items()]}
 
 
@@ -122,6 +134,33 @@ def scenarios() -> Dict[str, Dict]:
         "5 % of requests failing": scenario(
             healthy + [{"series": 'latte_requests_total{model="m", outcome="model_error"}', "values": values(errors)}],
             {"LatteRequestsFailing": True, "LatteQueueSaturated": False}),
+        # One death 3 minutes before the evaluation: latte restarted the model.
+        "a model's process died": scenario(
+            replaced(healthy, 'latte_model_restarts_total{model="m", pod="p", reason="died"}',
+                     values([0.0] * (MINUTES - 9) + [1.0] + [0.0] * 8)),
+            {"LatteModelRestarted": {"reason": "died"}, "LatteModelGivenUp": False}),
+        "a model hung": scenario(
+            replaced(healthy, 'latte_model_restarts_total{model="m", pod="p", reason="hung"}',
+                     values([0.0] * (MINUTES - 9) + [1.0] + [0.0] * 8)),
+            {"LatteModelRestarted": {"reason": "hung"}}),
+        # A death 15 minutes ago is out of the 10-minute window.
+        "a restart long ago": scenario(
+            replaced(healthy, 'latte_model_restarts_total{model="m", pod="p", reason="died"}',
+                     values([0.0] * (MINUTES - 21) + [1.0] + [0.0] * 20)),
+            {"LatteModelRestarted": False}),
+        # A reload for health (no failed request) is no restart to warn about.
+        "rejuvenations only": scenario(
+            replaced(healthy, 'latte_model_restarts_total{model="m", pod="p", reason="rejuvenated"}',
+                     values([0.0] * (MINUTES - 9) + [1.0] * 9)),
+            {"LatteModelRestarted": False, "LatteModelGivenUp": False}),
+        # Given up, then the kubelet restarts the container (liveness): the gauge is seen for one
+        # scrape and the series is gone until the new process serves it at 0 again.
+        "a model given up": scenario(
+            replaced(healthy, 'latte_model_given_up{model="m", pod="p"}', f"0x{MINUTES - 10} 1 _x2 0x6"),
+            {"LatteModelGivenUp": True}),
+        "a model given up long ago": scenario(
+            replaced(healthy, 'latte_model_given_up{model="m", pod="p"}', f"0x{MINUTES - 25} 1 _x2 0x21"),
+            {"LatteModelGivenUp": False}),
     }
 
 

@@ -181,3 +181,16 @@ def test_the_arena_is_paged_by_default_on_a_cpu_instance(tmp_path, parameters, d
     config = _config(parameters={k: {"string_value": v} for k, v in parameters.items()})
     serving = parse_model_config(config, _model_dir(tmp_path), "1", device=device).serving
     assert (serving.arena_pages, serving.arena_pages_asked) == (paged, "arena_pages" in parameters)
+
+
+def test_a_config_carrying_latte_serves_health_rules_loads(tmp_path):
+    """The supervisor reads these parameters; the backend serves the model as without them."""
+    rules = {"execute_timeout_s": "5", "health_p99_slo_ms": "20", "health_p99_window_s": "120",
+             "health_cpu_pegged_percent": "90", "health_cpu_pegged_s": "120", "rejuvenate_min_interval_s": "600",
+             "health_rss_growth_mib_per_min": "4"}
+    config = _config()
+    config["parameters"] = {**config["parameters"], **{k: {"string_value": v} for k, v in rules.items()}}
+    with_rules = parse_model_config(config, _model_dir(tmp_path / "with"), "1")
+    without = parse_model_config(_config(), _model_dir(tmp_path / "without"), "1")
+    assert with_rules.serving == without.serving
+    assert with_rules.signature.runtime == "onnx"

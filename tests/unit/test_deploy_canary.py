@@ -115,12 +115,16 @@ def test_cli_prints_the_canary_split(example_repo, tmp_path, capsys):
 
 
 def test_a_model_with_response_cache_gives_the_pods_a_cache(cached_repo, example_repo, tmp_path):
+    # latte serve's --response-cache-size, always stated: it turns into tritonserver's --cache-config.
     render_k8s(cached_repo, tmp_path / "on", K8sOptions(image=IMAGE))
-    assert cache_flag(DEFAULT_CACHE_BYTES) in container_args(only(tmp_path / "on" / "deployment.yaml"))
+    on = container_args(only(tmp_path / "on" / "deployment.yaml"))
+    assert f"--response-cache-size={DEFAULT_CACHE_BYTES}" in on[:on.index("--")]
     render_k8s(example_repo, tmp_path / "off", K8sOptions(image=IMAGE))
-    assert not any(a.startswith("--cache-config") for a in container_args(only(tmp_path / "off" / "deployment.yaml")))
+    off = container_args(only(tmp_path / "off" / "deployment.yaml"))
+    assert "--response-cache-size=0" in off[:off.index("--")]
+    assert not any(a.startswith("--cache-config") for a in on + off)
     render_k8s(example_repo, tmp_path / "sized", K8sOptions(image=IMAGE, response_cache_bytes=parse_size("64Mi")))
-    assert "--cache-config=local,size=67108864" in container_args(only(tmp_path / "sized" / "deployment.yaml"))
+    assert "--response-cache-size=67108864" in container_args(only(tmp_path / "sized" / "deployment.yaml"))
     kserve = render_k8s(cached_repo, tmp_path / "kserve", K8sOptions(image=IMAGE, kserve=True,
                                                                      model_uri="s3://models/cached"))
     assert only(kserve.manifests[0])["spec"]["predictor"]["model"]["args"][-1] == cache_flag(DEFAULT_CACHE_BYTES)

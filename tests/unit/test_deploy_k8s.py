@@ -53,6 +53,12 @@ def container_of(deployment: dict) -> dict:
     return container
 
 
+def serve_and_triton_args(container: dict):
+    """`latte serve`'s own arguments, and those it passes on to tritonserver (after `--`)."""
+    args = container["args"]
+    return args[:args.index("--")], args[args.index("--") + 1:]
+
+
 # --- every example repository renders and validates ---------------------------------------------------------
 
 
@@ -69,9 +75,11 @@ def test_example_repository_renders_a_validated_deployment(examples_repo, tmp_pa
     pod = deployment["spec"]["template"]
     container = container_of(deployment)
     assert container["image"] == IMAGE
-    assert "--model-repository=/models" in container["args"]
-    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert container["command"] == ["latte", "serve"] and container["args"][0] == "/models"
+    # The supervisor answers the probes on its health port, not Triton.
+    assert container["livenessProbe"]["httpGet"] == {"path": "/live", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "health"}
+    assert container["startupProbe"]["httpGet"] == {"path": "/ready", "port": "health"}
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8002"
     # The examples run KIND_CPU instances: no GPU is asked for, CPU matches their 6 x 1 threads.
@@ -80,7 +88,7 @@ def test_example_repository_renders_a_validated_deployment(examples_repo, tmp_pa
     assert {v["name"]: v for v in pod["spec"]["volumes"]}["model-repository"]["persistentVolumeClaim"][
         "claimName"] == "latte-models"
     assert {p["name"]: p["port"] for p in docs["Service"]["spec"]["ports"]} == {"http": 8000, "grpc": 8001,
-                                                                                "metrics": 8002}
+                                                                                "metrics": 8002, "health": 8003}
     # Service, PDB and HPA all point at the pods the Deployment makes.
     labels = pod["metadata"]["labels"]
     assert docs["Service"]["spec"]["selector"].items() <= labels.items()
@@ -163,6 +171,80 @@ def test_kubernetes_versions_without_schemas_are_refused(examples_repo, tmp_path
         render_k8s(examples_repo, tmp_path, K8sOptions(image=IMAGE, kubernetes_version="1.9.0"))
 
 
+# --- latte serve supervises the models -----------------------------------------------------------------------
+
+# Flags `latte serve` sets on tritonserver itself: given again after `--` they would contradict it.
+SERVE_OWNS = ("--model-repository", "--backend-directory", "--http-port", "--grpc-port", "--metrics-port",
+              "--http-address", "--grpc-address", "--http-restricted-api", "--grpc-restricted-protocol",
+              "--strict-readiness", "--exit-on-error", "--cache-config", "--model-control-mode", "--load-model")
+# The supervisor's flags, which `latte serve` declares once supervision is in.
+SUPERVISOR_FLAGS = {"--health-port", "--state-dir", "--max-restarts", "--restart-window"}
+
+
+def serve_options() -> set:
+    import argparse
+
+    from latte.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {flag for action in sub.choices["serve"]._actions for flag in action.option_strings}
+
+
+def test_the_container_runs_latte_serve_with_the_supervisors_state_and_health_port(examples_repo, tmp_path):
+    render_k8s(examples_repo, tmp_path, K8sOptions(image=IMAGE))
+    deployment = by_kind(tmp_path)["Deployment"]
+    pod, container = deployment["spec"]["template"]["spec"], container_of(deployment)
+    own, triton = serve_and_triton_args(container)
+    flags = dict(a.split("=", 1) for a in own[1:] if "=" in a)
+    assert (own[0], flags["--address"], flags["--health-port"]) == ("/models", "0.0.0.0", "8003")
+    assert (flags["--max-restarts"], flags["--restart-window"]) == ("5", "600")
+    # The image's Triton and backend directory, which the Dockerfile lays out: nothing to install at start.
+    assert (flags["--tritonserver"], flags["--backend-directory"]) == ("/opt/tritonserver",
+                                                                       "/opt/tritonserver/backends")
+    # The state folder is an emptyDir: it outlives the container's restarts within the pod.
+    mount = {m["name"]: m for m in container["volumeMounts"]}["latte-state"]
+    assert mount["mountPath"] == flags["--state-dir"] == "/var/lib/latte" and not mount.get("readOnly")
+    assert {"name": "latte-state", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "health", "containerPort": 8003} in container["ports"]
+    # latte serve waits for readiness as long as the startup probe does.
+    startup = container["startupProbe"]
+    assert int(flags["--timeout"]) == startup["periodSeconds"] * startup["failureThreshold"] == 600
+    assert triton == ["--allow-metrics=true", "--allow-gpu-metrics=false", "--exit-timeout-secs=30"]
+    assert not [a for a in triton if a.split("=")[0] in SERVE_OWNS]
+    # Every flag before `--` is one latte serve takes (or one of the supervisor's).
+    assert {a.split("=")[0] for a in own[1:]} - serve_options() - SUPERVISOR_FLAGS == set()
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    readme = (tmp_path / "README.md").read_text()
+    assert 'curl -s -X POST localhost:8000/v2/repository/models/MODEL/load -H "latte-admin-key: $TOKEN"' in readme
+    assert "regex: latte-triton;health" in readme  # the scrape job for annotation-driven Prometheus
+
+
+def test_latte_serve_parses_the_rendered_command_line(examples_repo, tmp_path):
+    from latte.cli import parse_command_line
+
+    missing = SUPERVISOR_FLAGS - serve_options()
+    if missing:
+        pytest.skip(f"latte serve does not declare {', '.join(sorted(missing))} yet")
+    render_k8s(examples_repo, tmp_path, K8sOptions(image=IMAGE, response_cache_bytes=1 << 20))
+    container = container_of(by_kind(tmp_path)["Deployment"])
+    token = "0123456789abcdef"  # what the kubelet puts in place of $(LATTE_ADMIN_TOKEN)
+    argv = container["command"][1:] + [a.replace("$(LATTE_ADMIN_TOKEN)", token) for a in container["args"]]
+    _, args = parse_command_line(argv)
+    assert (args.repo, args.address, args.access_token) == ("/models", "0.0.0.0", token)
+    assert (int(args.health_port), str(args.state_dir), int(args.max_restarts)) == (8003, "/var/lib/latte", 5)
+    assert str(args.response_cache_size) == str(1 << 20)
+    assert args.passthrough == serve_and_triton_args(container)[1]
+
+
+def test_the_image_starts_latte_serve_with_a_state_folder_its_user_owns():
+    dockerfile = render_dockerfile()
+    assert 'CMD ["latte", "serve", "/models", "--address=0.0.0.0", "--tritonserver=/opt/tritonserver", \\\n' \
+           '     "--backend-directory=/opt/tritonserver/backends", "--state-dir=/var/lib/latte"]' in dockerfile
+    assert "RUN mkdir -p /var/lib/latte && chown 1000:1000 /var/lib/latte" in dockerfile
+    assert dockerfile.index("chown 1000:1000") < dockerfile.index("USER 1000:1000") < dockerfile.index("CMD [")
+    assert 'CMD ["tritonserver"' not in dockerfile
+
+
 # --- GPUs from the models' instance groups ------------------------------------------------------------------
 
 
@@ -177,7 +259,7 @@ def test_kind_gpu_models_get_gpu_requests_and_tolerations(tmp_path):
     container = container_of(deployment)
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert container["resources"]["requests"]["nvidia.com/gpu"] == "2"
-    assert "--allow-gpu-metrics=true" in container["args"]
+    assert "--allow-gpu-metrics=true" in serve_and_triton_args(container)[1]
     assert deployment["spec"]["template"]["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert result.cpu == "4"  # two models x one instance x intra_op_threads 2
 
@@ -205,7 +287,7 @@ def test_object_storage_is_read_by_triton_with_credentials_from_a_secret(tmp_pat
     latte_model(repo, "m")
     render_k8s(repo, tmp_path / "s3", K8sOptions(image=IMAGE, model_uri="s3://bucket/models", storage_secret="aws"))
     container = container_of(by_kind(tmp_path / "s3")["Deployment"])
-    assert "--model-repository=s3://bucket/models" in container["args"]
+    assert container["args"][0] == "s3://bucket/models"
     assert container["envFrom"] == [{"secretRef": {"name": "aws"}}]
     assert all(m["name"] != "model-repository" for m in container["volumeMounts"])
 
@@ -383,9 +465,14 @@ def test_the_pods_run_least_privileged_with_the_admin_apis_behind_the_secrets_he
     assert env["HOME"]["value"] == "/tmp"
     # The header's value comes from a Secret, never from the manifest.
     assert env["LATTE_ADMIN_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "latte-admin", "key": "token"}}
-    apis = "shared-memory,model-repository,logging,trace"
-    assert f"--http-restricted-api={apis}:latte-admin-key=$(LATTE_ADMIN_TOKEN)" in container["args"]
-    assert f"--grpc-restricted-protocol={apis}:latte-admin-key=$(LATTE_ADMIN_TOKEN)" in container["args"]
+    if kserve:  # KServe's runtime starts tritonserver itself
+        apis = "shared-memory,model-repository,logging,trace"
+        assert f"--http-restricted-api={apis}:latte-admin-key=$(LATTE_ADMIN_TOKEN)" in container["args"]
+        assert f"--grpc-restricted-protocol={apis}:latte-admin-key=$(LATTE_ADMIN_TOKEN)" in container["args"]
+    else:  # latte serve restricts the same APIs with the token it is given
+        own, triton = serve_and_triton_args(container)
+        assert "--access-token=$(LATTE_ADMIN_TOKEN)" in own and "--open-admin-apis" not in own
+        assert not any("restricted" in a for a in triton)
     readme = (tmp_path / "README.md").read_text()
     assert "kubectl create secret generic latte-admin --from-literal=token=$(openssl rand -hex 24)" in readme
 
@@ -404,8 +491,10 @@ def test_a_network_policy_lets_in_labelled_clients_and_the_monitoring_namespace(
     assert clients["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"latte.dev/client": "true"}}}]
     if not kserve:
         assert [p["port"] for p in clients["ports"]] == [8000, 8001]
+    # The health port too, where the supervisor's /metrics are (KServe's pods have no supervisor).
+    scraped = [8002] if kserve else [8002, 8003]
     assert metrics == {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
-                       "ports": [{"port": 8002, "protocol": "TCP"}]}
+                       "ports": [{"port": port, "protocol": "TCP"} for port in scraped]}
     # KServe's requests arrive through its data plane.
     planes = [f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for r in rest for f in r["from"]]
     assert planes == (["knative-serving", "istio-system"] if kserve else [])
@@ -418,7 +507,8 @@ def test_each_relaxation_is_a_named_flag(examples_repo, tmp_path, capsys):
     pod, container = pod_and_container(out, kserve=False)
     assert pod["securityContext"]["runAsUser"] == 2000
     assert container["securityContext"]["readOnlyRootFilesystem"] is False
-    assert not any("restricted" in a for a in container["args"])
+    assert not any("restricted" in a or "--access-token" in a for a in container["args"])
+    assert "--open-admin-apis" in serve_and_triton_args(container)[0]
     assert "LATTE_ADMIN_TOKEN" not in {e["name"] for e in container["env"]}
     assert not (out / "networkpolicy.yaml").exists()
     named = tmp_path / "named"

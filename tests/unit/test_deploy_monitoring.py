@@ -48,7 +48,9 @@ def test_a_deployment_is_rendered_with_its_scrape_monitor_alerts_and_dashboard(t
     monitor = load(out / "monitoring/servicemonitor.yaml")
     assert monitor["kind"] == "ServiceMonitor"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"][0]["port"] in [p["name"] for p in service["spec"]["ports"]]
+    # Triton's metrics and latte serve's health port, where the supervisor's series are.
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics", "health"]
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
 
     rules = {r.get("alert") or r["record"]: r for g in load(out / "monitoring/prometheusrule.yaml")["spec"]["groups"]
              for r in g["rules"]}
@@ -57,7 +59,9 @@ def test_a_deployment_is_rendered_with_its_scrape_monitor_alerts_and_dashboard(t
     assert 'label_replace(vector(250000), "model", "encoder", "", "")' in rules["LatteP95AboveSLO"]["expr"]
     assert "predict_linear(latte:request_p95_us:rate5m[2h], 21600)" in rules["LatteP95TrendCrossesSLO"]["expr"]
     alerts = [r for r in rules.values() if "alert" in r]
-    assert len(alerts) == 7 and all(a["annotations"]["runbook"] for a in alerts)
+    assert len(alerts) == 9 and all(a["annotations"]["runbook"] for a in alerts)
+    assert 'latte_model_restarts_total{reason=~"died|hung"}[10m]' in rules["LatteModelRestarted"]["expr"]
+    assert rules["LatteModelGivenUp"]["labels"]["severity"] == "page"
 
     board = json.loads((out / "grafana/dashboard.json").read_text())
     assert [p["title"] for p in board["panels"]] == [title for title, _, _ in monitoring.PANELS]
@@ -74,7 +78,11 @@ def test_each_object_can_be_left_out_and_a_left_out_file_goes(tmp_path):
     assert sorted(p.name for p in (out / "monitoring").iterdir()) == ["podmonitor.yaml"]
     assert not (out / "grafana" / "dashboard.json").exists()
     monitor = load(out / "monitoring/podmonitor.yaml")
-    assert monitor["kind"] == "PodMonitor" and monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert monitor["kind"] == "PodMonitor"
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics", "health"]
+    # PodMonitor ports are the container's port names.
+    (container,) = load(out / "deployment.yaml")["spec"]["template"]["spec"]["containers"]
+    assert {"metrics", "health"} <= {p["name"] for p in container["ports"]}
     render_k8s(repo, out, K8sOptions(image=IMAGE, scrape_monitor=False, alerts=False, dashboard=False))
     assert list((out / "monitoring").iterdir()) == []
     assert "monitoring/" not in (out / "README.md").read_text()

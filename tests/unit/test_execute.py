@@ -175,7 +175,7 @@ def test_async_execute_answers_leave_highest_priority_first(example_repo):
         model.execute([request("low-1"), request("low-2")])
         model.execute([request("high", priority=3)])
         deadline = time.monotonic() + 10
-        while sum(len(batch) for _, _, batch in list(model._outbox.queue)) < 3 and time.monotonic() < deadline:
+        while sum(len(batch) for _, _, batch, _ in list(model._outbox.queue)) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)  # all three answers wait behind the held send
         gate.set()
         while len(sent) < 4 and time.monotonic() < deadline:

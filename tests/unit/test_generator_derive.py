@@ -3,7 +3,8 @@
 import pytest
 
 from latte.generator.calibrate import ServingCost
-from latte.generator.derive import DerivationError, bucket_edges, derive
+from latte.generator.derive import (DerivationError, bucket_edges, derive, health_rules,
+                                    slowest_execute_ms)
 from latte.generator.profile_data import Point, Profile
 
 
@@ -290,3 +291,44 @@ def test_request_bytes_count_the_longest_measured_length():
     ragged = make_profile({1: 1.0}, length=128)
     ragged.inputs = [{"name": "tokens", "data_type": "TYPE_INT64", "dims": [-1]}]
     assert request_bytes(ragged) == 128 * 8
+
+
+# --- the health rules latte serve supervises a model by -------------------------------------------------------
+
+
+def test_health_rules_from_the_slo_and_the_execute_p99():
+    assert health_rules(slo_ms=20, execute_p99_ms=123.0) == {
+        "execute_timeout_s": "7",            # 50 x 0.123 s = 6.15 s, rounded up
+        "health_p99_slo_ms": "20",
+        "health_p99_window_s": "120",
+        "health_cpu_pegged_percent": "90",
+        "health_cpu_pegged_s": "120",
+        "rejuvenate_min_interval_s": "600",
+    }
+
+
+@pytest.mark.parametrize("p99_ms, timeout_s", [(0.5, "5"), (100.0, "5"), (100.2, "6"), (300.0, "15"),
+                                               (2000.0, "100")])
+def test_execute_timeout_is_fifty_executes_and_never_under_five_seconds(p99_ms, timeout_s):
+    assert health_rules(50, p99_ms)["execute_timeout_s"] == timeout_s
+
+
+def test_the_rss_growth_rule_only_when_given():
+    assert "health_rss_growth_mib_per_min" not in health_rules(50, 2.0)
+    assert health_rules(50, 2.0, rss_growth_mib_per_min=2.5)["health_rss_growth_mib_per_min"] == "2.5"
+    assert health_rules(12.5, 2.0)["health_p99_slo_ms"] == "12.5"
+    with pytest.raises(DerivationError, match="health_rss_growth_mib_per_min must be > 0"):
+        health_rules(50, 2.0, rss_growth_mib_per_min=0)
+    with pytest.raises(DerivationError, match="positive SLO"):
+        health_rules(0, 2.0)
+
+
+def test_the_slowest_execute_is_the_largest_batch_allowed_at_any_length():
+    from latte.generator.profile_data import Point
+
+    longer = [Point(batch_size=b, length=128, mean_ms=ms, p50_ms=ms, p99_ms=ms, peak_bytes=0)
+              for b, ms in ((1, 3.0), (8, 9.0), (16, 30.0))]
+    profile = make_profile({1: 1.0, 8: 4.0, 16: 12.0}, length=16, extra_points=longer)
+    assert slowest_execute_ms(profile, 8) == 9.0      # batch 16 is not allowed; length 128 is slower
+    assert slowest_execute_ms(profile, 32) == 30.0
+    assert slowest_execute_ms(profile, 0) == 3.0      # a model that does not batch runs one request

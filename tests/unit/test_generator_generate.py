@@ -35,6 +35,23 @@ def test_rendered_config_matches_golden_and_parses(repo, model):
     assert config.name == model
 
 
+def test_health_rules_come_from_the_slo_and_the_spec_and_overrides_win(sequence_pipeline, tmp_path):
+    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
+        "    slo_ms: 20\n",
+        "    slo_ms: 20\n    health_rss_growth_mib_per_min: 4\n"
+        "    overrides: {parameters: {execute_timeout_s: 30}}\n")
+    path = sequence_pipeline / "health.yaml"
+    path.write_text(spec)
+    generate(path, tmp_path / "repo", fuse=False)
+    params = {k: v.string_value for k, v in
+              parse_config((tmp_path / "repo" / "encoder" / "config.pbtxt").read_text()).parameters.items()}
+    assert params["health_p99_slo_ms"] == "20" and params["health_rss_growth_mib_per_min"] == "4"
+    assert params["execute_timeout_s"] == "30"
+    # A python step is not latte's: no rules.
+    tokenize = parse_config((tmp_path / "repo" / "tokenize" / "config.pbtxt").read_text())
+    assert not any(key.startswith(("health_", "execute_", "rejuvenate_")) for key in tokenize.parameters)
+
+
 def test_without_fusing_the_ensemble_is_rendered_as_written(plain_repo):
     text = (plain_repo / "embed_text" / "config.pbtxt").read_text()
     assert text == (GOLDEN / "embed_text.ensemble.pbtxt").read_text()

@@ -56,10 +56,20 @@ def test_a_good_spec_loads_with_defaults_filled_in(write):
      r"spec.yaml:12: models\[1\].priority_queue: expected one of latte, triton, got 'mine'"),
     (lambda s: s + "        priority_queue: triton\n",
      r"spec.yaml:11: models\[1\].priority_queue: says whose queue holds priority_levels; set priority_levels: 2"),
+    (lambda s: s + "        health_rss_growth_mib_per_min: 0\n",
+     r"spec.yaml:11: models\[1\].health_rss_growth_mib_per_min: expected a number >= 0.001, got 0"),
+    (lambda s: s.replace("        inputs: [{name: X", "        health_rss_growth_mib_per_min: 4\n        inputs: [{name: X"),
+     r"spec.yaml:5: models\[0\].health_rss_growth_mib_per_min: only latte models are profiled and derived"),
 ])
 def test_errors_point_at_the_line_and_key(write, edit, expected):
     with pytest.raises(SpecError, match=expected):
         load_spec(write(edit(GOOD)))
+
+
+def test_a_latte_models_rss_growth_rule_is_read_and_absent_by_default(write):
+    assert load_spec(write(GOOD)).models[1].health_rss_growth_mib_per_min is None
+    spec = load_spec(write(GOOD + "        health_rss_growth_mib_per_min: 2.5\n"))
+    assert spec.models[1].health_rss_growth_mib_per_min == 2.5
 
 
 def test_priority_levels_go_to_lattes_queue_unless_the_spec_names_tritons(write):

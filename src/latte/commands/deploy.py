@@ -9,9 +9,10 @@ from pathlib import Path
 K8S_DESCRIPTION = """\
 Render what a Kubernetes cluster needs to serve REPO with Triton and latte's backend:
 
-  OUT/deployment.yaml  tritonserver pods: probes on /v2/health/{live,ready}, Prometheus
-                       scrape annotations, GPU requests when a model uses KIND_GPU
-  OUT/service.yaml     HTTP 8000, gRPC 8001, metrics 8002
+  OUT/deployment.yaml  pods running `latte serve`, which supervises tritonserver's models: probes
+                       on its health port's /live and /ready, Prometheus scrape annotations,
+                       GPU requests when a model uses KIND_GPU
+  OUT/service.yaml     HTTP 8000, gRPC 8001, metrics 8002, health 8003
   OUT/hpa.yaml         autoscaling/v2 on Triton's queue time (or pending requests)
   OUT/pdb.yaml         at most one replica down during node drains
   OUT/prometheus-adapter/values.yaml   the custom-metrics rule the autoscaler reads
@@ -151,7 +152,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the label of the pods (any namespace) the NetworkPolicy lets call HTTP and gRPC "
                         "(default: %(default)s)")
     g.add_argument("--monitoring-namespace", default="monitoring", metavar="NAME",
-                   help="the namespace the NetworkPolicy lets scrape the metrics port (default: %(default)s)")
+                   help="the namespace the NetworkPolicy lets scrape the metrics and health ports "
+                        "(default: %(default)s)")
 
     g = p.add_argument_group("monitoring (OUT/monitoring/, OUT/grafana/; docs/scale-out.md, \"Watching it\")")
     g.add_argument("--pod-monitor", action="store_true",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,6 +50,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for readiness")
     p.add_argument("--keep-going", action="store_true",
                    help="serve the models that load when others fail, and list each failed one with its error")
+    p.add_argument("--health-port", type=int, default=8003,
+                   help="port of latte's own endpoint: /ready (every model serving, or which is not and why), "
+                        "/live, /metrics (restarts) and POST /models/NAME/rejuvenate")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="where what must outlive a model's process is kept: sessions' last turns, the inputs in "
+                        "flight at a crash (default: a new temporary folder)")
+    p.add_argument("--max-restarts", type=int, default=5,
+                   help="restarts of one model within --restart-window before it is given up")
+    p.add_argument("--restart-window", type=float, default=600.0, metavar="SECONDS",
+                   help="the window --max-restarts counts in")
+    p.add_argument("--execute-timeout", type=float, metavar="SECONDS",
+                   help="an execute running longer counts as a hang: its instance is killed and reloaded "
+                        "(default: the model's parameter execute_timeout_s, else 60)")
     p.add_argument("--response-cache-size", metavar="SIZE",
                    help="bytes of Triton's response cache, e.g. 256Mi; 0 for none (default: 256Mi when a model's "
                         "config has response_cache { enable: true }, none otherwise)")
@@ -115,17 +129,32 @@ def _access_token(args):
     return None if is_loopback(args.address) else new_access_token()
 
 
+def _supervised_flags(passthrough) -> list:
+    """tritonserver's flags with every model loaded in explicit model-control mode, which lets
+    the supervisor reload a model; a mode the caller chose is kept (then nothing is reloaded)."""
+    if any(flag.startswith("--model-control-mode") for flag in passthrough):
+        return list(passthrough)
+    return ["--model-control-mode=explicit", "--load-model=*", *passthrough]
+
+
 def _serve(args) -> int:
+    from latte.supervision.policy import RestartPolicy
+    from latte.supervision.state import STATE_DIR_ENV
     from latte.triton import TritonServer
     from latte.triton.cache import parse_size
     from latte.triton.security import is_loopback
 
     cache = parse_size(args.response_cache_size) if args.response_cache_size is not None else None
     token = _access_token(args)
+    policy = RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
+    state_dir = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="latte-state-"))
+    state_dir.mkdir(parents=True, exist_ok=True)
+    flags = _supervised_flags(args.passthrough)
     server = TritonServer(args.repo, install=_install(args), http_port=args.http_port,
                           grpc_port=args.grpc_port, metrics_port=args.metrics_port, log_path=args.log,
-                          extra_args=args.passthrough, keep_going=args.keep_going, response_cache_bytes=cache,
-                          address=args.address, admin_token=token)
+                          extra_args=flags, keep_going=args.keep_going, response_cache_bytes=cache,
+                          address=args.address, admin_token=token,
+                          environment={STATE_DIR_ENV: str(state_dir.resolve())})
     stop = {"now": False}
 
     def _on_signal(signum, _frame):
@@ -151,6 +180,7 @@ def _serve(args) -> int:
     elif not is_loopback(args.address):
         print(f"listening on {args.address} with Triton's administrative APIs open to anyone who reaches it "
               "(--open-admin-apis)", flush=True)
+    supervisor, health = _supervise(server, args, policy, state_dir, token, reloads="--load-model=*" in flags)
     try:
         while not stop["now"]:
             if not server.is_alive():
@@ -158,12 +188,36 @@ def _serve(args) -> int:
                 return 1
             time.sleep(0.2)
     finally:
+        health.stop()
+        supervisor.stop()
         code = server.stop()
         print(f"tritonserver stopped (exit code {code})", flush=True)
         for what, seconds in server.stop_waited:
             print(f"  it waited {seconds} s for {what} (tritonserver's words); pass -- --exit-timeout-secs=N "
                   "to bound that wait", flush=True)
     return 0
+
+
+def _supervise(server, args, policy, state_dir: Path, token, reloads: bool):
+    """Start the supervisor of every model and latte's health endpoint; print where it is."""
+    from latte.supervision.health import HealthEndpoint
+    from latte.supervision.policy import RestartPolicy
+    from latte.supervision.supervisor import Supervisor
+
+    def event(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+        server.append_log(line)
+
+    if not reloads:
+        event("latte supervisor: tritonserver runs in the model-control mode given after --; a model that dies "
+              "is reported (readiness, metrics) but not reloaded")
+        policy = RestartPolicy(max_restarts=0, window_s=policy.window_s)
+    supervisor = Supervisor(server, policy, state_dir, execute_timeout_s=args.execute_timeout, log=event).start()
+    health = HealthEndpoint(supervisor, args.address, args.health_port, token).start()
+    host = server.http_url.rsplit(":", 1)[0]
+    print(f"supervising {len(supervisor.models)} model(s): readiness http://{host}:{health.port}/ready  "
+          f"liveness /live  metrics /metrics  (state: {state_dir})", flush=True)
+    return supervisor, health
 
 
 def _examples(args) -> int:

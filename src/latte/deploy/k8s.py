@@ -7,7 +7,7 @@
     OUT/monitoring/*.yaml                                the ServiceMonitor (or PodMonitor), the alerts and the
                                                          dashboard's ConfigMap (monitoring.py)
     OUT/grafana/dashboard.json                           the dashboard, to import by hand
-    OUT/image/Dockerfile                                 the Latte-on-Triton image the pods run
+    OUT/image/Dockerfile                                 the Latte-on-Triton image the pods run (`latte serve`)
     OUT/README.md                                        the commands, in order
 
 Every manifest is checked against its API schema before this returns.
@@ -27,10 +27,27 @@ from latte.triton.cache import cache_bytes, cache_flag
 from latte.triton.security import ADMIN_APIS, ADMIN_HEADER, GRPC_ADMIN_HEADER, restricted_api_args
 
 TRITON_VERSION = "2.51"
-PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+# health: `latte serve`'s own endpoint (/ready, /live, and /metrics with the supervisor's series).
+PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002, "health": 8003}
 EXIT_TIMEOUT_S = 30
-# Pods get this long (x 5 s) to load every model before the startup probe gives up.
+# Pods get this long (x STARTUP_PERIOD_S) to load every model before the startup probe gives up.
 STARTUP_FAILURE_THRESHOLD = 120
+STARTUP_PERIOD_S = 5
+# The NGC image's Triton, and the backend directory the Dockerfile lays out in it: latte serve
+# finds both there instead of installing a backend under the read-only root.
+TRITON_ROOT = "/opt/tritonserver"
+BACKEND_DIRECTORY = f"{TRITON_ROOT}/backends"
+# Where latte serve keeps what outlives a model's process (in-flight inputs, the inputs that crashed
+# it, sessions' last turns). An emptyDir outlives the container's restarts within the pod, so an
+# input that crashed a model stays refused when the kubelet restarts the container.
+STATE_DIR = "/var/lib/latte"
+STATE_VOLUME = "latte-state"
+# Triton's own log, in the writable /tmp; latte serve prints its supervision (deaths with their
+# signal or exit code, restarts) to the container's output.
+TRITON_LOG = "/tmp/tritonserver.log"
+# latte serve's defaults, written out so that the manifest says what the pods do.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 600
 GCS_CREDENTIALS_DIR = "/var/run/secrets/latte-storage"
 # The runtimes a Dockerfile installs when it is rendered without a repository.
 DEFAULT_RUNTIME_PACKAGES = ("onnxruntime", "torch")
@@ -148,10 +165,32 @@ def manifest_context(options: K8sOptions, facts: RepositoryFacts) -> Dict:
         "ports": PORTS,
         "exit_timeout_s": EXIT_TIMEOUT_S,
         "startup_failure_threshold": STARTUP_FAILURE_THRESHOLD,
+        "startup_period_s": STARTUP_PERIOD_S,
+        "serve": serve_context(gpus, cache),
         "runtime_packages": facts.python_packages,
         "kserve": options.kserve,
         "kubernetes_version": options.kubernetes_version,
         "security": security_context(options),
+    }
+
+
+def serve_context(gpus: int, cache: int) -> Dict:
+    """How the Deployment's container runs `latte serve`: its own settings, and the flags it passes
+    to tritonserver unchanged (those latte serve does not set itself)."""
+    return {
+        "state_dir": STATE_DIR,
+        "state_volume": STATE_VOLUME,
+        "max_restarts": MAX_RESTARTS,
+        "restart_window_s": RESTART_WINDOW_S,
+        "timeout_s": STARTUP_FAILURE_THRESHOLD * STARTUP_PERIOD_S,
+        "triton_root": TRITON_ROOT,
+        "backend_directory": BACKEND_DIRECTORY,
+        "log": TRITON_LOG,
+        # Stated, never left to latte serve's default, which reads the configs of a local repository:
+        # the pods may read theirs from object storage.
+        "cache_bytes": cache,
+        "triton_args": ["--allow-metrics=true", f"--allow-gpu-metrics={'true' if gpus else 'false'}",
+                        f"--exit-timeout-secs={EXIT_TIMEOUT_S}"],
     }
 
 
@@ -195,6 +234,9 @@ def render_dockerfile(triton_image: str = DEFAULT_TRITON_IMAGE, runtime_packages
 
     return render("k8s/Dockerfile.j2", {
         "triton_image": triton_image,
+        "triton_root": TRITON_ROOT,
+        "backend_directory": BACKEND_DIRECTORY,
+        "state_dir": STATE_DIR,
         "runtime_packages": list(DEFAULT_RUNTIME_PACKAGES if runtime_packages is None else runtime_packages),
         "dockerfile_path": dockerfile_path,
         "context_path": context_path,

@@ -8,6 +8,8 @@ beside the Deployment by `latte deploy k8s` (docs/scale-out.md, "Watching it").
 
 Thresholds come from each model's SLO (its config's `slo_ms` parameter, written by `latte
 generate`, or --slo-ms) and the options below, whose defaults are stated in ALERT_DEFAULTS.
+The monitors scrape two ports of each pod: Triton's metrics port (nv_* and the models' latte_*
+series) and `latte serve`'s health port (the supervisor's latte_model_* series, latte_models_down).
 Every expression here is PromQL over latte's and Triton's own series; the tests parse each one
 with promtool and make each alert fire, and stay quiet, with `promtool test rules`.
 """
@@ -23,6 +25,10 @@ MODEL = "model"
 P95_RECORD = "latte:request_p95_us:rate5m"
 ERROR_RATIO_RECORD = "latte:request_error_ratio:rate5m"
 GRAFANA_SIDECAR_LABEL = ("grafana_dashboard", "1")
+# The container ports a ServiceMonitor or PodMonitor scrapes (k8s.PORTS, by name).
+SCRAPED_PORTS = ("metrics", "health")
+# Where an operator sends the admin header (latte-admin-key) to load a model again by hand.
+LOAD_CALL = "POST /v2/repository/models/{{ $labels.model }}/load"
 
 
 @dataclass(frozen=True)
@@ -88,16 +94,23 @@ def alert_rules(s: AlertSettings) -> List[Dict]:
                f"(predict_linear({P95_RECORD}[{window}], {horizon_s}) > {on} ({slo})) "
                f"and ({P95_RECORD} <= {on} ({slo}))", "15m", "warn",
                f"{{{{ $labels.model }}}}: P95 is projected to cross its SLO within {s.forecast_horizon_h:g} h",
-               "Latency grows with uptime: schedule a rolling restart before the crossing, then find what grows "
-               "(RSS, arena held bytes, sessions).", s.runbook_url),
+               "Latency grows with uptime. latte reloads the model itself, without failing a request, once its "
+               "P99 stays above health_p99_slo_ms for health_p99_window_s (latte_model_restarts_total "
+               "reason=rejuvenated). If the trend survives those reloads, find what grows (RSS, arena held "
+               "bytes, sessions).", s.runbook_url),
         _alert("LatteArenaFragmented", "max by (model, pod) (latte_arena_fragmented) == 1", "5m", "warn",
                "{{ $labels.model }}: the arena's free bytes fit the P99 request but no free block does",
-               "Requests will start failing with memory free: raise arena_bytes, or restart the pod to "
-               "defragment.", s.runbook_url),
+               "Requests will start failing with memory free. latte reloads the model itself (a fresh arena, no "
+               "failed request) once the alarm has held for health_fragmented_s (default 300 s); if it comes "
+               f"back, raise arena_bytes. By hand: {LOAD_CALL} with the admin header, not a pod restart.",
+               s.runbook_url),
         _alert("LatteArenaFragmentationFailures",
                'sum by (model, pod) (delta(latte_arena_failures{kind="fragmentation"}[10m])) > 0', "",
                "page", "{{ $labels.model }}: requests failed for want of a contiguous block with memory free",
-               "Restart the pod now; then raise arena_bytes (docs/memory.md).", s.runbook_url),
+               "latte's reload of a fragmented arena may be under way (latte_model_restarts_total "
+               f"reason=rejuvenated); if failures go on, load the model again now ({LOAD_CALL} with the admin "
+               "header: a fresh arena, the pod's other models untouched); then raise arena_bytes (docs/memory.md).",
+               s.runbook_url),
         _alert("LatteQueueSaturated",
                f'sum by ({BY}) (rate(latte_requests_total{{outcome="overloaded"}}[5m])) > 0',
                "5m", "page", "{{ $labels.model }}: requests refused for a full queue",
@@ -110,12 +123,37 @@ def alert_rules(s: AlertSettings) -> List[Dict]:
                f"> {s.rss_growth_mib_per_h * 2 ** 20:g}", "30m",
                "warn", f"{{{{ $labels.model }}}} on {{{{ $labels.pod }}}}: resident memory grows faster than "
                f"{s.rss_growth_mib_per_h:g} MiB/h",
-               "A leak or a growing cache: compare arena and session figures; recycle the pod before its "
-               "memory limit.", s.runbook_url),
+               "A leak or a growing cache: compare arena and session figures. With the model parameter "
+               "health_rss_growth_mib_per_min latte reloads the model itself when it grows faster (reason="
+               f"rejuvenated); without it, load the model again ({LOAD_CALL} with the admin header) before "
+               "the pod's memory limit, and set the parameter.", s.runbook_url),
         _alert("LatteRequestsFailing", f"{ERROR_RATIO_RECORD} > {s.error_ratio:g}", "5m", "page",
                f"{{{{ $labels.model }}}}: more than {s.error_ratio:.0%} of requests fail on the server",
                "Read the errors by reason on the dashboard: model_error is the model's, out_of_memory the "
                "arena's, timeout a queue that waits too long.", s.runbook_url),
+        # The supervisor's series (latte serve's health port), one per pod.
+        _alert("LatteModelRestarted",
+               f'sum by ({BY}, pod, reason) (increase(latte_model_restarts_total{{reason=~"died|hung"}}[10m])) > 0',
+               "", "warn", "{{ $labels.model }} on {{ $labels.pod }}: latte restarted the model, whose process "
+                           "{{ $labels.reason }}",
+               "Already done by latte: it noticed the death within a second (a hang after execute_timeout_s), "
+               "loaded the model again, answered the requests in flight with an error, and journaled their "
+               "inputs; an input in flight at two crashes is refused from then on. Left to you: read the pod's "
+               "log line for this restart (the signal or exit code, or the execute that hung) and fix the model "
+               "or the input it names. No restart of the pod is needed.", s.runbook_url),
+        # A model given up fails the pod's liveness probe, so the kubelet restarts the container
+        # within about 30 s and the gauge drops back: the look-back keeps that from slipping
+        # between two evaluations.
+        _alert("LatteModelGivenUp", f"max by ({BY}, pod) (max_over_time(latte_model_given_up[10m])) == 1", "",
+               "page", "{{ $labels.model }} on {{ $labels.pod }}: latte gave the model up after too many "
+                       "restarts",
+               "Already done by latte: it restarted the model --max-restarts times within --restart-window, "
+               "each death noticed within a second, its requests in flight answered with an error and their "
+               "inputs journaled (an input that crashed it twice is refused); then it stopped, marked the pod "
+               "not ready and not live, and the kubelet restarts its container, whose state folder keeps the "
+               "refused inputs. Left to you: read the pod's log lines with the signal or exit code, fix the "
+               f"model or its input, and load it again ({LOAD_CALL} with the admin header). Restarting the pod "
+               "is not the first step.", s.runbook_url),
     ]
 
 
@@ -134,9 +172,9 @@ def rules_file(s: AlertSettings, name: str = "latte") -> Dict:
 
 def scrape_monitor(name: str, namespace: str, labels: Dict[str, str], selector: Dict[str, str],
                    pod_monitor: bool) -> Dict:
-    endpoint = {"port": "metrics", "path": "/metrics", "interval": "15s"}
-    spec = ({"selector": {"matchLabels": selector}, "podMetricsEndpoints": [endpoint]} if pod_monitor
-            else {"selector": {"matchLabels": selector}, "endpoints": [endpoint]})
+    endpoints = [{"port": port, "path": "/metrics", "interval": "15s"} for port in SCRAPED_PORTS]
+    spec = ({"selector": {"matchLabels": selector}, "podMetricsEndpoints": endpoints} if pod_monitor
+            else {"selector": {"matchLabels": selector}, "endpoints": endpoints})
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor" if pod_monitor else "ServiceMonitor",
             "metadata": _metadata(name, namespace, labels), "spec": spec}
 
@@ -170,6 +208,9 @@ PANELS = (
     ("Resident memory", "bytes", [("{{model}} {{pod}}", "sum by (model, pod) (latte_resident_memory_bytes)")]),
     ("Errors by reason", "reqps", [("{{model}} {{outcome}}",
                                     'sum by (model, outcome) (rate(latte_requests_total{outcome!="success"}[5m]))')]),
+    ("Model restarts (10 min) and models down", "short", [
+        ("{{model}} {{reason}}", "sum by (model, reason) (increase(latte_model_restarts_total[10m]))"),
+        ("models down", "sum(latte_models_down)")]),
 )
 
 

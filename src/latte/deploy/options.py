@@ -59,7 +59,7 @@ class K8sOptions:
     open_admin_apis: bool = False                # --open-admin-apis: no header asked of Triton's admin APIs
     network_policy: bool = True                  # --no-network-policy
     client_label: str = "latte.dev/client=true"  # the pods (any namespace) that may call HTTP and gRPC
-    monitoring_namespace: str = "monitoring"     # the namespace whose pods may scrape the metrics port
+    monitoring_namespace: str = "monitoring"     # the namespace whose pods may scrape the metrics and health ports
     # What an operator watches (monitoring.py); each object can be left out.
     scrape_monitor: bool = True                  # --no-scrape-monitor
     pod_monitor: bool = False                    # --pod-monitor: a PodMonitor instead of a ServiceMonitor

@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from latte.triton.backend_dir import install_backend
 from latte.triton.security import ADMIN_HEADER, restricted_api_args
@@ -94,6 +94,7 @@ class TritonServer:
         response_cache_bytes: Optional[int] = None,
         address: str = "127.0.0.1",
         admin_token: Optional[str] = None,
+        environment: Optional[Mapping[str, str]] = None,
     ) -> None:
         self.repository = Path(repository).resolve()
         if not self.repository.is_dir():
@@ -119,6 +120,8 @@ class TritonServer:
         self.admin_token = admin_token
         # What this process connects to: the address itself, or this machine for a wildcard.
         self._host = "127.0.0.1" if address in ("0.0.0.0", "::") else address
+        # Variables the server and its models' processes get on top of the install's.
+        self.environment = dict(environment or {})
 
     @property
     def log_path(self) -> Path:
@@ -175,11 +178,13 @@ class TritonServer:
 
     def start(self, timeout: float = 120.0) -> "TritonServer":
         install_backend(self.backend_directory, self.install)
-        log = open(self.log_path, "wb")
+        # Appending: others (the supervisor) add lines to the same log while the server writes.
+        open(self.log_path, "wb").close()
+        log = open(self.log_path, "ab")
         # Own process group: the Python backend's stub processes go down with the server.
         self.process = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT,
-            env=self.install.environment(), start_new_session=True,
+            env={**self.install.environment(), **self.environment}, start_new_session=True,
             # Not the caller's folder: the stub puts its working directory first on
             # sys.path, where a source checkout would shadow the installed package.
             cwd=str(self.log_path.parent),
@@ -232,6 +237,11 @@ class TritonServer:
     def admin_headers(self) -> dict:
         """The header Triton's administrative APIs want from this server's callers (none if open)."""
         return {ADMIN_HEADER: self.admin_token} if self.admin_token else {}
+
+    def append_log(self, line: str) -> None:
+        """Add a line of latte's own to the server's log, beside tritonserver's."""
+        with open(self.log_path, "ab") as log:
+            log.write((line.rstrip("\n") + "\n").encode())
 
     def is_alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -1,0 +1,115 @@
+"""The model processes of a tritonserver, read from /proc: which model each serves, and
+whether it is alive.
+
+Triton's Python backend starts one stub process per model instance, as a child of the server,
+with the model's file and the instance's name among its arguments. A stub that dies stays a
+zombie child (the server does not reap it), whose exit status /proc still gives: that tells a
+kill by a signal from an exit with a code.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional
+
+STUB_NAME = "triton_python_backend_stub"
+_PROC = Path("/proc")
+
+
+class StubProcess(NamedTuple):
+    pid: int
+    model: str
+    instance: str
+
+
+class ProcessState(NamedTuple):
+    alive: bool
+    # waitpid(2)'s status of a dead process still listed (a zombie), else None
+    exit_status: Optional[int]
+
+
+def _stat_fields(pid: int) -> Optional[List[str]]:
+    """/proc/PID/stat's fields after the command name (field 3, the state, first)."""
+    try:
+        raw = (_PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return raw.rsplit(")", 1)[1].split()
+
+
+def process_state(pid: int) -> ProcessState:
+    fields = _stat_fields(pid)
+    if fields is None:
+        return ProcessState(False, None)
+    if fields[0] in ("Z", "X"):
+        return ProcessState(False, int(fields[-1]) if len(fields) >= 50 else None)
+    return ProcessState(True, None)
+
+
+def describe_exit(status: Optional[int]) -> str:
+    """'killed by signal 9 (SIGKILL)', 'exited with code 3', or 'gone' when nothing is known."""
+    if status is None:
+        return "gone (its exit status was not seen)"
+    if status & 0x7F:
+        number = status & 0x7F
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = "unknown signal"
+        return f"killed by signal {number} ({name})"
+    return f"exited with code {(status >> 8) & 0xFF}"
+
+
+def stub_of(pid: int) -> Optional[StubProcess]:
+    """The model and instance a stub process serves, from its arguments (model file first, the
+    instance's name the eighth): <repo>/<model>/<version>/model.py ... <model>_<group>_<index>."""
+    try:
+        argv = (_PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    if not argv or not argv[0].endswith(STUB_NAME.encode()) or len(argv) < 9:
+        return None
+    model_file = Path(os.fsdecode(argv[1]))
+    return StubProcess(pid, model_file.parent.parent.name, os.fsdecode(argv[8]))
+
+
+def children(parent: int) -> List[int]:
+    """The live or zombie children of `parent`."""
+    found = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None and len(fields) > 1 and fields[1] == str(parent):
+            found.append(int(entry.name))
+    return found
+
+
+def live_stubs(server_pid: int) -> Dict[int, StubProcess]:
+    """The server's live stub processes, by pid (a zombie's arguments are gone: it is not listed)."""
+    stubs = {}
+    for pid in children(server_pid):
+        stub = stub_of(pid)
+        if stub is not None and process_state(pid).alive:
+            stubs[pid] = stub
+    return stubs
+
+
+def rss_bytes(pid: int) -> int:
+    try:
+        for line in (_PROC / str(pid) / "status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU the process has used."""
+    fields = _stat_fields(pid)
+    if fields is None or len(fields) < 13:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
