@@ -35,6 +35,7 @@ AREAS: Tuple[Tuple[str, str], ...] = (
     ("allocator", "Allocator"),
     ("gpu", "GPU"),
     ("soak", "Soak"),
+    ("reliability", "Self-healing: a model that dies or is rejuvenated"),
     ("overload", "Overload and priorities"),
     ("cache", "Response cache"),
     ("scheduler", "Scheduler and lanes"),

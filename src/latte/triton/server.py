@@ -96,8 +96,10 @@ class TritonServer:
         admin_token: Optional[str] = None,
         environment: Optional[Mapping[str, str]] = None,
     ) -> None:
-        self.repository = Path(repository).resolve()
-        if not self.repository.is_dir():
+        # An object store's location (s3://, gs://, as://) goes to tritonserver as it is.
+        remote = "://" in str(repository)
+        self.repository = str(repository) if remote else Path(repository).resolve()
+        if not remote and not self.repository.is_dir():
             raise FileNotFoundError(f"model repository {self.repository} does not exist")
         self.install = install or find_triton()
         self.backend_directory = Path(backend_directory or default_backend_directory())
@@ -110,7 +112,8 @@ class TritonServer:
         # Serve the models that load when others fail (listed by failed_models()).
         self.keep_going = keep_going
         # None: a cache of the default size when a model of the repository enables response_cache; 0: none.
-        self.response_cache_bytes = cache_bytes_for(self.repository, response_cache_bytes)
+        self.response_cache_bytes = (cache_bytes_for(self.repository, response_cache_bytes) if not remote
+                                     else int(response_cache_bytes or 0))
         self.process: Optional[subprocess.Popen] = None
         # What held the last stop up (stop_waits), once it is over.
         self.stop_waited: List[Tuple[str, int]] = []
