@@ -159,7 +159,11 @@ class Supervisor:
     # --- one step --------------------------------------------------------------------------------
     def step(self) -> None:
         now = self._clock()
-        stubs = processes.live_stubs(self.server.process.pid) if self.server.is_alive() else {}
+        if not self.server.is_alive():
+            # Its models went with it: readiness and liveness say so, and there is nothing to reload.
+            self._last_step = now
+            return
+        stubs = processes.live_stubs(self.server.process.pid)
         with self._lock:
             self._take_outcomes(now)
             by_model: Dict[str, Dict[int, processes.StubProcess]] = {}
@@ -176,12 +180,13 @@ class Supervisor:
             self._last_step = now
 
     def _watch(self, record: ModelRecord, live: Dict[int, processes.StubProcess], now: float) -> None:
-        record.retiring &= set(live)
         if record.reloading is not None or record.status == DOWN:
             return
-        dead = [pid for pid in record.pids if pid not in live]
+        # The replaced copy's processes exit on purpose, before or after the reload's outcome is taken.
+        dead = [pid for pid in record.pids if pid not in live and pid not in record.retiring]
         if dead and record.status == SERVING:
             self._died(record, dead, now)
+        record.retiring &= set(live)
         record.pids = {pid: stub for pid, stub in live.items() if pid not in record.retiring}
 
     def _died(self, record: ModelRecord, dead: List[int], now: float) -> None:
@@ -325,6 +330,7 @@ class Supervisor:
                 self._event(record.name, f"serving again: {outcome.reason} copy replaced in {outcome.seconds:.1f} s"
                             if outcome.reason != "rejuvenated" else f"rejuvenated in {outcome.seconds:.1f} s")
             elif outcome.reason == "rejuvenated":
+                record.retiring.clear()  # the copy it was to replace serves on, and is watched
                 self._event(record.name, f"rejuvenation failed, the serving copy stays: {outcome.result.error}")
             else:
                 self._schedule_restart(record, f"{record.cause}: the new copy failed to load: "
