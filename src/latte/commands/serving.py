@@ -190,7 +190,7 @@ def _serve(args) -> int:
     finally:
         health.stop()
         supervisor.stop()
-        code = server.stop()
+        code = server.stop(stuck_models=supervisor.dead_copies)
         print(f"tritonserver stopped (exit code {code})", flush=True)
         for what, seconds in server.stop_waited:
             print(f"  it waited {seconds} s for {what} (tritonserver's words); pass -- --exit-timeout-secs=N "

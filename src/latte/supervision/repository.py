@@ -64,6 +64,7 @@ class TritonRepository:
                 text = json.loads(exc.read() or b"{}").get("error", "")
             except ValueError:
                 text = ""
-            return LoadOutcome(False, text or f"HTTP {exc.code}")
+            # Triton's words may run over lines and end in ';': one line of them, for the log's one line an event.
+            return LoadOutcome(False, " ".join(text.split()).rstrip("; ") or f"HTTP {exc.code}")
         except (urllib.error.URLError, OSError) as exc:
             return LoadOutcome(False, f"tritonserver did not answer: {exc}")

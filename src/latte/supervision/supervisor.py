@@ -346,4 +346,11 @@ class Supervisor:
         self._restarts[(model, reason)] = self._restarts.get((model, reason), 0) + 1
 
     def _event(self, model: str, text: str) -> None:
-        self._log(f"latte supervisor: model '{model}' {text}")
+        self._log(f"latte supervisor: model '{model}' {' '.join(text.split())}")
+
+    @property
+    def dead_copies(self) -> int:
+        """Copies replaced after their process died or hung: Triton 2.51 keeps them, unloading,
+        until it stops."""
+        with self._lock:
+            return sum(n for (_, reason), n in self._restarts.items() if reason in ("died", "hung"))

@@ -72,6 +72,15 @@ def stop_waits(log: str, longer_than_s: int = STOP_WAIT_S) -> List[Tuple[str, in
             if first - last + 1 > longer_than_s]
 
 
+_LIVE_MODELS = re.compile(r"Found (\d+) live models and 0 in-flight non-inference requests")
+
+
+def only_stuck_models_left(log_tail: str, stuck_models: int) -> bool:
+    """Whether the stop's last countdown line counts no more live models than are stuck."""
+    counts = _LIVE_MODELS.findall(log_tail)
+    return bool(counts) and int(counts[-1]) <= stuck_models
+
+
 class TritonServer:
     """A tritonserver serving one model repository on loopback ports.
 
@@ -249,15 +258,19 @@ class TritonServer:
     def is_alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, grace: float = 30.0) -> Optional[int]:
+    def stop(self, grace: float = 30.0, stuck_models: int = 0) -> Optional[int]:
+        """SIGTERM, then SIGKILL after `grace` seconds; or as soon as tritonserver waits on no
+        more than `stuck_models` live models and nothing in flight: copies whose process died,
+        which Triton 2.51 never finishes unloading (docs/reliability.md)."""
         if self.process is None:
             return None
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
+            deadline = time.monotonic() + grace
+            while self.process.poll() is None and time.monotonic() < deadline:
+                if stuck_models and only_stuck_models_left(self.log(last_bytes=4096), stuck_models):
+                    break
+                time.sleep(0.2)
         # Whatever is left of the group (a stub that ignored the shutdown) is killed.
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
