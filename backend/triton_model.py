@@ -230,19 +230,32 @@ class LatteModel:
     def _execute_marked(self, requests, call, started: float) -> Optional[List]:
         """execute under supervision: the requests that crashed the model before refused, the
         others marked in flight until their answers are out (with async_execute, until the
-        sender thread sent the last of them)."""
-        call, slot = self.vitals.intake(call)
+        sender thread sent the last of them); a suspect of a crash runs alone, after the rest."""
+        parts = self.vitals.intake(call, isolate=not self._async)
         if self._async:
-            landing = self.vitals.landing(slot, call.count)
+            part = parts[0]
+            landing = self.vitals.landing(self.vitals.begin(part), part.call.count)
             try:
-                return self._submit(requests, call, started, landing)
+                return self._submit(requests, part.call, started, landing)
             except BaseException:
                 landing.abort()
                 raise
-        try:
-            return self._answer(requests, call, started)
-        finally:
-            self.vitals.end(slot)
+        responses = [None] * call.count
+        for part in parts:
+            slot = self.vitals.begin(part)
+            try:
+                if part.positions is None:
+                    answered = self._answer(requests, part.call, started)
+                else:
+                    answered = self._answer([requests[i] for i in part.positions], part.call, started)
+            finally:
+                self.vitals.end(slot)
+            self.vitals.ran(part)
+            if part.positions is None:
+                return answered
+            for position, response in zip(part.positions, answered):
+                responses[position] = response
+        return responses
 
     def _answer(self, requests, call, started: float) -> List:
         """The call's responses: each batch's answers built as the engine finishes it, sent at

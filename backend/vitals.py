@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -30,20 +30,45 @@ class Vitals:
     def __init__(self, state, model: str, instance: str, inputs: Sequence[str], logger) -> None:
         self.state, self.model, self.logger = state, model, logger
         self._inputs = list(inputs)
-        self.refused = PoisonList(poison_path(state, model)).refused()
+        poisons = PoisonList(poison_path(state, model))
+        self.refused, self.suspects = poisons.refused(), poisons.suspects()
+        self._cleared = set()   # suspects that ran alone in this process without a crash
         self.recorder = FlightRecorder(flight_path(state, model, instance, os.getpid()))
         self._closed = False
 
-    def intake(self, call: Call) -> Tuple[Call, Optional[int]]:
-        """The call with each request that crashed the model before refused in its place, and
-        the flight slot that marks the rest running (None when every slot is taken)."""
+    def intake(self, call: Call, isolate: bool = True) -> List["Part"]:
+        """The call in the parts to run one after the other, each marked in flight while it runs:
+        every request that crashed the model before refused in its place; with `isolate`, each
+        suspect (an input seen at a crash) alone in a part after the others, so that a crash
+        blames the input that caused it and not the ones batched with it."""
         digests = self._digests(call)
-        refused = self.refused
-        if refused:
-            poisoned = [i for i, digest in enumerate(digests) if digest in refused]
+        if self.refused:
+            poisoned = [i for i, digest in enumerate(digests) if digest in self.refused]
             if poisoned:
                 call = self._refuse(call, poisoned)
-        return call, self.recorder.begin([d for d in digests if d is not None and d not in refused])
+                digests = [None if i in poisoned else d for i, d in enumerate(digests)]
+        suspects = [i for i, d in enumerate(digests) if d is not None and d in self.suspects and d not in self._cleared]
+        if not suspects or not isolate or call.count == 1:
+            alone = digests[0] if suspects and call.count == 1 else None
+            return [Part(None, call, [d for d in digests if d is not None], alone)]
+        others = [i for i in range(call.count) if i not in set(suspects)]
+        running = [i for i in others if digests[i] is not None]
+        # Refused requests go with the first part that runs something: a part of refusals alone
+        # would be a batch of no rows.
+        groups = ([others] if running else []) + [[i] for i in suspects]
+        if not running:
+            groups[0] = others + groups[0]
+        return [Part(group, _members(call, group), [digests[i] for i in group if digests[i] is not None],
+                     None if running and k == 0 else digests[group[-1]])
+                for k, group in enumerate(groups)]
+
+    def begin(self, part: "Part") -> Optional[int]:
+        return self.recorder.begin(part.digests)
+
+    def ran(self, part: "Part") -> None:
+        """The part ran without killing the process: its suspect, alone in it, is cleared."""
+        if part.suspect is not None:
+            self._cleared.add(part.suspect)
 
     def end(self, slot: Optional[int]) -> None:
         # A lane may answer after finalize closed the file (its sender given up on): nothing to clear.
@@ -77,6 +102,21 @@ class Vitals:
         for position in positions:
             items[position] = RequestError(refusal_message(self.model))
         return Call(call.count, items, call.options)
+
+
+class Part(NamedTuple):
+    """Requests of a call run together: their places in it (None: the whole call), the call
+    they make, their digests, and the suspect when one runs alone."""
+    positions: Optional[List[int]]
+    call: Call
+    digests: List[bytes]
+    suspect: Optional[bytes]
+
+
+def _members(call: Call, positions: Sequence[int]) -> Call:
+    items = call.items if call.items is not None else call.requests(range(call.count))
+    options = [call.options[i] for i in positions] if call.options is not None else None
+    return Call(len(positions), [items[i] for i in positions], options)
 
 
 class Landing:

@@ -15,6 +15,13 @@ Then rejuvenation: --rejuvenate-clients threads on `sequence_torchscript`, a ste
 rejuvenation asked for through the health endpoint (a new copy loads while the old one serves),
 and the window across the swap: failed requests and P99 against the steady window's.
 
+Then a poison input: --clients threads send good requests to `faulty` (a latte model whose
+Python step segfaults on X = -1, latte.examples.fault_models) while one more sends X = -1 after
+each recovery: it crashes the model twice, then is refused; the share of good requests that
+succeeded over the part. Last, a crash loop: X = -1 to `faulty_stock` (a stock Python model,
+whose inputs latte cannot refuse) after each recovery, until the supervisor gives it up, while
+--clients threads keep sending to `mlp_onnx`, which must not notice.
+
 Writes .latte/faults/faults.json and benchmarks/results/faults.json, from which
 docs/benchmarks.md is rendered (`.venv/bin/python -m latte.bench.page`), with a timeline of the
 first fault.
@@ -41,6 +48,7 @@ import numpy as np
 from latte.bench.quiet import wait_until_quiet
 from latte.bench.results import Chart, Series, Table, Target, command_line, new_results, write_summary
 from latte.examples import EXAMPLES, build_examples, write_served_copy
+from latte.examples.fault_models import CRASH, LATTE_MODEL, STOCK_MODEL, write_fault_models
 from latte.supervision import processes
 from latte.triton.server import free_port
 
@@ -50,7 +58,9 @@ LATTE = Path(sys.executable).with_name("latte")
 STOCK = "mlp_stock"
 INPUTS = {"sequence_torchscript": ("tokens", lambda: np.arange(1, 9, dtype=np.int64)[None]),
           "mlp_onnx": ("features", lambda: np.ones((1, 16), np.float32)),
-          STOCK: ("features", lambda: np.ones((1, 16), np.float32))}
+          STOCK: ("features", lambda: np.ones((1, 16), np.float32)),
+          LATTE_MODEL: ("X", lambda: np.array([[5]], np.int64)),
+          STOCK_MODEL: ("X", lambda: np.array([[5]], np.int64))}
 HANG_S = 30.0
 
 
@@ -84,6 +94,29 @@ class Serve:
         match = re.search(rf'latte_model_restarts_total{{model="{model}",reason="{reason}"}} (\d+)', text)
         return int(match.group(1)) if match else 0
 
+    def model_state(self, model: str) -> str:
+        try:
+            with urllib.request.urlopen(self.health + "/ready", timeout=1.0) as r:
+                body = json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            body = json.loads(exc.read())
+        return body.get("not_serving", {}).get(model, {}).get("status", "serving")
+
+    def send_one(self, model: str, value: int) -> str:
+        """One request of X = value: 'ok', or the error's HTTP status and first words."""
+        import tritonclient.http as http
+
+        client = http.InferenceServerClient(self.http, network_timeout=HANG_S * 2)
+        tensor = http.InferInput("X", [1, 1], "INT64")
+        tensor.set_data_from_numpy(np.array([[value]], np.int64))
+        try:
+            client.infer(model, [tensor])
+            return "ok"
+        except Exception as exc:
+            return str(exc)[:120]
+        finally:
+            client.close()
+
     def stub_pid(self, model: str) -> int:
         server = next(pid for pid in processes.children(self.process.pid))
         return next(pid for pid, stub in processes.live_stubs(server).items() if stub.model == model)
@@ -100,8 +133,8 @@ class Load:
     """`clients` threads sending one model's request back to back; every request's send and
     answer times and outcome are kept."""
 
-    def __init__(self, url: str, model: str, clients: int) -> None:
-        self.url, self.model = url, model
+    def __init__(self, url: str, model: str, clients: int, pause_s: float = 0.0) -> None:
+        self.url, self.model, self.pause_s = url, model, pause_s
         self.records = []   # (sent, answered, ok)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -124,6 +157,8 @@ class Load:
                 ok = False
             with self._lock:
                 self.records.append((sent, time.monotonic(), ok))
+            if self.pause_s:
+                self._stop.wait(self.pause_s)
         client.close()
 
     def __enter__(self) -> "Load":
@@ -215,6 +250,57 @@ def rejuvenation(serve: Serve, model: str, clients: int, steady_s: float = 3.0) 
                 across_requests=len(across))
 
 
+def wait_serving(serve: Serve, model: str, within_s: float = 60.0) -> str:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        state = serve.model_state(model)
+        if state in ("serving", "down"):
+            return state
+        time.sleep(0.05)
+    return serve.model_state(model)
+
+
+def poison(serve: Serve, clients: int, run_s: float, tries: int = 4) -> dict:
+    """Paced good requests (a client's next 10 ms after its answer, as a service's callers send,
+    not a flood that a quick error feeds) to `faulty` and to `mlp_onnx` for `run_s` seconds;
+    X = -1 sent to `faulty` `tries` times, spread over the run, each after the model serves again."""
+    answers = []
+    crashes_before = serve.restarts(LATTE_MODEL, "died")
+    started = time.monotonic()
+    with Load(serve.http, LATTE_MODEL, clients, pause_s=0.01) as load, \
+            Load(serve.http, "mlp_onnx", clients, pause_s=0.01) as others:
+        for i in range(tries):
+            time.sleep(max(0.0, started + (i + 1) * run_s / (tries + 1) - time.monotonic()))
+            wait_serving(serve, LATTE_MODEL)
+            answers.append(serve.send_one(LATTE_MODEL, CRASH))
+        time.sleep(max(1.0, started + run_s - time.monotonic()))
+    def share(records):
+        return dict(requests=len(records), succeeded=sum(1 for *_, ok in records if ok))
+    return dict(poison_answers=answers, crashes=serve.restarts(LATTE_MODEL, "died") - crashes_before,
+                run_s=round(time.monotonic() - started, 1), same_model=share(load.records),
+                whole_server=share(load.records + others.records),
+                refused_after=next((i for i, a in enumerate(answers) if "refused this input" in a), None))
+
+
+def crash_loop(serve: Serve, clients: int, limit: int = 20) -> dict:
+    """X = -1 to `faulty_stock` after each recovery until it is given up; `mlp_onnx` under load."""
+    sent = 0
+    started = time.monotonic()
+    with Load(serve.http, "mlp_onnx", clients) as load:
+        while sent < limit and wait_serving(serve, STOCK_MODEL) != "down":
+            serve.send_one(STOCK_MODEL, CRASH)
+            sent += 1
+            time.sleep(0.3)
+        given_up = serve.model_state(STOCK_MODEL) == "down"
+        seconds = time.monotonic() - started
+        time.sleep(1.0)
+    others = load.records
+    return dict(crashes_sent=sent, given_up=given_up, seconds_to_give_up=round(seconds, 1),
+                restarts=serve.restarts(STOCK_MODEL, "died"), gave_up=serve.restarts(STOCK_MODEL, "gave_up"),
+                others_requests=len(others), others_failed=sum(1 for *_, ok in others if not ok),
+                server_alive=serve.process.poll() is None)
+
+
 def reload_seconds(server_log: Path) -> dict:
     """Each model's reload times, from the supervisor's lines in the server log."""
     found = {}
@@ -229,7 +315,35 @@ def median(values):
     return round(statistics.median(values), 3) if values else None
 
 
-def summarize(per_model: dict, rejuvenations: list, reloads: dict, args) -> dict:
+def summarize_poison(p: dict, loop: dict, tables: list, targets: list) -> None:
+    if p:
+        same, whole = p["same_model"], p["whole_server"]
+        share = same["succeeded"] / max(1, same["requests"])
+        server_share = whole["succeeded"] / max(1, whole["requests"])
+        refused = p["refused_after"]
+        lost = same["requests"] - same["succeeded"]
+        met = refused == 2 and p["crashes"] == 2
+        targets.append(Target(
+            "poison: a segfaulting input refused after its second crash; >= 99 % of the other requests succeed",
+            f"refused at try {refused + 1 if refused is not None else '-'} after {p['crashes']} crashes; "
+            f"{share:.2%} of {same['requests']:,} to the same model, {server_share:.2%} of {whole['requests']:,} "
+            f"to the server, over {p['run_s']:g} s",
+            "yes" if met and share >= 0.99 else "partly" if met and server_share >= 0.99 else "no",
+            "" if share >= 0.99 else
+            f"each of the two crashes leaves the model answering nothing while its new copy loads: the "
+            f"{lost:,} requests lost are those of the two recoveries; at this rate 99 % of the model's own "
+            f"requests needs a run 100x the recoveries' length"))
+        tables.append(Table("A poison input to `faulty` (a latte model), one try after each recovery",
+                            ["try", "answer"], [[str(i + 1), a] for i, a in enumerate(p["poison_answers"])]))
+    if loop:
+        held = loop["given_up"] and loop["others_failed"] == 0 and loop["server_alive"]
+        targets.append(Target("crash loop: given up after its restarts; the server and the other models unaffected",
+                              f"given up after {loop['restarts']} restarts in {loop['seconds_to_give_up']} s; "
+                              f"mlp_onnx {loop['others_failed']} failed of {loop['others_requests']:,}",
+                              "yes" if held else "no"))
+
+
+def summarize(per_model: dict, rejuvenations: list, reloads: dict, args, p: dict = None, loop: dict = None) -> dict:
     rows, targets = [], []
     for model, faults in per_model.items():
         load_s = median(reloads.get(model, []))
@@ -269,6 +383,7 @@ def summarize(per_model: dict, rejuvenations: list, reloads: dict, args) -> dict
                             [[str(i + 1), f"{r['requests']:,}", str(r["failed"]), str(r["swap_s"]),
                               str(r["steady_p99_ms"]), str(r["across_p99_ms"]),
                               f"{r['across_p99_ms'] / r['steady_p99_ms']:.2f}x"] for i, r in enumerate(rejuvenations)]))
+    summarize_poison(p or {}, loop or {}, tables, targets)
     first_model = next(iter(per_model))
     line = per_model[first_model][0]["timeline"]
     xs = [line["start_s"] + i * line["bin_s"] for i in range(len(line["answered"]))]
@@ -293,6 +408,8 @@ def build_repository(out: Path) -> Path:
         build_examples(repo)
     if not (repo / STOCK).exists():
         write_served_copy(repo, EXAMPLES["mlp"], repo / "mlp_onnx" / "1" / "model.onnx", STOCK, "python")
+    if not (repo / LATTE_MODEL).exists():
+        write_fault_models(repo)
     return repo
 
 
@@ -303,6 +420,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--rejuvenations", type=int, default=3)
     parser.add_argument("--rejuvenate-clients", type=int, default=16)
+    parser.add_argument("--no-poison", action="store_true", help="leave out the poison and crash-loop parts")
+    parser.add_argument("--poison-s", type=float, default=90.0, help="the poison part's length")
     parser.add_argument("--out", type=Path, default=Path(".latte/faults"))
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     args = parser.parse_args()
@@ -313,6 +432,7 @@ def main() -> int:
     serve = Serve(repo, args.out)
     per_model = {m: [] for m in models}
     rejuvenations = []
+    p = loop = None
     try:
         for i in range(args.faults):
             for model in models:
@@ -325,14 +445,19 @@ def main() -> int:
             r = rejuvenation(serve, "sequence_torchscript", args.rejuvenate_clients)
             rejuvenations.append(r)
             print(f"rejuvenation {i + 1}: {r}", flush=True)
+        if not args.no_poison:
+            p = poison(serve, args.clients // 2 or 1, args.poison_s)
+            print(f"poison: {p}", flush=True)
+            loop = crash_loop(serve, args.clients)
+            print(f"crash loop: {loop}", flush=True)
     finally:
         serve.stop()
     reloads = reload_seconds(serve.server_log)
-    figures = dict(per_model=per_model, rejuvenations=rejuvenations, reloads=reloads)
+    figures = dict(per_model=per_model, rejuvenations=rejuvenations, reloads=reloads, poison=p, crash_loop=loop)
     (args.out / "faults.json").write_text(json.dumps(figures, indent=1) + "\n")
     results = new_results("faults", "reliability", "Faults: kill -9 under load, and rejuvenation",
                           command_line("benchmarks/faults.py", sys.argv[1:]), load, ROOT)
-    summary = summarize(per_model, rejuvenations, reloads, args)
+    summary = summarize(per_model, rejuvenations, reloads, args, p, loop)
     for t in summary["targets"]:
         print(f"  [{t.met}] {t.target}: {t.measured}")
     print(f"wrote {write_summary(results, summary, args.results_dir)}")

@@ -378,7 +378,7 @@ def test_an_input_that_crashed_the_model_twice_is_refused(served, clients):
         with pytest.raises(InferenceServerException):
             clients.infer("http", LATTE_MODEL, x_feed(CRASH))
         served.wait_restarted(LATTE_MODEL, "died", died_before + crash - 1)
-    assert "1 input(s) were in flight at 2 of its crashes; they are refused from now on" in \
+    assert "1 input(s) were in flight at 2 of its crashes, alone in a batch at one; they are refused from now on" in \
         served.supervisor_lines(since)
     for protocol, code in (("http", "400"), ("grpc", "StatusCode.INVALID_ARGUMENT")):
         with pytest.raises(InferenceServerException) as refused:

@@ -106,8 +106,8 @@ def test_an_input_that_crashed_the_model_twice_is_refused_alone(example_repo, tm
     monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path))
     poison, good = features(7), features(8)
     poisons = PoisonList(poison_path(tmp_path, "mlp_onnx"))
-    poisons.record_crash([digest(poison), digest(good)])  # both in flight at the first crash
-    poisons.record_crash([digest(poison)])                # the poison alone at the second
+    poisons.record_crash([[digest(poison), digest(good)]])  # both in flight at the first crash
+    poisons.record_crash([[digest(poison)]])                # the poison alone at the second
     parameters, options = WAYS[way]
     model = start(example_repo, "mlp_onnx", **parameters)
     path = flight_path(tmp_path, "mlp_onnx", "mlp_onnx_0", os.getpid())
@@ -230,3 +230,31 @@ def test_without_a_state_folder_nothing_is_written(example_repo, tmp_path, monke
     finally:
         model.finalize()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_inputs_seen_at_a_crash_run_alone_after_the_others_until_one_run_clears_them(example_repo, tmp_path,
+                                                                                      monkeypatch):
+    """A crash blames every input batched with its culprit; run alone next, the culprit is the
+    only one in flight if it crashes the model again, and an innocent one is cleared."""
+    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path))
+    a, b, c = features(11), features(12), features(13)
+    PoisonList(poison_path(tmp_path, "mlp_onnx")).record_crash([[digest(a), digest(b)]])
+    model = start(example_repo, "mlp_onnx")
+    path = flight_path(tmp_path, "mlp_onnx", "mlp_onnx_0", os.getpid())
+    reference = start(example_repo, "mlp_onnx", instance="reference")
+    try:
+        seen = watch_flights(model, path)
+        responses = model.execute([InferenceRequest(a), InferenceRequest(b), InferenceRequest(c)])
+
+        assert [[f.digests for f in flights] for flights in seen] == [[[digest(c)]], [[digest(a)]], [[digest(b)]]]
+        wants = reference.execute([InferenceRequest(a), InferenceRequest(b), InferenceRequest(c)])
+        for got, want in zip(responses, wants):  # in the call's order, whatever order they ran in
+            assert not got.has_error()
+            np.testing.assert_allclose(got.output_tensors()[0].as_numpy(), want.output_tensors()[0].as_numpy(),
+                                       rtol=1e-6, atol=1e-7)
+        seen.clear()
+        model.execute([InferenceRequest(a), InferenceRequest(b)])  # both ran alone without a crash: cleared
+        assert [[sorted(f.digests) for f in flights] for flights in seen] == [[sorted([digest(a), digest(b)])]]
+    finally:
+        model.finalize()
+        reference.finalize()

@@ -69,16 +69,24 @@ def test_a_file_that_is_not_a_flight_file_reads_as_nothing_in_flight(tmp_path):
     assert read_flights(tmp_path / "missing") == []
 
 
-def test_an_input_counts_once_per_crash_and_is_refused_after_two(tmp_path):
+def test_an_input_counts_once_per_crash_and_is_refused_after_two_once_alone(tmp_path):
     path = tmp_path / "m" / "poison.json"
     poisons = PoisonList(path)
-    assert poisons.record_crash([digest(1), digest(1), digest(2)]) == set()
-    assert poisons.crashes == {digest(1).hex(): 1, digest(2).hex(): 1}
+    # One crash: a batch of 1 and 2 (1 in it twice), and 3 alone in a batch of its own.
+    assert poisons.record_crash([[digest(1), digest(1), digest(2)], [digest(3)]]) == set()
+    assert poisons.crashes == {digest(1).hex(): 1, digest(2).hex(): 1, digest(3).hex(): 1}
     assert PoisonList(path).refused() == set()
-    assert poisons.record_crash([digest(1)]) == {digest(1).hex()}
+    assert PoisonList(path).suspects() == {digest(1), digest(2), digest(3)}  # each runs alone from now on
+    # In flight with another at a second crash: twice, but never alone, so maybe innocent.
+    assert poisons.record_crash([[digest(1), digest(2)]]) == set()
+    # Alone at the third: refused.
+    assert poisons.record_crash([[digest(1)]]) == {digest(1).hex()}
     assert REFUSE_AFTER == 2
     assert PoisonList(path).refused() == {digest(1)}  # as the model reads it at its next load
-    assert poisons.record_crash([digest(1)]) == set()  # refused already: not newly
+    assert PoisonList(path).suspects() == {digest(2), digest(3)}
+    assert poisons.record_crash([[digest(1)]]) == set()  # refused already: not newly
+    # Alone at its first crash, then in a batch at its second: refused too.
+    assert poisons.record_crash([[digest(3), digest(4)]]) == {digest(3).hex()}
 
 
 @pytest.mark.parametrize("text", ["not json", '{"crashes": {"ab": null}}', '["a list"]'])

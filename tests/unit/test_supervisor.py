@@ -873,15 +873,31 @@ def test_the_inputs_in_flight_at_each_death_are_counted_and_refused_at_the_secon
     supervisor.step()
     poison = PoisonList(state.poison_path(tmp_path, "m"))
     assert poison.crashes == {digest(1).hex(): REFUSE_AFTER, digest(2).hex(): 1}
+    assert poison.refused() == set()  # never alone in its batch: maybe only batched with the culprit
+    clock.advance(2.0)
+    supervisor.step()                       # the second restart, a second after the second death
+    world.start(301, "m", "m_0_0")
+    finish_work(supervisor)
+    clock.advance(1.0)
+    supervisor.step()                       # serving again
+    assert supervisor.snapshot().models["m"].status == SERVING
+    recorders(tmp_path, "m", "m_0_0", 301).begin([digest(1)])   # alone in its batch, as a suspect runs
+    world.end(301, signal.SIGSEGV)
+    clock.advance(1.0)
+    supervisor.step()
+    poison = PoisonList(state.poison_path(tmp_path, "m"))
     assert poison.refused() == {digest(1)}
-    assert any(f"1 input(s) were in flight at {REFUSE_AFTER} of its crashes; they are refused from now on" in e
-               for e in events)
-    # The second death within the window waits a second before its restart, counted when it is made.
+    assert any(f"1 input(s) were in flight at {REFUSE_AFTER} of its crashes, alone in a batch at one; "
+               "they are refused from now on" in e for e in events)
+    # The third death within the window waits two seconds before its restart, counted when it is made.
     assert supervisor.snapshot().models["m"].status == RESTARTING
-    assert supervisor.snapshot().restarts == {("m", "died"): 1}
+    assert supervisor.snapshot().restarts == {("m", "died"): 2}
     clock.advance(1.0)
     supervisor.step()
     assert supervisor.snapshot().restarts == {("m", "died"): 2}
+    clock.advance(1.0)
+    supervisor.step()
+    assert supervisor.snapshot().restarts == {("m", "died"): 3}
 
 
 def test_a_stopped_server_has_no_processes_to_read_and_the_snapshot_says_so(world, supervise):

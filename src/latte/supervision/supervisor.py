@@ -223,16 +223,16 @@ class Supervisor:
         """The inputs the dead processes were running count one crash each; their files go."""
         if self.state_dir is None:
             return
-        digests = []
+        batches = []
         for pid in dead:
             path = state.flight_path(self.state_dir, record.name, record.pids[pid].instance, pid)
-            digests += [d for flight in read_flights(path) for d in flight.digests]
+            batches += [flight.digests for flight in read_flights(path) if flight.digests]
             path.unlink(missing_ok=True)
-        if digests:
-            newly = PoisonList(state.poison_path(self.state_dir, record.name)).record_crash(digests)
+        if batches:
+            newly = PoisonList(state.poison_path(self.state_dir, record.name)).record_crash(batches)
             if newly:
-                self._event(record.name, f"{len(newly)} input(s) were in flight at {REFUSE_AFTER} of its crashes; "
-                                         "they are refused from now on")
+                self._event(record.name, f"{len(newly)} input(s) were in flight at {REFUSE_AFTER} of its crashes, "
+                                         "alone in a batch at one; they are refused from now on")
 
     def _check_hangs(self, now: float) -> None:
         if self.state_dir is None:
