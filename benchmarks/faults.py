@@ -4,7 +4,10 @@
     .venv/bin/python benchmarks/faults.py --faults 3 --rejuvenations 1
 
 Serves the examples and a stock Python model of the MLP (`mlp_stock`, Triton's own Python
-backend) with `latte serve`, which supervises them. For each fault, --clients threads send
+backend) with `latte serve`, which supervises them, with a restart window (--restart-window,
+8 s) shorter than the time between two kills of one model: each kill is then a first death,
+restarted at once, as a model that dies once in a while is; the growing delays of a model that
+dies again soon after are the crash-loop part's, on a server of its own with the default policy. For each fault, --clients threads send
 requests to one model back to back; after a steady second the model's stub is killed with
 SIGKILL. The supervisor's readiness (/ready on its health port) is read every 20 ms. Per fault:
 when readiness went false (detection), when the model answered again, when readiness came back,
@@ -67,12 +70,13 @@ HANG_S = 30.0
 class Serve:
     """`latte serve` on the repository, its ports and its log."""
 
-    def __init__(self, repo: Path, out: Path) -> None:
+    def __init__(self, repo: Path, out: Path, flags=(), name: str = "latte-serve") -> None:
         self.ports = {k: free_port() for k in ("http", "grpc", "metrics", "health")}
-        self.log = out / "latte-serve.log"
-        self.server_log = out / "tritonserver.log"
-        cmd = [str(LATTE), "serve", str(repo), "--log", str(self.server_log), "--state-dir", str(out / "state"),
-               *[a for k, v in self.ports.items() for a in (f"--{k}-port", str(v))], "--", "--exit-timeout-secs=5"]
+        self.log = out / f"{name}.log"
+        self.server_log = out / f"{name}-tritonserver.log"
+        cmd = [str(LATTE), "serve", str(repo), "--log", str(self.server_log), "--state-dir", str(out / f"{name}-state"),
+               *[a for k, v in self.ports.items() for a in (f"--{k}-port", str(v))], *flags,
+               "--", "--exit-timeout-secs=5"]
         self.process = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 300
         while "supervising" not in self.log.read_text():
@@ -119,7 +123,13 @@ class Serve:
 
     def stub_pid(self, model: str) -> int:
         server = next(pid for pid in processes.children(self.process.pid))
-        return next(pid for pid, stub in processes.live_stubs(server).items() if stub.model == model)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            found = [pid for pid, stub in processes.live_stubs(server).items() if stub.model == model]
+            if found:
+                return max(found)  # the newest copy's, where the replaced one is still leaving
+            time.sleep(0.1)
+        raise RuntimeError(f"no process of {model} to kill")
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGINT)
@@ -422,6 +432,8 @@ def main() -> int:
     parser.add_argument("--rejuvenate-clients", type=int, default=16)
     parser.add_argument("--no-poison", action="store_true", help="leave out the poison and crash-loop parts")
     parser.add_argument("--poison-s", type=float, default=90.0, help="the poison part's length")
+    parser.add_argument("--restart-window", type=float, default=8.0,
+                        help="the kills' server's restart window, shorter than the time between two kills of one model")
     parser.add_argument("--out", type=Path, default=Path(".latte/faults"))
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     args = parser.parse_args()
@@ -429,7 +441,7 @@ def main() -> int:
     repo = build_repository(args.out)
     load = wait_until_quiet(log=print)
     models = args.models.split(",")
-    serve = Serve(repo, args.out)
+    serve = Serve(repo, args.out, ["--restart-window", f"{args.restart_window:g}"])
     per_model = {m: [] for m in models}
     rejuvenations = []
     p = loop = None
@@ -448,10 +460,15 @@ def main() -> int:
         if not args.no_poison:
             p = poison(serve, args.clients // 2 or 1, args.poison_s)
             print(f"poison: {p}", flush=True)
-            loop = crash_loop(serve, args.clients)
-            print(f"crash loop: {loop}", flush=True)
     finally:
         serve.stop()
+    if not args.no_poison:
+        looping = Serve(repo, args.out, name="crash-loop")
+        try:
+            loop = crash_loop(looping, args.clients)
+            print(f"crash loop: {loop}", flush=True)
+        finally:
+            looping.stop()
     reloads = reload_seconds(serve.server_log)
     figures = dict(per_model=per_model, rejuvenations=rejuvenations, reloads=reloads, poison=p, crash_loop=loop)
     (args.out / "faults.json").write_text(json.dumps(figures, indent=1) + "\n")
