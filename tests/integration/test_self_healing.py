@@ -449,6 +449,33 @@ def test_a_session_resumes_after_its_process_is_killed(served, clients, same_out
     assert "session(s) resumed where the last process left them" in served.log_text()[since:]
 
 
+def test_a_tritonserver_that_exits_is_started_again_with_its_models_and_sessions(served, clients):
+    """Triton 2.51's Python backend can abort the whole server when a stub dies holding a lock
+    they share; latte serve starts tritonserver again with every model, and a session kept in
+    the state folder resumes on the new server. (Last of the shared server's tests: it replaces
+    the server under them.)"""
+    served.wait_ready()
+    tokens = [{"tokens": np.arange(1, n + 1, dtype=np.int64)[None]} for n in (4, 3)]
+    clients.infer("grpc", SEQUENCE, tokens[0], parameters={"session_id": "across", "session_start": True})
+    since = len(served.log_text())
+    servers = [pid for pid in processes.children(served.process.pid)]
+    assert len(servers) == 1, servers
+    os.kill(servers[0], signal.SIGKILL)
+    down = time.monotonic()
+    while served.ready()[0] == 200:
+        assert time.monotonic() - down < 5.0, "still ready 5 s after tritonserver was killed"
+        time.sleep(0.05)
+    back = served.wait_ready(within_s=120.0)
+    assert served.metric("latte_server_restarts_total") == 1
+    lines = served.supervisor_lines(since)
+    assert "latte supervisor: tritonserver killed by signal 9 (SIGKILL)" in lines, lines
+    assert "starting it again with every model" in lines and "tritonserver serving again with" in lines, lines
+    assert clients.infer("http", LATTE_MODEL, x_feed(5)).as_numpy("Y").tolist() == [[10]]
+    # The session's first turn was kept outside the dead server: its next turn continues it.
+    clients.infer("grpc", SEQUENCE, tokens[1], parameters={"session_id": "across", "session_end": True})
+    print(f"tritonserver serving again {back:.1f} s after it was killed")
+
+
 def test_a_model_that_keeps_crashing_is_given_up_and_the_others_serve(example_repo, tmp_path):
     """--max-restarts 2: a crash, then a model that crashes as it loads; the third failure
     gives it up for good, and the other model of the server still answers."""

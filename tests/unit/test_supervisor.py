@@ -558,6 +558,7 @@ def supervise():
         supervisor.start()
         supervisor._thread.join(timeout=10.0)
         assert not supervisor._thread.is_alive()
+        supervisor._stop.clear()  # its loop is gone; a stopped supervisor would vouch for nothing
         made.append(supervisor)
         return supervisor, clock, events
 
@@ -898,6 +899,16 @@ def test_the_inputs_in_flight_at_each_death_are_counted_and_refused_at_the_secon
     clock.advance(1.0)
     supervisor.step()
     assert supervisor.snapshot().restarts == {("m", "died"): 3}
+
+
+def test_a_stopped_supervisor_vouches_for_nothing(world, supervise):
+    repository = FakeRepository({"m": config_with()})
+    world.start(101, "m", "m_0_0")
+    supervisor, _, _ = supervise(repository)
+    supervisor.step()
+    assert supervisor.snapshot().ready
+    supervisor.stop()  # as latte serve does before starting tritonserver again
+    assert not supervisor.snapshot().ready and not supervisor.snapshot().live
 
 
 def test_a_stopped_server_has_no_processes_to_read_and_the_snapshot_says_so(world, supervise):

@@ -182,37 +182,91 @@ def _serve(args) -> int:
               "(--open-admin-apis)", flush=True)
     supervisor, health = _supervise(server, args, policy, state_dir, token, reloads="--load-model=*" in flags)
     try:
-        while not stop["now"]:
-            if not server.is_alive():
-                print(f"tritonserver exited unexpectedly; log: {server.log_path}", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
+        return _keep_serving(server, stop, health, policy, args)
     finally:
         health.stop()
-        supervisor.stop()
-        code = server.stop(stuck_models=supervisor.dead_copies)
+        health.supervisor.stop()
+        code = server.stop(stuck_models=health.supervisor.dead_copies)
         print(f"tritonserver stopped (exit code {code})", flush=True)
         for what, seconds in server.stop_waited:
             print(f"  it waited {seconds} s for {what} (tritonserver's words); pass -- --exit-timeout-secs=N "
                   "to bound that wait", flush=True)
+
+
+def _exit_words(code: int) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _keep_serving(server, stop, health, policy, args) -> int:
+    """Serve until Ctrl-C or SIGTERM. A tritonserver that exits by itself (Triton 2.51's Python
+    backend aborts the whole server when a stub dies holding a lock it shares with it) is
+    started again with every model, under the same restart policy as a model; past it, latte
+    serve exits 1 and its container is restarted."""
+    from latte.supervision.policy import RestartBudget
+    from latte.triton.server import ServerStartError
+
+    budget = RestartBudget(policy)
+    while not stop["now"]:
+        if server.is_alive():
+            time.sleep(0.2)
+            continue
+        now = time.monotonic()
+        delay = budget.next_delay(now)
+        why = f"latte supervisor: tritonserver {_exit_words(server.process.returncode)}; log: {server.log_path}"
+        if delay is None:
+            _event(server, f"{why}; gave up after {policy.max_restarts} restarts of it in {policy.window_s:g} s")
+            return 1
+        budget.spend(now)
+        _event(server, f"{why}; starting it again with every model in {delay:g} s "
+                       f"(restart {budget.used(now)} of {policy.max_restarts} in {policy.window_s:g} s)")
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline and not stop["now"]:
+            time.sleep(0.1)
+        if stop["now"]:
+            break
+        old = health.supervisor
+        old.stop()
+        server.stop(grace=5.0)  # the stubs left in its process group go too
+        started = time.monotonic()
+        try:
+            server.start(timeout=args.timeout, fresh_log=False)
+        except ServerStartError as exc:
+            _event(server, f"latte supervisor: tritonserver did not start again: {str(exc).splitlines()[0]}")
+            continue
+        health.supervisor = _new_supervisor(server, args, old.policy, old.state_dir, restarts=old.restarts,
+                                            server_restarts=old.server_restarts + 1)
+        _event(server, f"latte supervisor: tritonserver serving again with {len(health.supervisor.models)} "
+                       f"model(s) in {time.monotonic() - started:.1f} s")
     return 0
+
+
+def _event(server, line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+    server.append_log(line)
+
+
+def _new_supervisor(server, args, policy, state_dir: Path, **carried):
+    from latte.supervision.supervisor import Supervisor
+
+    return Supervisor(server, policy, state_dir, execute_timeout_s=args.execute_timeout,
+                      log=lambda line: _event(server, line), **carried).start()
 
 
 def _supervise(server, args, policy, state_dir: Path, token, reloads: bool):
     """Start the supervisor of every model and latte's health endpoint; print where it is."""
     from latte.supervision.health import HealthEndpoint
     from latte.supervision.policy import RestartPolicy
-    from latte.supervision.supervisor import Supervisor
-
-    def event(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-        server.append_log(line)
 
     if not reloads:
-        event("latte supervisor: tritonserver runs in the model-control mode given after --; a model that dies "
-              "is reported (readiness, metrics) but not reloaded")
+        _event(server, "latte supervisor: tritonserver runs in the model-control mode given after --; a model "
+                       "that dies is reported (readiness, metrics) but not reloaded")
         policy = RestartPolicy(max_restarts=0, window_s=policy.window_s)
-    supervisor = Supervisor(server, policy, state_dir, execute_timeout_s=args.execute_timeout, log=event).start()
+    supervisor = _new_supervisor(server, args, policy, state_dir)
     health = HealthEndpoint(supervisor, args.address, args.health_port, token).start()
     host = server.http_url.rsplit(":", 1)[0]
     print(f"supervising {len(supervisor.models)} model(s): readiness http://{host}:{health.port}/ready  "

@@ -44,6 +44,8 @@ def metrics_text(snapshot: Snapshot) -> str:
               "# TYPE latte_model_given_up gauge"]
     lines += [f'latte_model_given_up{{model="{_label(m)}"}} {int(v.status == DOWN)}'
               for m, v in sorted(snapshot.models.items())]
+    lines += ["# HELP latte_server_restarts_total tritonserver started again by latte serve after it exited",
+              "# TYPE latte_server_restarts_total counter", f"latte_server_restarts_total {snapshot.server_restarts}"]
     lines += ["# HELP latte_supervisor_step_age_seconds Seconds since the supervisor's last step",
               "# TYPE latte_supervisor_step_age_seconds gauge",
               f"latte_supervisor_step_age_seconds {snapshot.last_step_age_s:.3f}"]

@@ -72,6 +72,7 @@ class Snapshot(NamedTuple):
     restarts: Dict[tuple, int]     # (model, reason) -> count
     last_step_age_s: float
     server_alive: bool
+    server_restarts: int = 0       # tritonserver itself started again after it exited
 
     @property
     def ready(self) -> bool:
@@ -87,7 +88,8 @@ class Snapshot(NamedTuple):
 class Supervisor:
     def __init__(self, server, policy: RestartPolicy = RestartPolicy(), state_dir: Optional[Path] = None,
                  execute_timeout_s: Optional[float] = None, tick_s: float = 0.2,
-                 log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic) -> None:
+                 log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
+                 restarts: Optional[Dict[tuple, int]] = None, server_restarts: int = 0) -> None:
         self.server = server
         self.policy = policy
         self.state_dir = Path(state_dir) if state_dir else None
@@ -97,7 +99,9 @@ class Supervisor:
         self._clock = clock
         self.repository = TritonRepository(server.http_url, server.admin_headers())
         self.models: Dict[str, ModelRecord] = {}
-        self._restarts: Dict[tuple, int] = {}
+        # Counted across tritonserver's own restarts (a new supervisor takes the last one's counts).
+        self._restarts: Dict[tuple, int] = dict(restarts or {})
+        self.server_restarts = server_restarts
         self._outcomes: "queue.Queue[Outcome]" = queue.Queue()
         self._requests: "queue.Queue[tuple]" = queue.Queue()   # (model, why) rejuvenations asked for
         self._hung: Dict[int, str] = {}                           # pid -> what the hang was
@@ -154,7 +158,14 @@ class Supervisor:
         with self._lock:
             views = {name: ModelView(r.status, r.reason, r.since, r.budget.used(now))
                      for name, r in self.models.items()}
-            return Snapshot(views, dict(self._restarts), now - self._last_step, self.server.is_alive())
+            # A stopped supervisor vouches for nothing: the server it watched may be another run now.
+            watching = self.server.is_alive() and not self._stop.is_set()
+            return Snapshot(views, dict(self._restarts), now - self._last_step, watching, self.server_restarts)
+
+    @property
+    def restarts(self) -> Dict[tuple, int]:
+        with self._lock:
+            return dict(self._restarts)
 
     # --- one step --------------------------------------------------------------------------------
     def step(self) -> None:

@@ -188,10 +188,13 @@ class TritonServer:
         except FileNotFoundError:
             return ""
 
-    def start(self, timeout: float = 120.0) -> "TritonServer":
+    def start(self, timeout: float = 120.0, fresh_log: bool = True) -> "TritonServer":
+        """Start tritonserver and wait until it is ready; `fresh_log=False` (a restart) keeps the
+        log of the run before, whose end says why it stopped."""
         install_backend(self.backend_directory, self.install)
         # Appending: others (the supervisor) add lines to the same log while the server writes.
-        open(self.log_path, "wb").close()
+        if fresh_log:
+            open(self.log_path, "wb").close()
         log = open(self.log_path, "ab")
         # Own process group: the Python backend's stub processes go down with the server.
         self.process = subprocess.Popen(
