@@ -851,6 +851,31 @@ def test_a_batch_past_its_limit_kills_its_instance_and_that_death_counts_as_hung
     assert [g for _, g, _ in repository.reloads] == [1]
 
 
+@pytest.mark.parametrize("status, blamed", [
+    (signal.SIGSEGV, True), (signal.SIGBUS, True), (signal.SIGABRT, True), (signal.SIGFPE, True),
+    (3 << 8, True),                                  # os._exit(3) in the model's code
+    (signal.SIGKILL, False), (signal.SIGTERM, False),  # the OOM killer, an operator, a stop
+    (0, False), (None, False)])
+def test_only_a_crash_of_the_process_own_making_blames_its_inputs(status, blamed):
+    assert processes.blames_input(status) is blamed
+
+
+def test_a_process_killed_from_outside_blames_no_input(world, supervise, recorders, tmp_path):
+    """The OOM killer's SIGKILL says nothing of the inputs in flight: none is counted, and the
+    flight file still goes."""
+    repository = FakeRepository({"m": config_with()})
+    world.start(101, "m", "m_0_0")
+    supervisor, _, events = supervise(repository, state_dir=tmp_path)
+    recorders(tmp_path, "m", "m_0_0", 101).begin([digest(1)])
+    supervisor.step()
+    world.end(101, signal.SIGKILL)
+    supervisor.step()
+    assert PoisonList(state.poison_path(tmp_path, "m")).crashes == {}
+    assert not state.flight_path(tmp_path, "m", "m_0_0", 101).exists()
+    assert supervisor.snapshot().models["m"].status == RESTARTING
+    finish_work(supervisor)
+
+
 def test_the_inputs_in_flight_at_each_death_are_counted_and_refused_at_the_second(world, supervise, recorders,
                                                                                   tmp_path):
     repository = FakeRepository({"m": config_with()})

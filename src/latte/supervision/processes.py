@@ -62,6 +62,22 @@ def describe_exit(status: Optional[int]) -> str:
     return f"exited with code {(status >> 8) & 0xFF}"
 
 
+# Signals a process raises on itself by what it runs: a bad pointer, a bad instruction, an abort.
+_CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT, signal.SIGSYS,
+                  signal.SIGTRAP}
+
+
+def blames_input(status: Optional[int]) -> bool:
+    """Whether an exit says something of what the process was running: a crash signal or a
+    non-zero exit code does; SIGKILL or SIGTERM (the OOM killer, an operator, a stop), a clean
+    exit or an unknown status do not."""
+    if status is None:
+        return False
+    if status & 0x7F:
+        return (status & 0x7F) in _CRASH_SIGNALS
+    return (status >> 8) & 0xFF != 0
+
+
 def stub_of(pid: int) -> Optional[StubProcess]:
     """The model and instance a stub process serves, from its arguments (model file first, the
     instance's name the eighth): <repo>/<model>/<version>/model.py ... <model>_<group>_<index>."""

@@ -203,10 +203,16 @@ class Supervisor:
     def _died(self, record: ModelRecord, dead: List[int], now: float) -> None:
         hung = [self._hung.pop(pid) for pid in dead if pid in self._hung]
         cause = "hung" if hung else "died"
-        exits = ", ".join(f"{record.pids[pid].instance} (pid {pid}) "
-                          f"{processes.describe_exit(processes.process_state(pid).exit_status)}" for pid in dead)
+        statuses = {pid: processes.process_state(pid).exit_status for pid in dead}
+        exits = ", ".join(f"{record.pids[pid].instance} (pid {pid}) {processes.describe_exit(statuses[pid])}"
+                          for pid in dead)
         detail = f"{hung[0]}; " if hung else ""
-        self._journal_crash(record, dead)
+        # A kill from outside (the OOM killer, an operator) says nothing of the inputs in flight;
+        # a crash of the process's own making or a hang does.
+        blamed = [pid for pid in dead if hung or processes.blames_input(statuses[pid])]
+        self._journal_crash(record, blamed)
+        for pid in set(dead) - set(blamed):
+            self._forget_flights(record, pid)
         record.cause = cause
         self._schedule_restart(record, f"{cause}: {detail}{exits}", now)
 
@@ -244,6 +250,10 @@ class Supervisor:
             if newly:
                 self._event(record.name, f"{len(newly)} input(s) were in flight at {REFUSE_AFTER} of its crashes, "
                                          "alone in a batch at one; they are refused from now on")
+
+    def _forget_flights(self, record: ModelRecord, pid: int) -> None:
+        if self.state_dir is not None:
+            state.flight_path(self.state_dir, record.name, record.pids[pid].instance, pid).unlink(missing_ok=True)
 
     def _check_hangs(self, now: float) -> None:
         if self.state_dir is None:
