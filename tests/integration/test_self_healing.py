@@ -303,8 +303,11 @@ def test_a_process_killed_under_load_fails_only_the_requests_of_its_restart(serv
     assert took <= SERVING_AGAIN_WITHIN_S, f"serving again {took:.1f} s after the kill"
     restarting = down[2]["not_serving"]
     assert restarting[model]["status"] == "restarting", down[2]
+    # The exit status is read while the dead stub is a zombie; the server may reap it first
+    # (it does when it next sends the stub a request), and then the line says so.
+    exit_words = ("killed by signal 9 (SIGKILL)", "gone (its exit status was not seen)")
     assert restarting[model]["reason"].startswith("died: ") and \
-        f"(pid {killed_pid}) killed by signal 9 (SIGKILL)" in restarting[model]["reason"], down[2]
+        any(f"(pid {killed_pid}) {words}" in restarting[model]["reason"] for words in exit_words), down[2]
     # Every request sent got exactly one answer, none later than the bound.
     assert len(load.answers) == load.sent, f"{load.sent} sent, {len(load.answers)} answered"
     slowest = max(a.answered - a.sent for a in load.answers)
@@ -320,9 +323,9 @@ def test_a_process_killed_under_load_fails_only_the_requests_of_its_restart(serv
     assert served.restarts(model, "hung") == hung_before
     assert served.stubs(model) and killed_pid not in served.stubs(model)
     lines = served.supervisor_lines(since)
-    died_line = (f"latte supervisor: model '{model}' died: {model}_0_0 (pid {killed_pid}) "
-                 "killed by signal 9 (SIGKILL); restarting")
-    assert died_line in lines, lines
+    died_line = next((f"latte supervisor: model '{model}' died: {model}_0_0 (pid {killed_pid}) {words}; restarting"
+                      for words in exit_words if f"(pid {killed_pid}) {words}; restarting" in lines), None)
+    assert died_line is not None, lines
     assert lines.index(died_line) < lines.index(f"latte supervisor: model '{model}' serving again"), lines
     print(f"{model}: 503 {down[0] - killed:.2f} s after the kill, 200 after {took:.2f} s; "
           f"{len(load.failures)} of {load.sent} requests failed")

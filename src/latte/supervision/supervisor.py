@@ -31,6 +31,7 @@ REASONS = ("died", "hung", "rejuvenated", "gave_up")
 # The loop counts as stuck (liveness fails) when its last step is older than this.
 STUCK_AFTER_S = 15.0
 PROCESS_SAMPLE_S = 1.0
+EXIT_WATCH_S = 0.02
 METRICS_SAMPLE_S = 5.0
 
 
@@ -105,6 +106,7 @@ class Supervisor:
         self._outcomes: "queue.Queue[Outcome]" = queue.Queue()
         self._requests: "queue.Queue[tuple]" = queue.Queue()   # (model, why) rejuvenations asked for
         self._hung: Dict[int, str] = {}                           # pid -> what the hang was
+        self._exits: Dict[int, int] = {}                          # pid -> its exit status, once seen
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="latte-reload")
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -129,6 +131,8 @@ class Supervisor:
         self._last_step = self._clock()
         self._thread = threading.Thread(target=self._run, name="latte-supervisor", daemon=True)
         self._thread.start()
+        self._exits_thread = threading.Thread(target=self._watch_exits, name="latte-exits", daemon=True)
+        self._exits_thread.start()
         return self
 
     def stop(self) -> None:
@@ -136,6 +140,18 @@ class Supervisor:
         if self._thread is not None:
             self._thread.join(timeout=5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _watch_exits(self) -> None:
+        """Read each known process's state every EXIT_WATCH_S: a dead stub's exit status is in
+        /proc only until the server reaps it, which it may do at the next request it sends it."""
+        while not self._stop.wait(EXIT_WATCH_S):
+            with self._lock:
+                pids = [pid for record in self.models.values() for pid in record.pids if pid not in self._exits]
+            for pid in pids:
+                found = processes.process_state(pid)
+                if not found.alive and found.exit_status is not None:
+                    with self._lock:
+                        self._exits[pid] = found.exit_status
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -203,7 +219,9 @@ class Supervisor:
     def _died(self, record: ModelRecord, dead: List[int], now: float) -> None:
         hung = [self._hung.pop(pid) for pid in dead if pid in self._hung]
         cause = "hung" if hung else "died"
-        statuses = {pid: processes.process_state(pid).exit_status for pid in dead}
+        statuses = {pid: self._exits.pop(pid, None) for pid in dead}
+        statuses = {pid: status if status is not None else processes.process_state(pid).exit_status
+                    for pid, status in statuses.items()}
         exits = ", ".join(f"{record.pids[pid].instance} (pid {pid}) {processes.describe_exit(statuses[pid])}"
                           for pid in dead)
         detail = f"{hung[0]}; " if hung else ""
