@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -73,6 +74,8 @@ class Serve:
     def __init__(self, repo: Path, out: Path, flags=(), name: str = "latte-serve") -> None:
         self.ports = {k: free_port() for k in ("http", "grpc", "metrics", "health")}
         self.log = out / f"{name}.log"
+        # A run's state starts empty: inputs a run before blamed are not this run's.
+        shutil.rmtree(out / f"{name}-state", ignore_errors=True)
         self.server_log = out / f"{name}-tritonserver.log"
         cmd = [str(LATTE), "serve", str(repo), "--log", str(self.server_log), "--state-dir", str(out / f"{name}-state"),
                *[a for k, v in self.ports.items() for a in (f"--{k}-port", str(v))], *flags,
