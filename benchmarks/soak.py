@@ -15,12 +15,14 @@ and the arena's fragmentation alarm never raised: the P99 request always fits in
 when the free bytes would hold it, and no allocation fails with live + request <= 80 % of the
 capacity (docs/memory.md).
 
-With --control, a copy of the model with the plain arena (`control_<model>`) is served beside it
-and sent the same requests, the two taking turns in slices of every window. A shared machine's
-own swing moves both, so the latency drift is judged against the control's: (1 + the model's
-drift) / (1 + the control's) - 1. What the two share, the server process and the host, cancels
-out; the model's own stub process, where its arena lives, does not. Each model's throughput is
-then its requests over the whole window, about half what it serves alone. (A CPU instance's arena
+With --control, the same model file served by Triton's stock Python backend (`control_<model>`,
+one request at a time as its documentation shows) is served beside it and sent the same
+requests, the two taking turns in slices of every window. A shared machine's own swing moves
+both, so the latency drift is judged against the control's: (1 + the model's drift) / (1 + the
+control's) - 1, and each window shows latte's P99 against the control's. What the two share, the
+server process and the host, cancels out; what is latte's alone (its stub, its arena, its
+engine) does not, even where every latte model shares it. Each model's throughput is then its
+requests over the whole window, about half what it serves alone. (A CPU instance's arena
 is paged by default; --arena-pages says so in its config and the results' name.)
 """
 
@@ -39,7 +41,7 @@ from latte.bench.quiet import wait_until_quiet
 from latte.bench.results import Chart, Series, Table, Target, command_line, machine_description, new_results, write_summary
 from latte.bench.soak import LONG_TARGETS, SoakSettings, check_ratios, describe_targets, format_ratios, run_soak
 from latte.bench.target import start_or_attach
-from latte.examples import build_examples
+from latte.examples import EXAMPLES, FORMATS, build_examples, write_served_copy
 from latte.examples.pipeline import PIPELINES, write_pipeline
 from latte.generator.generate import generate
 
@@ -70,6 +72,11 @@ def summarize(result: dict, name: str = "") -> dict:
     controlled = result.get("control") is not None
     if controlled:
         rows.append(["P99 against the control's", "", "", pct("p99_drift_vs_control")])
+        # Window by window: a drift of latte's own moves this ratio; the host's moves both sides.
+        per_window = [w["p99_ms"] / w["control_p99_ms"] for w in windows if w.get("control_p99_ms")]
+        if per_window:
+            rows.append(["P99, latte / control", f"{per_window[0]:.2f}x", f"{per_window[-1]:.2f}x",
+                         f"windows {min(per_window):.2f}-{max(per_window):.2f}x"])
     slug = (name or result["model"]).replace("_", "-").lower()
     sent = list(itertools.accumulate(w["requests"] / 1000 for w in windows))
     answered = (result["requests"] == result["answered"] and result["failed"] == 0
@@ -101,18 +108,13 @@ def summarize(result: dict, name: str = "") -> dict:
 
 
 def write_control(repo: Path, model: str) -> Path:
-    """A copy of `model` in `repo` named control_<model>, its arena plain: the soak's reference."""
-    source, copy = repo / model, repo / f"control_{model}"
-    if copy.exists():
-        shutil.rmtree(copy)
-    shutil.copytree(source, copy)
-    config = copy / "config.pbtxt"
-    lines = [line for line in config.read_text().splitlines() if '"arena_pages"' not in line]
-    if lines[0] != f'name: "{model}"':
-        raise ValueError(f"{source / 'config.pbtxt'} does not start with name: \"{model}\"")
-    config.write_text("\n".join([f'name: "control_{model}"', *lines[1:],
-                                  'parameters { key: "arena_pages" value: { string_value: "false" } }']) + "\n")
-    return copy
+    """control_<model>: the same model file served by Triton's stock Python backend, the way its
+    documentation shows (latte.examples.stock_python_model), beside the model: a reference that
+    shares none of latte's code, so a drift every latte model shares shows against it."""
+    entry = json.loads((repo / "examples.json").read_text())[model]
+    source = repo / model / "1" / FORMATS[entry["runtime"]]
+    shutil.rmtree(repo / f"control_{model}", ignore_errors=True)
+    return write_served_copy(repo, EXAMPLES[entry["example"]], source, f"control_{model}", "python")
 
 
 def main(argv=None) -> int:
@@ -128,8 +130,9 @@ def main(argv=None) -> int:
                         help="serve the model from a paged arena (parameters arena_pages: true); its results go "
                              "to soak-<model>-paged.json")
     parser.add_argument("--control", action="store_true",
-                        help="serve a copy with the plain arena beside the model, send it the same requests in "
-                             "turns, and judge latency drift against it; results go to soak-<name>-control.json")
+                        help="serve the same model file in Triton's stock Python backend beside the model, send it "
+                             "the same requests in turns, and judge latency drift against it; results go to "
+                             "soak-<name>-control.json")
     parser.add_argument("--out", default=".latte/soak")
     parser.add_argument("--results-dir", type=Path, default=HERE / "results",
                         help="where soak-<model>.json, the page's input, goes (default: %(default)s)")
@@ -166,7 +169,7 @@ def main(argv=None) -> int:
     load = wait_until_quiet(log=print)  # building the examples loads the machine for a minute after
     print(f"load average at start: {load:.2f}", flush=True)
     title = (f"Soak: {args.model}" + (", paged arena" if args.arena_pages else "")
-             + (", against a plain copy served beside it" if args.control else ""))
+             + (", against a stock Python model of it served beside it" if args.control else ""))
     record = new_results(f"soak-{name}", "soak", title, command_line("benchmarks/soak.py", argv), load, HERE)
     started = time.time()
     with start_or_attach(repo, log_path=out / "tritonserver.log") as target:
