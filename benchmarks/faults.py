@@ -1,7 +1,7 @@
 """Faults benchmark: `kill -9` of a model's process under load, and rejuvenation under load.
 
     .venv/bin/python benchmarks/faults.py                        # 10 kills of each model, 3 rejuvenations
-    .venv/bin/python benchmarks/faults.py --faults 3 --rejuvenations 1
+    .venv/bin/python benchmarks/faults.py --faults 3 --rejuvenations 1 --soak-requests 100000
 
 Serves the examples and a stock Python model of the MLP (`mlp_stock`, Triton's own Python
 backend) with `latte serve`, which supervises them, with a restart window (--restart-window,
@@ -24,6 +24,10 @@ each recovery: it crashes the model twice, then is refused; the share of good re
 succeeded over the part. Last, a crash loop: X = -1 to `faulty_stock` (a stock Python model,
 whose inputs latte cannot refuse) after each recovery, until the supervisor gives it up, while
 --clients threads keep sending to `mlp_onnx`, which must not notice.
+
+Then a soak: --soak-requests requests to `mlp_onnx` from --clients threads, its process killed
+every --kill-every seconds: every request answered, failures only in the recoveries, and the
+survivors' memory (tritonserver and the other models' processes) from the first kill to the end.
 
 Writes .latte/faults/faults.json and benchmarks/results/faults.json, from which
 docs/benchmarks.md is rendered (`.venv/bin/python -m latte.bench.page`), with a timeline of the
@@ -326,6 +330,58 @@ def crash_loop(serve: Serve, clients: int, limit: int = 20) -> dict:
                 server_alive=serve.process.poll() is None)
 
 
+def kill_soak(serve: Serve, model: str, clients: int, requests: int, every_s: float) -> dict:
+    """`clients` threads on `model` until `requests` were answered, its stub killed every
+    `every_s` seconds; the survivors' memory (tritonserver and the other models' stubs) read
+    at every kill, the first reading against the last."""
+    readiness, done = [], threading.Event()
+    watcher = threading.Thread(target=watch_readiness, args=(serve, done, readiness), daemon=True)
+    kills, survivors = [], []
+    with Load(serve.http, model, clients) as load:
+        watcher.start()
+        started = time.monotonic()
+        next_kill = started + every_s
+        while len(load.records) < requests and time.monotonic() - started < 3600:
+            time.sleep(0.1)
+            if time.monotonic() >= next_kill:
+                survivors.append(survivors_rss(serve, model))
+                pid = serve.stub_pid(model)
+                kills.append(time.monotonic())
+                os.kill(pid, signal.SIGKILL)
+                next_kill += every_s
+        survivors.append(survivors_rss(serve, model))
+    done.set()
+    watcher.join()
+    records = load.records
+    windows = recovery_windows(readiness, kills)
+    outside = [(s, a) for s, a, ok in records if not ok and not any(k - 0.05 <= a and s <= end + 1.0
+                                                                    for k, end in windows)]
+    return dict(requests=len(records), failed=sum(1 for *_, ok in records if not ok), failed_outside=len(outside),
+                kills=len(kills), seconds=round(time.monotonic() - started, 1),
+                recovery_s=[round(end - k, 2) for k, end in windows],
+                longest_answer_s=round(max(a - s for s, a, _ in records), 3),
+                survivors_rss_mb=[round(r / 2**20, 1) for r in survivors],
+                survivors_rss_growth=round(survivors[-1] / survivors[0] - 1, 4) if survivors and survivors[0] else None)
+
+
+def recovery_windows(readiness, kills):
+    """(kill, readiness back) for each kill."""
+    windows = []
+    for k in kills:
+        after = [(t, ok) for t, ok in readiness if t > k]
+        down = next((t for t, ok in after if not ok), k)
+        back = next((t for t, ok in after if ok and t > down), after[-1][0] if after else k)
+        windows.append((k, back))
+    return windows
+
+
+def survivors_rss(serve: Serve, killed_model: str) -> int:
+    """tritonserver's RSS and its stubs' but the killed model's."""
+    server = processes.children(serve.process.pid)[0]
+    stubs = [pid for pid, stub in processes.live_stubs(server).items() if stub.model != killed_model]
+    return processes.rss_bytes(server) + sum(processes.rss_bytes(pid) for pid in stubs)
+
+
 def reload_seconds(server_log: Path) -> dict:
     """Each model's reload times, from the supervisor's lines in the server log."""
     found = {}
@@ -338,6 +394,24 @@ def reload_seconds(server_log: Path) -> dict:
 def median(values):
     values = [v for v in values if v is not None]
     return round(statistics.median(values), 3) if values else None
+
+
+def summarize_soak(soak: dict, tables: list, targets: list) -> None:
+    if not soak:
+        return
+    held = soak["failed_outside"] == 0 and soak["longest_answer_s"] < 30 and \
+        soak["survivors_rss_growth"] is not None and soak["survivors_rss_growth"] <= 0.02
+    targets.append(Target(
+        f"a soak of {soak['requests']:,} requests with a kill -9 every {soak['every_s']:g} s: every request answered, "
+        "failures only in the recoveries, the survivors' RSS flat (<= 2 %)",
+        f"{soak['kills']} kills; {soak['failed']:,} failed, {soak['failed_outside']} outside the recoveries; longest "
+        f"answer {soak['longest_answer_s']} s; survivors {soak['survivors_rss_growth']:+.1%}",
+        "yes" if held else "no"))
+    tables.append(Table(f"Soak of {soak['model']} with a kill -9 every {soak['every_s']:g} s",
+                        ["requests", "seconds", "kills", "failed", "recoveries s", "survivors' RSS MiB, first -> last"],
+                        [[f"{soak['requests']:,}", str(soak["seconds"]), str(soak["kills"]), f"{soak['failed']:,}",
+                          ", ".join(str(r) for r in soak["recovery_s"]),
+                          f"{soak['survivors_rss_mb'][0]} -> {soak['survivors_rss_mb'][-1]}"]]))
 
 
 def summarize_poison(p: dict, loop: dict, tables: list, targets: list) -> None:
@@ -368,7 +442,8 @@ def summarize_poison(p: dict, loop: dict, tables: list, targets: list) -> None:
                               "yes" if held else "no"))
 
 
-def summarize(per_model: dict, rejuvenations: list, reloads: dict, args, p: dict = None, loop: dict = None) -> dict:
+def summarize(per_model: dict, rejuvenations: list, reloads: dict, args, p: dict = None, loop: dict = None,
+              soak: dict = None) -> dict:
     rows, targets = [], []
     for model, faults in per_model.items():
         load_s = median(reloads.get(model, []))
@@ -419,6 +494,7 @@ def summarize(per_model: dict, rejuvenations: list, reloads: dict, args, p: dict
                               str(r["steady_p99_ms"]), str(r["across_p99_ms"]),
                               f"{r['across_p99_ms'] / r['steady_p99_ms']:.2f}x"] for i, r in enumerate(rejuvenations)]))
     summarize_poison(p or {}, loop or {}, tables, targets)
+    summarize_soak(soak or {}, tables, targets)
     first_model = next(iter(per_model))
     line = per_model[first_model][0]["timeline"]
     xs = [line["start_s"] + i * line["bin_s"] for i in range(len(line["answered"]))]
@@ -457,6 +533,9 @@ def main() -> int:
     parser.add_argument("--rejuvenate-clients", type=int, default=16)
     parser.add_argument("--no-poison", action="store_true", help="leave out the poison and crash-loop parts")
     parser.add_argument("--poison-s", type=float, default=90.0, help="the poison part's length")
+    parser.add_argument("--soak-requests", type=int, default=1_000_000,
+                        help="the kill soak's requests to mlp_onnx (0: no soak)")
+    parser.add_argument("--kill-every", type=float, default=60.0, help="the kill soak's seconds between kills")
     parser.add_argument("--restart-window", type=float, default=8.0,
                         help="the kills' server's restart window, shorter than the time between two kills of one model")
     parser.add_argument("--out", type=Path, default=Path(".latte/faults"))
@@ -469,7 +548,7 @@ def main() -> int:
     serve = Serve(repo, args.out, ["--restart-window", f"{args.restart_window:g}"])
     per_model = {m: [] for m in models}
     rejuvenations = []
-    p = loop = None
+    p = loop = soak = None
     try:
         for i in range(args.faults):
             for model in models:
@@ -487,6 +566,10 @@ def main() -> int:
         if not args.no_poison:
             p = poison(serve, args.clients // 2 or 1, args.poison_s)
             print(f"poison: {p}", flush=True)
+        if args.soak_requests:
+            soak = kill_soak(serve, "mlp_onnx", args.clients, args.soak_requests, args.kill_every)
+            soak.update(model="mlp_onnx", every_s=args.kill_every)
+            print(f"kill soak: {soak}", flush=True)
     finally:
         serve.stop()
     if not args.no_poison:
@@ -497,11 +580,12 @@ def main() -> int:
         finally:
             looping.stop()
     reloads = reload_seconds(serve.server_log)
-    figures = dict(per_model=per_model, rejuvenations=rejuvenations, reloads=reloads, poison=p, crash_loop=loop)
+    figures = dict(per_model=per_model, rejuvenations=rejuvenations, reloads=reloads, poison=p, crash_loop=loop,
+                   kill_soak=soak)
     (args.out / "faults.json").write_text(json.dumps(figures, indent=1) + "\n")
     results = new_results("faults", "reliability", "Faults: kill -9 under load, and rejuvenation",
                           command_line("benchmarks/faults.py", sys.argv[1:]), load, ROOT)
-    summary = summarize(per_model, rejuvenations, reloads, args, p, loop)
+    summary = summarize(per_model, rejuvenations, reloads, args, p, loop, soak)
     for t in summary["targets"]:
         print(f"  [{t.met}] {t.target}: {t.measured}")
     print(f"wrote {write_summary(results, summary, args.results_dir)}")
