@@ -517,3 +517,41 @@ def test_a_model_that_keeps_crashing_is_given_up_and_the_others_serve(example_re
     finally:
         clients.close()
         assert served.stop() == 0
+
+
+def test_a_health_rule_that_trips_rejuvenates_the_model_once_per_interval(tmp_path):
+    """A model whose rule says its CPU must stay under 1 % for 2 s: under load it trips, and
+    the supervisor rejuvenates it with no failed request, then not again within its interval."""
+    from latte.examples.fault_models import INPUT, MAX_BATCH_SIZE, MODEL_FILE, OUTPUT
+    from latte.generator.model_folder import write_model
+
+    repo = tmp_path / "repo"
+    write_model(repo, {"name": "pegged", "backend": "python", "max_batch_size": MAX_BATCH_SIZE,
+                       "inputs": [dict(INPUT)], "outputs": [dict(OUTPUT)],
+                       "dynamic_batching": {"max_queue_delay_microseconds": 500},
+                       "instance_groups": [{"count": 1, "kind": "KIND_CPU"}],
+                       "parameters": {"health_cpu_pegged_percent": "1", "health_cpu_pegged_s": "2",
+                                      "rejuvenate_min_interval_s": "600"}},
+                {"model.py": MODEL_FILE})
+    served = Served(repo, tmp_path)
+    try:
+        served.wait_ready()
+        old = served.stubs("pegged")
+        load = Load(served, "pegged", threads=4)
+        try:
+            served.wait_log("latte supervisor: model 'pegged' rejuvenated in ", within_s=60.0)
+            time.sleep(5.0)  # long enough for the rule to trip again, were the interval not kept
+        finally:
+            load.stop()
+        lines = served.supervisor_lines()
+        assert "latte supervisor: model 'pegged' rejuvenating: CPU above 1 % for " in lines, lines
+        assert served.restarts("pegged", "rejuvenated") == 1, lines
+        assert served.restarts("pegged", "died") == 0
+        assert load.sent > 0 and len(load.answers) == load.sent
+        assert not load.failures, f"{len(load.failures)} of {load.sent} failed: {load.failures[:3]}"
+        deadline = time.monotonic() + 30  # the replaced copy's process leaves once it has drained
+        while served.stubs("pegged") & old and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert served.stubs("pegged") and not served.stubs("pegged") & old
+    finally:
+        assert served.stop() == 0, served.printed.read_text()[-2000:]
