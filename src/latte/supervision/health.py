@@ -15,7 +15,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 
-from latte.supervision.supervisor import DOWN, REASONS, SERVING, Snapshot, Supervisor
+from latte.supervision.supervisor import DOWN, REASONS, SERVING, STUCK_AFTER_S, Snapshot, Supervisor
 from latte.triton.security import ADMIN_HEADER
 
 _REJUVENATE = re.compile(r"^/models/([^/]+)/rejuvenate/?$")
@@ -65,7 +65,7 @@ def liveness(snapshot: Snapshot) -> dict:
     why = []
     if not snapshot.server_alive:
         why.append("tritonserver is not running")
-    if snapshot.last_step_age_s >= 15.0:
+    if snapshot.last_step_age_s >= STUCK_AFTER_S:
         why.append(f"the supervisor's last step was {snapshot.last_step_age_s:.0f} s ago")
     why += [f"model '{m}' {v.reason}" for m, v in sorted(snapshot.models.items()) if v.status == DOWN]
     return {"live": snapshot.live, "why": why}

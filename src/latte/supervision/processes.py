@@ -14,8 +14,9 @@ import signal
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional
 
-STUB_NAME = "triton_python_backend_stub"
-_PROC = Path("/proc")
+from latte.bench import procmem
+from latte.bench.cpu import process_cpu_seconds
+from latte.bench.procmem import PROC as _PROC, STUB_NAME
 
 
 class StubProcess(NamedTuple):
@@ -114,18 +115,16 @@ def live_stubs(server_pid: int) -> Dict[int, StubProcess]:
 
 
 def rss_bytes(pid: int) -> int:
+    """procmem.rss_bytes, 0 for a process gone meanwhile."""
     try:
-        for line in (_PROC / str(pid) / "status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return 0
+        return procmem.rss_bytes(pid)
+    except OSError:
+        return 0
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU the process has used."""
-    fields = _stat_fields(pid)
-    if fields is None or len(fields) < 13:
+    """User and system CPU the process has used (cpu.process_cpu_seconds), 0 for one gone meanwhile."""
+    try:
+        return process_cpu_seconds(pid)
+    except (OSError, ValueError, IndexError):
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

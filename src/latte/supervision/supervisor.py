@@ -23,7 +23,7 @@ from latte.supervision.flight import longest_running_s, read_flights
 from latte.supervision.policy import RestartBudget, RestartPolicy
 from latte.supervision.poison import REFUSE_AFTER, PoisonList
 from latte.supervision.repository import LoadOutcome, TritonRepository
-from latte.supervision.rules import HealthRules, Vitals
+from latte.supervision.rules import DEFAULT_EXECUTE_TIMEOUT_S, HealthRules, Vitals
 from latte.supervision.vitals_metrics import read_model_metrics
 
 SERVING, RESTARTING, DOWN = "serving", "restarting", "down"
@@ -121,8 +121,7 @@ class Supervisor:
             config = self.repository.config(name)
             if config.get("platform") == "ensemble":
                 continue  # an ensemble has no process of its own; its steps are supervised
-            timeout = self.execute_timeout_s
-            rules = HealthRules.of(name, config, **({"execute_timeout_s": timeout} if timeout else {}))
+            rules = HealthRules.of(name, config, self.execute_timeout_s or DEFAULT_EXECUTE_TIMEOUT_S)
             self.models[name] = ModelRecord(name, config, rules, RestartBudget(self.policy), vitals=Vitals(rules))
         stubs = processes.live_stubs(self.server.process.pid)
         for pid, stub in stubs.items():
