@@ -68,6 +68,30 @@ class StreamingModel:
     def _load(self, config) -> None:
         spec, name, serving = self.spec, self.name, self.spec.serving
         self.definition = definition = load_stream(spec.signature.model_path)
+        self._check_definition(definition)
+        self.options = options = parse_stream_options(name, parameters_of(config), definition)
+        self.start_graph = _graph(definition.start, serving)
+        self.step_graph = _graph(definition.step, serving)
+        outputs = [t.name for t in spec.signature.outputs]
+        self.engine = self._new_engine(definition, options, [n for n in outputs if n not in STREAM_OUTPUTS])
+        self.reader = RequestReader(spec)
+        self.responses = ResponseBuilder(self.pb, outputs, as_given=True)
+        self._declares_stream = any(t.name == "stream" for t in spec.signature.inputs)
+        self._text = next((t.name for t in spec.signature.outputs
+                           if is_string(t.dtype) and t.name not in STREAM_OUTPUTS), None)
+        self._prompt = next((t.name for t in spec.signature.inputs
+                             if is_string(t.dtype) and t.name not in CONTROL_INPUTS), None)
+        self.metrics = BackendMetrics()  # before the senders, which record each output sent
+        self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
+        self._start_runner(options)
+        self.publisher = TritonPublisher(self.pb, self.metrics.aggregate, name, refresh=self._refresh_gauges,
+                                         instance=self._instance)
+        self._log_ready()
+
+    def _check_definition(self, definition) -> None:
+        """The stream's programs against the model config: outputs declared and not written
+        twice, every input the start program reads declared."""
+        spec, name = self.spec, self.name
         declared = {t.name: NUMPY_TO_TRITON[t.dtype] for t in spec.signature.outputs}
         check_additional_outputs(name, {t.name: NUMPY_TO_TRITON[t.dtype] for t in spec.signature.inputs}, declared)
         check_not_written(name, {t.name for graph in (definition.start, definition.step) for t in graph.outputs
@@ -77,51 +101,45 @@ class StreamingModel:
         if missing:
             raise ConfigError(f"model {name!r}: {definition.start.path.name} reads {missing}, which the model "
                               "config does not declare as inputs")
-        self.options = options = parse_stream_options(name, parameters_of(config), definition)
-        self.start_graph = _graph(definition.start, serving)
-        self.step_graph = _graph(definition.step, serving)
-        outputs = [t.name for t in spec.signature.outputs]
+
+    def _new_engine(self, definition, options, outputs) -> StreamEngine:
+        """The engine over the stream pools in the arena, its batches' minimum rows set (asked
+        for, or measured)."""
         try:
-            engine = StreamEngine(name, definition, self.start_graph, self.step_graph, options,
-                                  [n for n in outputs if n not in STREAM_OUTPUTS],
+            engine = StreamEngine(self.name, definition, self.start_graph, self.step_graph, options, outputs,
                                   self.arena.empty)
         except MemoryError as exc:
-            raise ConfigError(f"model {name!r}: the stream pools do not fit arena_bytes="
-                              f"{serving.arena_bytes}: {exc}; lower max_streams or cache_blocks, or raise "
+            raise ConfigError(f"model {self.name!r}: the stream pools do not fit arena_bytes="
+                              f"{self.spec.serving.arena_bytes}: {exc}; lower max_streams or cache_blocks, or raise "
                               "arena_bytes") from None
         engine.min_rows, self._rows_found = ((options.min_batch_rows, "") if options.min_batch_rows
                                              else self._invariant_rows(engine, options.max_streams))
-        self.engine = engine
-        self.reader = RequestReader(spec)
-        self.responses = ResponseBuilder(self.pb, outputs, as_given=True)
+        return engine
+
+    def _start_runner(self, options) -> None:
+        """The scheduler and the loop that runs it, and a sender thread per outbox."""
         scheduler = StreamScheduler(options.max_streams, options.joins_per_iteration, options.max_waiting)
-        self.runner = StreamRunner(engine, scheduler, options.cancel_check_ms / 1000.0, options.cancel_checks_per_s,
-                                   outboxes=options.response_threads, prepare=self._prepare,
-                                   send=self._send_guarded, log_error=self.pb.Logger.log_error)
-        self._declares_stream = any(t.name == "stream" for t in spec.signature.inputs)
-        self._text = next((t.name for t in spec.signature.outputs
-                           if is_string(t.dtype) and t.name not in STREAM_OUTPUTS), None)
-        self._prompt = next((t.name for t in spec.signature.inputs
-                             if is_string(t.dtype) and t.name not in CONTROL_INPUTS), None)
-        self.metrics = BackendMetrics()  # before the senders, which record each output sent
-        self.metrics.thread_budget(serving.thread_budget.state, serving.thread_budget.threads)
-        self._senders = [threading.Thread(target=self._send_loop, args=(outbox,), name=f"latte-stream-sender-{name}",
-                                          daemon=True) for outbox in self.runner.outboxes]
+        self.runner = StreamRunner(self.engine, scheduler, options.cancel_check_ms / 1000.0,
+                                   options.cancel_checks_per_s, outboxes=options.response_threads,
+                                   prepare=self._prepare, send=self._send_guarded, log_error=self.pb.Logger.log_error)
+        self._senders = [threading.Thread(target=self._send_loop, args=(outbox,),
+                                          name=f"latte-stream-sender-{self.name}", daemon=True)
+                         for outbox in self.runner.outboxes]
         for sender in self._senders:
             sender.start()
-        self.runner.start(name)
-        self.publisher = TritonPublisher(self.pb, self.metrics.aggregate, name, refresh=self._refresh_gauges,
-                                         instance=self._instance)
+        self.runner.start(self.name)
+
+    def _log_ready(self) -> None:
+        engine, options, cache = self.engine, self.options, self.definition.cache
         held = engine.held()
-        cache = definition.cache
         self.pb.Logger.log_info(
-            f"latte: {name} ready (streaming: start {self.start_graph.describe() or 'graph'}; step "
+            f"latte: {self.name} ready (streaming: start {self.start_graph.describe() or 'graph'}; step "
             f"{self.step_graph.describe() or 'graph'}; max_streams={options.max_streams}, joins_per_iteration="
             f"{options.joins_per_iteration}, max_tokens={options.max_tokens}"
             + (f", cache {options.cache_blocks} blocks of {cache.block_tokens} tokens "
                f"({engine.cache.block_bytes * options.cache_blocks >> 10} KiB)" if cache else "")
             + f", state {held['state_slots']}/{options.max_streams} slots, min_batch_rows={engine.min_rows}"
-            + f"{self._rows_found}, arena={serving.arena_bytes >> 20} MiB)")
+            + f"{self._rows_found}, arena={self.spec.serving.arena_bytes >> 20} MiB)")
 
     def _invariant_rows(self, engine: StreamEngine, max_streams: int):
         """min_batch_rows auto: the count measured (never past max_streams, where every batch

@@ -139,17 +139,38 @@ class StreamRunner:
         streams' step: it is given here, before `advance`."""
         now = self.clock()
         interval = self.check_interval(len(self.engine.live))
+        openings = self._queue_arrivals()
+        checked = self._ask_clients(now, interval)
+        cancelled = self._drop_cancelled()
+        free = self.engine.cache.free if self.engine.cache is not None else None
+        plan = self.scheduler.schedule(now, len(self.engine.live), free, sweep=checked)
+        openings.extend(self._unstarted_endings(plan, now))
+        running = list(self.engine.live)
+        if plan.joins:
+            openings.extend(self.engine.start(plan.joins))
+        self.figures["joined"] += len(plan.joins)
+        self._count(openings)
+        self._count(cancelled)
+        return Admitted(openings, cancelled, running)
+
+    def _queue_arrivals(self) -> List[Emission]:
+        """The inbox handed to the scheduler; an arrival it cannot queue ends at once (Overloaded)."""
         # The interval of the running streams once these arrivals have joined them.
         joined = self.check_interval(min(self.scheduler.max_streams, len(self.engine.live) + len(self._inbox)))
-        openings: List[Emission] = []
+        refused: List[Emission] = []
         while self._inbox:
             stream = self._inbox.popleft()
             # Its first question after at least half an interval, spread by its number, so
             # that streams which came together are not all asked in the same iteration.
             stream.check_at = stream.arrival + joined * (0.5 + 0.5 * ((stream.number * _GOLDEN) % 1.0))
             if not self.scheduler.add(stream):
-                openings.append((stream, Overloaded(
+                refused.append((stream, Overloaded(
                     f"{self.scheduler.waiting} streams are waiting to join (max_waiting); try again later"), True))
+        return refused
+
+    def _ask_clients(self, now: float, interval: float) -> bool:
+        """Whether their clients gave up, asked of the streams due; True when the waiting ones
+        were swept too."""
         # Each question is a round trip to the server that holds the loop up: each running
         # stream is asked once an interval on its own clock, so an iteration asks a few, not all
         # of them at once (a stall every interval that would show in inter-token P99). The
@@ -162,28 +183,29 @@ class StreamRunner:
         if checked:
             self._swept_at = now
             self._ask(self.scheduler.waiting_streams(), now, interval, self._sweep_most)
+        return checked
+
+    def _drop_cancelled(self) -> List[Emission]:
+        """The running streams whose clients gave up, out of the engine."""
         cancelled: List[Emission] = []
         for stream in [s for s in self.engine.live if s.cancelled]:
             self.engine.drop(stream)
             ended_by = stream.cancelled if isinstance(stream.cancelled, Exception) else \
                 RequestCancelled("the client cancelled the stream")
             cancelled.append((stream, ended_by, True))
-        free = self.engine.cache.free if self.engine.cache is not None else None
-        plan = self.scheduler.schedule(now, len(self.engine.live), free, sweep=checked)
-        for stream in plan.cancelled:
-            openings.append((stream, RequestCancelled("the client cancelled the stream before it started"), True))
+        return cancelled
+
+    @staticmethod
+    def _unstarted_endings(plan, now: float) -> List[Emission]:
+        """The waiting streams the plan ends before they start: cancelled, or past their timeout."""
+        endings: List[Emission] = [(stream, RequestCancelled("the client cancelled the stream before it started"), True)
+                                   for stream in plan.cancelled]
         for stream in plan.expired:
             waited = (now - stream.arrival) * 1000
-            openings.append((stream, DeadlineExceeded(
+            endings.append((stream, DeadlineExceeded(
                 f"timed out: waited {waited:.1f} ms to start, longer than timeout_ms="
                 f"{stream.controls.options.timeout_ms:g}"), True))
-        running = list(self.engine.live)
-        if plan.joins:
-            openings.extend(self.engine.start(plan.joins))
-        self.figures["joined"] += len(plan.joins)
-        self._count(openings)
-        self._count(cancelled)
-        return Admitted(openings, cancelled, running)
+        return endings
 
     def check_interval(self, streams: int) -> float:
         """How long each of `streams` running streams goes between two questions:
