@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# The property tests (tests/unit/memory) draw the same examples on every run by default, so a
+# run fails only where the code changed, never by the draw: each test's examples come from a
+# hash of the test itself, and no example saved by an earlier run is replayed.
+hypothesis_settings.register_profile("fixed", derandomize=True, database=None)
+# To explore beyond those examples, select a random draw:
+#   LATTE_HYPOTHESIS_PROFILE=explore .venv/bin/python -m pytest tests/unit/memory
+# A failure it finds is printed with the example that failed (and @reproduce_failure's line).
+hypothesis_settings.register_profile("explore", derandomize=False, print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("LATTE_HYPOTHESIS_PROFILE", "fixed"))
 
 
 @pytest.fixture(scope="session")

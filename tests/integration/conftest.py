@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.integration
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Every test under tests/integration starts a real tritonserver (or needs one started): each
+    carries the `integration` mark, whether its file says so or not, so that `-m "not integration"`
+    leaves none of them in. (A `pytestmark` in a conftest marks nothing.) First, before `-m`
+    selects: this hook sees the whole session's items, so only this folder's are marked."""
+    for item in items:
+        if HERE in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.integration)
 
 
 PATIENT_MODEL = "sequence_patient"
