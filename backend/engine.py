@@ -86,11 +86,14 @@ class BatchAnswer(NamedTuple):
     """The answers of one planned batch: the `positions` of its requests in the call and each
     one's outcome; or, when the batch ran and each request's answer is its rows of the
     outputs as they are, `results` None and the batch's `outputs` with each request's
-    `member_rows` (a batch is answered with views of itself)."""
+    `member_rows` (a batch is answered with views of itself). `turns`: the session turns of
+    the requests answered with outputs, by position, which whoever builds their responses
+    settles (`settle`): a session advances only once its answer is built."""
     positions: Sequence[int]
     results: Optional[List[Result]]
     outputs: Optional[Dict[str, np.ndarray]] = None
     member_rows: Optional[List[int]] = None
+    turns: Optional[Dict[int, Turn]] = None
 
     def outcomes(self) -> List[Result]:
         """Each request's outcome, in the order of `positions`."""
@@ -102,9 +105,9 @@ class BatchAnswer(NamedTuple):
 _new_tuple = tuple.__new__
 
 
-def answered(pairs: Sequence[Tuple[int, Result]]) -> BatchAnswer:
+def answered(pairs: Sequence[Tuple[int, Result]], turns: Optional[Dict[int, Turn]] = None) -> BatchAnswer:
     """The answer of (position, outcome) pairs."""
-    return BatchAnswer([position for position, _ in pairs], [outcome for _, outcome in pairs])
+    return BatchAnswer([position for position, _ in pairs], [outcome for _, outcome in pairs], None, None, turns)
 
 
 class Work:
@@ -201,10 +204,9 @@ class BatchEngine:
             else:
                 groups = (self._run_in_time(group) for group in self.order(self._groups(work)))
             for pairs in groups:
-                self._settle(turns, pairs)
-                yield answered(pairs)
+                yield answered(pairs, self._hand_over(turns, pairs))
         finally:
-            self._release(turns)  # turns never answered: the call failed or was abandoned
+            self._release(turns)  # turns never handed over: the call failed or was abandoned
 
     def infer(self, items: Sequence[Union[ParsedRequest, Exception]],
               options: Optional[Sequence[Optional[RequestOptions]]] = None) -> List[Result]:
@@ -213,28 +215,31 @@ class BatchEngine:
         for answer in self.answers(requests_call(items, options)):
             for position, outcome in zip(answer.positions, answer.outcomes()):
                 results[position] = outcome
+            if answer.turns:
+                self.settle(answer.turns, answer.turns)  # answered as they are: each turn with outputs
         return results
 
     def submit(self, items: Sequence[Union[ParsedRequest, Exception]],
                options: Sequence[Optional[RequestOptions]],
-               on_results: Callable[[List[Tuple[int, Result]]], None]) -> None:
+               on_results: Callable[[List[Tuple[int, Result]], Optional[Dict[int, Turn]]], None]) -> None:
         """Hand the requests to the scheduler's lanes and return at once; `on_results` hears
-        every request exactly once: refusals here, the rest from the lane that ran them."""
+        every request exactly once, with the session turns of those answered with outputs
+        (to settle once their responses are built): refusals here, the rest from the lane
+        that ran them."""
         if self.dispatcher is None:
             raise RuntimeError("submit needs scheduler lanes (a LaneDispatcher)")
         now = self.clock()
         work, refused = self._admit(items, options, now)
         turns = self._turns(work)
-        if turns:
-            def answered_turns(pairs: List[Tuple[int, Result]]) -> None:
-                self._settle(turns, pairs)
-                on_results(pairs)
+
+        def results(pairs: List[Tuple[int, Result]]) -> None:
+            on_results(pairs, self._hand_over(turns, pairs))
         try:
             if refused:
-                on_results(refused)
+                on_results(refused, None)
             if work:
                 # It answers through the callback whatever it queued, or could not queue.
-                self.dispatcher.submit(work, now, answered_turns if turns else on_results)
+                self.dispatcher.submit(work, now, results)
         except BaseException:
             self._release(turns)  # nothing of this call was queued
             raise
@@ -333,7 +338,7 @@ class BatchEngine:
                 batch = self._columns_batch(call, members)
             outputs, own = ran = self.run(batch, started)
             if own is None and self._views:
-                return _new_tuple(BatchAnswer, (members, None, outputs, batch.member_rows))
+                return _new_tuple(BatchAnswer, (members, None, outputs, batch.member_rows, None))
             return BatchAnswer(members, split(self.spec, batch, outputs, own))
         except Exception as exc:
             memory = out_of_memory(self.spec.signature.name, exc)
@@ -410,12 +415,14 @@ class BatchEngine:
         """The session turns among `work`, by position: each is settled by its request's answer."""
         return {w.position: w.turn for w in work if w.turn is not None}
 
-    def _settle(self, turns: Dict[int, Turn], pairs: Sequence[Tuple[int, Result]]) -> None:
-        """The turns of answered requests leave `turns`, as their answers go out (not before,
-        so an answer that never leaves advances no session; not after, so the session's next
-        request finds this one's prefix): committed where answered with outputs, else released."""
+    def _hand_over(self, turns: Dict[int, Turn], pairs: Sequence[Tuple[int, Result]]) -> Optional[Dict[int, Turn]]:
+        """The turns of answered requests leave `turns`: those answered with an error are
+        released here; those answered with outputs are handed to whoever builds the responses,
+        who settles them once built (not before, so an answer that cannot be built advances no
+        session; not after it is sent, so the session's next request finds this one's prefix)."""
         if not turns:
-            return
+            return None
+        handed = {}
         for position, outcome in pairs:
             turn = turns.pop(position, None)
             if turn is None:
@@ -423,7 +430,18 @@ class BatchEngine:
             if isinstance(outcome, Exception):
                 self.sessions.release(turn)
             else:
+                handed[position] = turn
+        return handed or None
+
+    def settle(self, turns: Dict[int, Turn], answered: Iterable[int]) -> None:
+        """Settle turns handed over with an answer: those at the positions `answered` (their
+        responses built with outputs) committed, the rest released."""
+        answered = set(answered)
+        for position, turn in turns.items():
+            if position in answered:
                 self.sessions.commit(turn)
+            else:
+                self.sessions.release(turn)
 
     def _release(self, turns: Dict[int, Turn]) -> None:
         for position in list(turns):

@@ -49,7 +49,7 @@ class ResponseBuilder:
         """The responses of one batch's requests (engine.BatchAnswer), in its order: each
         request's share of every output as views of the batch when it ran whole (its
         `member_rows` rows each), else each request's own outcome."""
-        _, results, outputs, rows = answer
+        _, results, outputs, rows, _ = answer
         if results is not None:
             return self._outcomes(results)
         names = self.output_names

@@ -271,8 +271,8 @@ class LatteModel:
         try:
             for answer in self.engine.answers(call):
                 begun = time.perf_counter()
-                built = self.responses.answer(answer)
-                positions, results, _, _ = answer
+                built = self._built(answer)
+                positions, results, _, _, _ = answer
                 pending -= len(positions)
                 if not pending and responses is None and results is None and options is None \
                         and type(positions) is range:
@@ -294,6 +294,28 @@ class LatteModel:
             responses = [None if response is _SENT else response for response in responses]
         self.metrics.call(call.count, read - started, engine_s, responding, answered, self._take_batches())
         return responses
+
+    def _built(self, answer) -> List:
+        """The responses of one batch's answer, its session turns settled once they are built:
+        committed where the response carries outputs, released where it could not be built."""
+        turns = answer.turns
+        if not turns:
+            return self.responses.answer(answer)
+        built = None
+        try:
+            built = self.responses.answer(answer)
+            return built
+        finally:
+            self.engine.settle(turns, self._carrying_outputs(answer.positions, built, turns))
+
+    @staticmethod
+    def _carrying_outputs(positions, responses, turns) -> List[int]:
+        """The positions among `turns` whose built response carries outputs (none when the
+        responses could not be built at all)."""
+        if responses is None:
+            return []
+        return [position for position, response in zip(positions, responses)
+                if position in turns and not response.has_error()]
 
     def _place(self, requests, options, positions, built: List, responses: List, pending: int) -> bool:
         """A batch's responses at their requests' places in the call's list, then sent now
@@ -372,18 +394,24 @@ class LatteModel:
         answered = set()
         lock = threading.Lock()  # lanes answer from their own threads
 
-        def answer(outcomes) -> None:
+        def answer(outcomes, turns=None) -> None:
             with lock:
                 fresh = [(position, outcome) for position, outcome in outcomes if position not in answered]
                 answered.update(position for position, _ in fresh)
             positions = [position for position, _ in fresh]
             counts = self._tally(positions, [outcome for _, outcome in fresh], options)
             self.metrics.requests(counts, time.perf_counter() - started)
+            built = None
+            try:
+                built = [self.responses.build(outcome) for _, outcome in fresh]
+            finally:
+                if turns:  # settled before the responses go: the session's next request finds this prefix
+                    self.engine.settle(turns, self._carrying_outputs(positions, built, turns))
             # Each send is a round trip to the server: a thread of its own makes them, so the
             # lane goes on to its next batch.
             if fresh:
                 self._outbox.put((-_top_priority(positions, options), next(self._sequence),
-                                  [(senders[position], self.responses.build(outcome)) for position, outcome in fresh],
+                                  [(senders[position], response) for position, response in zip(positions, built)],
                                   landing))
 
         try:

@@ -336,3 +336,49 @@ def test_a_failed_batch_shows_as_failed_in_the_metrics(example_repo):
         assert counter(model, "latte_requests_total", outcome="success") == 3
     finally:
         model.finalize()
+
+@pytest.mark.parametrize("parameters", [{}, {"async_execute": "true"}], ids=["inline", "async_execute"])
+def test_a_session_turn_whose_response_cannot_be_built_leaves_the_session_as_it_was(example_repo, parameters):
+    import time
+    import types
+
+    model = load(example_repo, "sequence_onnx", session_input="tokens", **parameters)
+
+    def turn(tokens, **options):
+        request = InferenceRequest({"tokens": np.array([tokens], np.int64)},
+                                   parameters=json.dumps({"session_id": "s", **options}))
+        responses = model.execute([request])
+        if responses is not None:
+            return responses[0]
+        sent = request.get_response_sender().sent
+        deadline = time.monotonic() + 10
+        while not sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return sent[0][0]
+
+    def cannot_carry(name, array):
+        raise TypeError("an output Triton cannot carry")
+
+    try:
+        assert not turn([5, 6], session_start=True).has_error()
+        working = model.responses.pb
+        model.responses.pb = types.SimpleNamespace(Tensor=cannot_carry, InferenceResponse=working.InferenceResponse,
+                                                   TritonError=working.TritonError)
+        failed = turn([7])
+        assert failed.has_error() and "could not build the response" in failed.error().message()
+        model.responses.pb = working
+        # The session continues from the turn before the one whose answer never left: its next
+        # turn answers as [7] sent again would.
+        again = turn([7]).output_tensors()[0].as_numpy()
+        fresh = load(example_repo, "sequence_onnx", session_input="tokens", **parameters)
+        try:
+            model, kept = fresh, model
+            turn([5, 6], session_start=True)
+            expected = turn([7]).output_tensors()[0].as_numpy()
+        finally:
+            model = kept
+            fresh.finalize()
+        np.testing.assert_allclose(again, expected, rtol=1e-5, atol=1e-6)
+        assert model.sessions.in_flight() == 0
+    finally:
+        model.finalize()

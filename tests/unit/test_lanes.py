@@ -125,7 +125,7 @@ def test_submitted_calls_share_batches_and_each_request_gets_its_own_answer(exam
         lock = threading.Lock()
 
         def collector(index):
-            def on_results(outcomes):
+            def on_results(outcomes, turns):
                 with lock:
                     answers[index].update(outcomes)
                     if sum(map(len, answers)) == sum(map(len, calls)):
@@ -171,7 +171,7 @@ class PipelinedAnswers:
         self._lock = threading.Condition()
 
     def to(self, call: int):
-        def on_results(outcomes):
+        def on_results(outcomes, turns):
             with self._lock:
                 for position, outcome in outcomes:
                     assert (call, position) not in self.outcomes, f"call {call} answered twice"
@@ -320,7 +320,8 @@ def test_a_session_turn_the_scheduler_refuses_frees_its_session_for_the_next_tur
     answers = []
     try:
         turn = ParsedRequest(inputs={"tokens": np.array([[5, 6, 7]], np.int64)}, rows=1)
-        engine.submit([turn], [RequestOptions(session_id="s", session_start=True, timeout_ms=1)], answers.extend)
+        engine.submit([turn], [RequestOptions(session_id="s", session_start=True, timeout_ms=1)],
+                      lambda outcomes, turns: answers.extend(outcomes))
         deadline = time.monotonic() + 30
         while not answers and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -355,7 +356,8 @@ def test_work_the_scheduler_cannot_queue_is_answered_with_the_rest_of_the_call(e
     try:
         feed = EXAMPLES["mlp"].sample(1, np.random.default_rng(0))
         requests = [ParsedRequest(inputs=feed, rows=1) for _ in range(3)]
-        engine.submit(requests, [RequestOptions(priority=p) for p in (2, 1, 0)], answers.extend)
+        engine.submit(requests, [RequestOptions(priority=p) for p in (2, 1, 0)],
+                      lambda outcomes, turns: answers.extend(outcomes))
         deadline = time.monotonic() + 30
         while len(answers) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
