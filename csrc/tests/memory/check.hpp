@@ -1,12 +1,22 @@
 #pragma once
-// Minimal test harness: CHECK records a failure with file:line and keeps going; the test
-// executable's exit status says whether any check failed.
+// Minimal test harness: CHECK records a failure with file:line and keeps going; SKIP ends a test
+// case that cannot run here (no device) and says why. The executable exits 1 when a check failed,
+// else SKIPPED_EXIT (77, which CTest's SKIP_RETURN_CODE counts as skipped) when a case was
+// skipped, else 0.
 #include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace latte::testing {
+
+// The exit status of a run with no failed check and at least one case skipped.
+constexpr int SKIPPED_EXIT = 77;
+
+// Thrown by SKIP: the rest of the case does not run, and the run counts it as skipped.
+struct Skipped {
+  std::string reason;
+};
 
 inline int& failures() {
   static int count = 0;
@@ -28,18 +38,27 @@ struct Register {
 };
 
 inline int run_all() {
+  std::size_t skipped = 0;
   for (const TestCase& test : registry()) {
     const int before = failures();
     try {
       test.body();
+    } catch (const Skipped& skip) {
+      // Checks that failed before the skip still fail the run.
+      if (failures() == before) {
+        ++skipped;
+        std::printf("SKIP %s: %s\n", test.name, skip.reason.c_str());
+        continue;
+      }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "  unexpected exception: %s\n", e.what());
       ++failures();
     }
     std::printf("%s %s\n", failures() == before ? "PASS" : "FAIL", test.name);
   }
-  std::printf("%zu tests, %d failed checks\n", registry().size(), failures());
-  return failures() == 0 ? 0 : 1;
+  std::printf("%zu tests, %zu skipped, %d failed checks\n", registry().size(), skipped, failures());
+  if (failures() != 0) return 1;
+  return skipped == 0 ? 0 : SKIPPED_EXIT;
 }
 
 }  // namespace latte::testing
@@ -51,6 +70,9 @@ inline int run_all() {
   static ::latte::testing::Register LATTE_TEST_CONCAT(test_reg_, __LINE__)(            \
       name, LATTE_TEST_CONCAT(test_body_, __LINE__));                                  \
   static void LATTE_TEST_CONCAT(test_body_, __LINE__)()
+
+// Ends the test case as skipped, with the reason printed beside its name.
+#define SKIP(reason) throw ::latte::testing::Skipped{reason}
 
 #define CHECK(condition)                                                                \
   do {                                                                                  \
