@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -16,20 +17,37 @@ def _busy(seconds: float) -> None:
         pass
 
 
+def _busy_for_wall(seconds: float) -> None:
+    """Busy for `seconds` of wall time, whatever share of a core the box gives this process."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@contextmanager
+def _sleeper():
+    """A process past its start-up (it said so), asleep until it is killed."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print('asleep', flush=True); time.sleep(120)"],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert sleeper.stdout.readline() == "asleep\n"
+        yield sleeper.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        sleeper.stdout.close()
+
+
 def test_a_process_is_charged_for_the_cpu_it_uses_not_the_time_it_sleeps():
     before = cpu.process_cpu_seconds(os.getpid())
     _busy(0.3)
     busy = cpu.process_cpu_seconds(os.getpid()) - before
     assert 0.25 <= busy <= 0.6
 
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
-    try:
-        time.sleep(0.2)  # past the interpreter's start-up
-        start = cpu.process_cpu_seconds(sleeper.pid)
+    with _sleeper() as pid:
+        start = cpu.process_cpu_seconds(pid)
         time.sleep(0.3)
-        assert cpu.process_cpu_seconds(sleeper.pid) - start < 0.05
-    finally:
-        sleeper.wait()
+        assert cpu.process_cpu_seconds(pid) - start < 0.05
 
 
 def test_a_child_is_charged_once_it_has_ended():
@@ -71,11 +89,22 @@ def test_the_machine_is_charged_at_least_for_this_process_working():
 
 
 def test_a_streaming_window_reads_the_cores_busy_while_it_is_open():
+    """This process busy through the whole window, a sleeping one beside it, and a counter that
+    runs at 0.75 CPU seconds a second: the window reads the counter at 0.75 cores (a rate, not
+    seconds), this process above the sleeper, each within one core (one thread each), and the
+    machine at least as busy as this process. How much of a core this process gets depends on
+    what else the box runs, so no share of it is asked, only that it got some."""
     from latte.bench.streams import BusyCores
 
-    window = BusyCores(0.05, 0.4, lambda: {"this process": cpu.process_cpu_seconds(os.getpid())})
-    _busy(0.5)  # one core kept busy across the window, by this process
-    busy = window.result()
-    assert set(busy) == {"machine", "this process"}
-    assert 0.5 <= busy["this process"] <= 1.1  # a margin for a CI box that shares its cores
+    with _sleeper() as pid:
+        window = BusyCores(0.05, 0.4, lambda: {"this process": cpu.process_cpu_seconds(os.getpid()),
+                                               "a sleeper": cpu.process_cpu_seconds(pid),
+                                               "a counter": 0.75 * time.perf_counter()})
+        _busy_for_wall(0.05 + 0.4 + 0.5)  # past the close, which a late timer may read after 0.45 s
+        busy = window.result()
+    assert set(busy) == {"machine", "this process", "a sleeper", "a counter"}
+    assert busy["a counter"] == pytest.approx(0.75, rel=0.2)
+    assert 0 <= busy["a sleeper"] < 0.05
+    assert 0.05 <= busy["this process"] <= 1.1
+    assert busy["this process"] > busy["a sleeper"]
     assert busy["this process"] - 0.1 <= busy["machine"] <= os.cpu_count() + 0.1
