@@ -128,9 +128,6 @@ class CostModel:
                              priced_at(self._edges, self._edge_costs, edge))  # type: ignore[attr-defined]
         return cost
 
-    def batch_cost(self, edge: int, rows: int) -> float:
-        return self.fixed_s + self.row_cost(edge) * rows
-
     def alone_cost(self, length: int, rows: int) -> float:
         """One request alone in its call, at its own length."""
         if rows != 1 or not self.single_s:

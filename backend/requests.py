@@ -190,16 +190,9 @@ class RequestReader:
         items, defaults = self._read_items(requests, self.check_cancellation)
         return Call(len(items), items, None if defaults else call_options(items))
 
-    def read(self, request) -> ParsedRequest:
-        """One request, checked; raises RequestError when it cannot be served."""
-        (item,) = self.read_all([request])
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    def read_all(self, requests: Sequence, check_cancellation: bool = False) -> List[Union[ParsedRequest, Exception]]:
+    def read_all(self, requests: Sequence) -> List[Union[ParsedRequest, Exception]]:
         """One entry per request: its checked inputs, or the exception that says why not."""
-        return self._read_items(requests, check_cancellation)[0]
+        return self._read_items(requests, self.check_cancellation)[0]
 
     def _read_items(self, requests: Sequence, check_cancellation: bool):
         """Each request read and checked, and whether every one runs with the default options

@@ -222,8 +222,12 @@ def served_call(runtime, length: Optional[int]):
 
 def profile_model(model_file: Path, opts: Optional[ProfileOptions] = None, show_progress: bool = False) -> Profile:
     """Measure latency and memory per batch size and shape bucket; returns the Profile."""
+    from latte.backend import memory_resource
     from latte.backend.runtimes import load_runtime
 
+    # A graph's steps make their buffers from the current resource; the profile measures the
+    # model itself, and the arena is sized from what the profile finds, so none is made here.
+    memory_resource.use_numpy("a profile times the model, and sizes the arena from what it finds")
     opts = opts or ProfileOptions()
     model_file = Path(model_file)
     if not model_file.exists():

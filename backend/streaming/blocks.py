@@ -11,13 +11,13 @@ and its outputs are written back the same way.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from latte.backend import memory_resource
 from latte.backend.errors import ModelError, OutOfMemory
 
-Allocate = Callable[[tuple, np.dtype], np.ndarray]
 
 
 class ShortOfBlocks(OutOfMemory):
@@ -53,8 +53,9 @@ class _FreeList:
 class StatePool:
     """`slots` rows of each state tensor (name -> (dims, dtype)), one slot per stream."""
 
-    def __init__(self, slots: int, tensors: Dict[str, Tuple[Tuple[int, ...], np.dtype]], allocate: Allocate) -> None:
-        self.arrays = {name: allocate((slots, *dims), np.dtype(dtype)) for name, (dims, dtype) in tensors.items()}
+    def __init__(self, slots: int, tensors: Dict[str, Tuple[Tuple[int, ...], np.dtype]]) -> None:
+        self.arrays = {name: memory_resource.empty((slots, *dims), np.dtype(dtype))
+                       for name, (dims, dtype) in tensors.items()}
         self._slots = _FreeList(slots)
         self.row_bytes = sum(a[0].nbytes for a in self.arrays.values())
 
@@ -100,9 +101,9 @@ class BlockPool:
     """`blocks` blocks of `block_rows` rows of `row_dims`; block 0 is all zeros, the padding a
     gathered batch reads past each stream's end (so a masked-away row is finite)."""
 
-    def __init__(self, blocks: int, block_rows: int, row_dims: Tuple[int, ...], dtype, allocate: Allocate) -> None:
+    def __init__(self, blocks: int, block_rows: int, row_dims: Tuple[int, ...], dtype) -> None:
         self.block_rows = block_rows
-        self.array = allocate((blocks + 1, block_rows, *row_dims), np.dtype(dtype))
+        self.array = memory_resource.empty((blocks + 1, block_rows, *row_dims), np.dtype(dtype))
         self.array[...] = 0  # rows a stream has not written are read masked, never as NaN
         self._blocks = _FreeList(blocks, first=1)
         self.block_bytes = self.array[0].nbytes

@@ -17,7 +17,7 @@ from latte.backend.batching import Batch
 from latte.backend.dtypes import to_numpy
 from latte.backend.engine import request_failure
 from latte.backend.errors import OutOfMemory
-from latte.backend.streaming.blocks import Allocate, BlockPool, ShortOfBlocks, StatePool
+from latte.backend.streaming.blocks import BlockPool, ShortOfBlocks, StatePool
 from latte.backend.streaming.definition import StreamDefinition
 from latte.backend.streaming.invariance import PROBE_MOST_ROWS, PROBE_ROWS, fewest_invariant_rows, probe_feed
 from latte.backend.streaming.options import StreamOptions
@@ -29,17 +29,17 @@ Emission = Tuple[Stream, Outcome, bool]   # what to send a stream, and whether i
 
 class StreamEngine:
     def __init__(self, name: str, definition: StreamDefinition, start_graph, step_graph, options: StreamOptions,
-                 outputs: Sequence[str], allocate: Allocate) -> None:
+                 outputs: Sequence[str]) -> None:
         self.name = name
         self.definition = definition
         self.start_graph, self.step_graph = start_graph, step_graph
         self.output_names = list(outputs)
         made = {t.name: t for t in definition.start.outputs}
         self.state = StatePool(options.max_streams, {s: (made[s].dims, to_numpy(made[s].data_type))
-                                                     for s in definition.state}, allocate)
+                                                     for s in definition.state})
         cache = definition.cache
         self.cache = None if cache is None else BlockPool(options.cache_blocks, cache.block_tokens, cache.row_dims,
-                                                          to_numpy(cache.data_type), allocate)
+                                                          to_numpy(cache.data_type))
         self._start_inputs = definition.start_inputs
         self._end_tokens = frozenset(definition.end_tokens) if definition.token is not None else frozenset()
         self.live: List[Stream] = []

@@ -106,8 +106,7 @@ class StreamingModel:
         """The engine over the stream pools in the arena, its batches' minimum rows set (asked
         for, or measured)."""
         try:
-            engine = StreamEngine(self.name, definition, self.start_graph, self.step_graph, options, outputs,
-                                  self.arena.empty)
+            engine = StreamEngine(self.name, definition, self.start_graph, self.step_graph, options, outputs)
         except MemoryError as exc:
             raise ConfigError(f"model {self.name!r}: the stream pools do not fit arena_bytes="
                               f"{self.spec.serving.arena_bytes}: {exc}; lower max_streams or cache_blocks, or raise "

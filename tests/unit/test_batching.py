@@ -88,7 +88,7 @@ def set_partitions(items):
 def plan_cost(batches, lengths, rows, cost):
     """A batch pads to its longest member's edge; a request alone runs at its own length."""
     return sum(cost.alone_cost(lengths[b[0]], rows[b[0]]) if len(b) == 1
-               else cost.batch_cost(BUCKETS.edge_for(max(lengths[i] for i in b)), sum(rows[i] for i in b))
+               else cost.fixed_s + cost.row_cost(BUCKETS.edge_for(max(lengths[i] for i in b))) * sum(rows[i] for i in b)
                for b in batches)
 
 
@@ -283,7 +283,7 @@ def test_with_pad_to_longest_a_planned_batch_pads_to_its_longest_member_and_is_p
     batch = assemble(s, [r for _, r in group], BUCKETS)
     assert batch.padded_length == 40 and batch.inputs["tokens"].shape == (3, 40)
     # Priced at the longest member's length: 40/64 of the 64 edge's 4.0 per row.
-    assert merge_all.batch_cost(40, 3) == pytest.approx(1000.0 + 3 * 2.5)
+    assert merge_all.fixed_s + merge_all.row_cost(40) * 3 == pytest.approx(1000.0 + 3 * 2.5)
 
 
 def test_a_cost_model_prices_a_length_the_same_each_time_and_keeps_a_bounded_number_of_them():

@@ -43,6 +43,14 @@ SPEC = ModelSpec(
 )
 
 
+def read_one(reader, request):
+    """The one request read and checked, or its refusal raised."""
+    (item,) = reader.read_all([request])
+    if isinstance(item, Exception):
+        raise item
+    return item
+
+
 def good(rows=2, length=5):
     return Request(tokens=np.ones((rows, length), np.int64), scale=np.ones((rows, 1), np.float32))
 
@@ -50,7 +58,7 @@ def good(rows=2, length=5):
 def test_a_good_request_is_read_with_its_rows_and_parameters():
     request = good(rows=3)
     request._parameters = '{"priority": 2}'
-    parsed = RequestReader(SPEC).read(request)
+    parsed = read_one(RequestReader(SPEC), request)
     assert parsed.rows == 3
     assert parsed.inputs["tokens"].shape == (3, 5)
     assert parsed.parameters == {"priority": 2}
@@ -72,7 +80,7 @@ def test_a_good_request_is_read_with_its_rows_and_parameters():
 ])
 def test_bad_requests_say_what_was_wrong_and_what_was_expected(request_, message):
     with pytest.raises(RequestError, match=message):
-        RequestReader(SPEC).read(request_)
+        read_one(RequestReader(SPEC), request_)
 
 
 def test_nan_is_refused_where_the_model_forbids_it():
@@ -80,9 +88,9 @@ def test_nan_is_refused_where_the_model_forbids_it():
 
     request = good()
     request._tensors[1]._array = np.array([[1.0], [np.nan]], np.float32)
-    assert RequestReader(SPEC).read(request).rows == 2  # allowed unless the config says reject_nan
+    assert read_one(RequestReader(SPEC), request).rows == 2  # allowed unless the config says reject_nan
     with pytest.raises(RequestError, match=r"input 'scale': NaN or infinity at index \[1, 0\]"):
-        RequestReader(replace(SPEC, serving=replace(SPEC.serving, reject_nan=True))).read(request)
+        read_one(RequestReader(replace(SPEC, serving=replace(SPEC.serving, reject_nan=True))), request)
 
 
 def test_one_call_reads_every_request_and_a_bad_one_fails_alone():
@@ -112,8 +120,8 @@ def test_integer_values_outside_the_declared_range_are_refused_with_the_range():
     request._tensors[0]._array = np.array([[1, 2, 3, 4], [5, 1000, 7, 8]], np.int64)
     with pytest.raises(RequestError, match=r"input 'tokens': value 1000 at index \[1, 1\] is outside this model's "
                                            r"valid range 0\.\.999"):
-        RequestReader(ranged).read(request)
-    assert RequestReader(SPEC).read(request).rows == 2  # no range declared: any id passes
+        read_one(RequestReader(ranged), request)
+    assert read_one(RequestReader(SPEC), request).rows == 2  # no range declared: any id passes
 
 
 def test_a_call_of_readable_requests_without_parameters_runs_with_the_defaults():

@@ -83,12 +83,12 @@ def write_counting_stream(folder: Path, block_tokens: int = 4, max_tokens: int =
     return version / "stream.json"
 
 
-def counting_runner(path: Path, allocate, is_cancelled=lambda stream: False, **options) -> StreamRunner:
+def counting_runner(path: Path, is_cancelled=lambda stream: False, **options) -> StreamRunner:
     """The engine and its loop on the model at `path`, driven by run_once (no thread)."""
     definition = load_stream(path)
     graphs = [Graph(g.path, [t.name for t in g.inputs], [t.name for t in g.outputs], 1, 1)
               for g in (definition.start, definition.step)]
     options = StreamOptions(**{"max_streams": 8, "joins_per_iteration": 4, "cache_blocks": 64, **options})
-    engine = StreamEngine("counting", definition, graphs[0], graphs[1], options, ["y", "total"], allocate)
+    engine = StreamEngine("counting", definition, graphs[0], graphs[1], options, ["y", "total"])
     scheduler = StreamScheduler(options.max_streams, options.joins_per_iteration, options.max_waiting)
     return StreamRunner(engine, scheduler, cancel_check_s=0.0, is_cancelled=is_cancelled)

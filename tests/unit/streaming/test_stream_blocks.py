@@ -7,7 +7,7 @@ from latte.backend.streaming.blocks import BlockPool, ShortOfBlocks, StatePool
 
 
 def test_blocks_are_taken_lowest_first_and_refused_past_the_pool_saying_how_many():
-    pool = BlockPool(5, 4, (2,), np.float32, np.empty)
+    pool = BlockPool(5, 4, (2,), np.float32)
     assert pool.take(2) == [1, 2] and pool.take(1) == [3]
     pool.give_back([1, 2])
     assert pool.free == 4 and pool.taken == 1
@@ -17,7 +17,7 @@ def test_blocks_are_taken_lowest_first_and_refused_past_the_pool_saying_how_many
 
 
 def test_a_streams_rows_come_back_gathered_in_order_past_its_blocks_zeros():
-    pool = BlockPool(8, 4, (3,), np.float32, np.empty)
+    pool = BlockPool(8, 4, (3,), np.float32)
     rows = np.arange(30, dtype=np.float32).reshape(10, 3)
     blocks = pool.take(pool.blocks_for(10))
     pool.write_rows(blocks, rows)
@@ -30,7 +30,7 @@ def test_a_streams_rows_come_back_gathered_in_order_past_its_blocks_zeros():
 
 
 def test_state_slots_gather_and_write_rows_of_every_tensor():
-    pool = StatePool(4, {"h": ((2,), np.float32), "t": ((1,), np.int64)}, np.empty)
+    pool = StatePool(4, {"h": ((2,), np.float32), "t": ((1,), np.int64)})
     a, b = pool.take(), pool.take()
     pool.write(np.array([a, b]), {"h": np.array([[1, 2], [3, 4]], np.float32), "t": np.array([[5], [6]])})
     got = pool.gather(np.array([b, a]))

@@ -41,14 +41,14 @@ def run(runner, limit=1000):
 
 
 def alone(model_path, x, max_tokens):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     s = stream(x, max_tokens)
     runner.submit([s])
     return run(runner)[s]
 
 
 def test_streams_joining_mid_batch_get_what_each_gets_alone(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     first = stream(2, max_tokens=10)
     runner.submit([first])
     seen = {}
@@ -67,7 +67,7 @@ def test_streams_joining_mid_batch_get_what_each_gets_alone(model_path):
 
 
 def test_at_most_joins_per_iteration_start_and_max_streams_run(model_path):
-    runner = counting_runner(model_path, np.empty, max_streams=6, joins_per_iteration=4)
+    runner = counting_runner(model_path, max_streams=6, joins_per_iteration=4)
     runner.submit([stream(1 + i, max_tokens=3) for i in range(10)])
     live = []
     for _ in range(4):
@@ -79,7 +79,7 @@ def test_at_most_joins_per_iteration_start_and_max_streams_run(model_path):
 
 
 def test_a_failing_stream_ends_naming_the_step_and_its_neighbours_go_on(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     unlucky, healthy = stream(11, max_tokens=10), stream(20, max_tokens=10)
     runner.submit([unlucky, healthy])
     seen = run(runner)
@@ -91,7 +91,7 @@ def test_a_failing_stream_ends_naming_the_step_and_its_neighbours_go_on(model_pa
 
 
 def test_bad_input_ends_only_its_own_stream(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     bad, good = stream(0), stream(5, max_tokens=3)
     runner.submit([bad, good])
     seen = run(runner)
@@ -102,7 +102,7 @@ def test_bad_input_ends_only_its_own_stream(model_path):
 
 def test_a_cancelled_stream_gives_its_blocks_back_within_one_iteration(model_path):
     gone = set()
-    runner = counting_runner(model_path, np.empty, is_cancelled=lambda s: s in gone)
+    runner = counting_runner(model_path, is_cancelled=lambda s: s in gone)
     leaving, staying = stream(9, max_tokens=50), stream(3, max_tokens=50)
     runner.submit([leaving, staying])
     for _ in range(3):
@@ -120,7 +120,7 @@ def test_a_cancelled_stream_gives_its_blocks_back_within_one_iteration(model_pat
 
 
 def test_a_stream_whose_cache_does_not_fit_is_refused_saying_so(model_path):
-    runner = counting_runner(model_path, np.empty, cache_blocks=6)
+    runner = counting_runner(model_path, cache_blocks=6)
     huge, small = stream(30), stream(2, max_tokens=3)   # 30 rows: 8 blocks of 4
     runner.submit([huge, small])
     seen = run(runner)
@@ -132,7 +132,7 @@ def test_a_stream_whose_cache_does_not_fit_is_refused_saying_so(model_path):
 
 
 def test_a_stream_that_outgrows_the_cache_ends_saying_so(model_path):
-    runner = counting_runner(model_path, np.empty, cache_blocks=6)
+    runner = counting_runner(model_path, cache_blocks=6)
     growing = stream(20, max_tokens=40)  # 20 rows fill 5 blocks of 4; the 6th holds 4 more
     runner.submit([growing])
     seen = run(runner)
@@ -143,7 +143,7 @@ def test_a_stream_that_outgrows_the_cache_ends_saying_so(model_path):
 
 
 def test_the_end_token_ends_without_an_output_and_done_with_its_output(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     ending, done = stream(97, max_tokens=20), stream(46, max_tokens=20)
     runner.submit([ending, done])
     seen = run(runner)
@@ -152,7 +152,7 @@ def test_the_end_token_ends_without_an_output_and_done_with_its_output(model_pat
 
 
 def test_a_response_not_streamed_is_one_joined_response(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     whole = stream(3, max_tokens=4, stream=False)
     runner.submit([whole])
     emissions = []
@@ -164,7 +164,7 @@ def test_a_response_not_streamed_is_one_joined_response(model_path):
 
 def test_a_stream_waiting_past_its_timeout_is_refused(model_path):
     clock = [0.0]
-    runner = counting_runner(model_path, np.empty, max_streams=1)
+    runner = counting_runner(model_path, max_streams=1)
     runner.clock = lambda: clock[0]
     running, waiting = stream(1, max_tokens=30), stream(2, timeout_ms=5.0)
     runner.submit([running, waiting])
@@ -176,7 +176,7 @@ def test_a_stream_waiting_past_its_timeout_is_refused(model_path):
 
 
 def test_higher_priority_joins_first(model_path):
-    runner = counting_runner(model_path, np.empty, max_streams=1, joins_per_iteration=1)
+    runner = counting_runner(model_path, max_streams=1, joins_per_iteration=1)
     low, high = stream(1, max_tokens=1), stream(2, max_tokens=1, priority=3)
     runner.submit([low, high])
     first = runner.run_once()
@@ -188,7 +188,7 @@ def test_held_state_is_what_the_live_streams_need_and_all_of_it_returns(model_pa
     iteration the blocks held are what the live streams' rows need, and at the end none."""
     rng = np.random.default_rng(7)
     gone = set()
-    runner = counting_runner(model_path, np.empty, max_streams=8, cache_blocks=200,
+    runner = counting_runner(model_path, max_streams=8, cache_blocks=200,
                              is_cancelled=lambda s: s in gone)
     streams = [stream(int(rng.integers(1, 12)), max_tokens=int(rng.integers(1, 30))) for _ in range(400)]
     cancel_at = {s: int(rng.integers(1, 10)) for s in streams if rng.random() < 0.25}
@@ -218,7 +218,7 @@ def test_a_reading_during_a_step_gets_the_figures_of_the_last_whole_iteration(mo
     way included: mid-step, a stream whose last block was full holds its next row's block before
     its row is counted, and a reading of the engine itself shows more held than needed; the
     runner's figures, taken after each whole iteration, never do, and follow the streams."""
-    runner = counting_runner(model_path, np.empty, cache_blocks=64)
+    runner = counting_runner(model_path, cache_blocks=64)
     runner.submit([stream(x, max_tokens=30) for x in range(1, 7)])
     readings = []
     step = runner.engine.step_graph.run_batch
@@ -241,7 +241,7 @@ def test_the_graphs_count_every_batch_without_growing_when_nobody_reads_their_fi
     from latte.backend.graph import graph as graph_module
 
     monkeypatch.setattr(graph_module, "UNFOLDED_BATCHES", 8)
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     runner.submit([stream(51, max_tokens=40), stream(60, max_tokens=30)])
     seen = run(runner)
     assert [len(ys) for ys, _, _ in seen.values()] == [40, 30]
@@ -251,7 +251,7 @@ def test_the_graphs_count_every_batch_without_growing_when_nobody_reads_their_fi
 
 
 def test_a_joining_streams_first_output_comes_before_the_step_of_those_already_running(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     old = stream(2, max_tokens=10)
     runner.submit([old])
     runner.run_once()
@@ -274,7 +274,7 @@ def test_running_streams_are_asked_about_cancellation_a_few_an_iteration_each_on
         asked.append((now[0], s))
         return False
 
-    runner = counting_runner(model_path, np.empty, is_cancelled=is_cancelled, max_streams=16, joins_per_iteration=16,
+    runner = counting_runner(model_path, is_cancelled=is_cancelled, max_streams=16, joins_per_iteration=16,
                              cache_blocks=512)
     runner.clock, runner.cancel_check_s = (lambda: now[0]), 0.05
     together = [stream(51, max_tokens=200) for _ in range(16)]  # all arrive at 0; each ends at 100
@@ -433,7 +433,7 @@ def test_a_deep_queue_keeps_its_questions_within_the_budget_and_leaves_the_runni
 
 
 def test_the_finish_reason_is_the_models_end_or_its_full_context_and_the_end_token_closes(model_path):
-    runner = counting_runner(model_path, np.empty, cache_blocks=128)
+    runner = counting_runner(model_path, cache_blocks=128)
     asked = StreamControls(max_tokens=20, additional=("finish_reason", "num_output_tokens"))
     # 97 meets the end token (100); 46 the model's end (50 says done); 251 fills the 256-row context
     ending, done, full = (Stream({"x": np.array([x], dtype=np.int64)}, asked, 0.0) for x in (97, 46, 251))
@@ -462,7 +462,7 @@ def widen(graph, output):
 
 
 def test_a_start_that_makes_state_of_another_shape_fails_its_streams_and_keeps_nothing(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     graph = runner.engine.start_graph
     real = widen(graph, "token")
     odd = [stream(2), stream(3)]
@@ -480,7 +480,7 @@ def test_a_start_that_makes_state_of_another_shape_fails_its_streams_and_keeps_n
 
 
 def test_a_step_that_makes_state_of_another_shape_fails_the_batch_and_keeps_nothing(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     widen(runner.engine.step_graph, "next_token")
     both = [stream(2), stream(3)]
     runner.submit(both)
@@ -494,7 +494,7 @@ def test_a_step_that_makes_state_of_another_shape_fails_the_batch_and_keeps_noth
 
 
 def test_a_prompt_leaves_the_running_streams_the_blocks_their_next_rows_take(model_path):
-    runner = counting_runner(model_path, np.empty, cache_blocks=3)
+    runner = counting_runner(model_path, cache_blocks=3)
     running = stream(4, max_tokens=3)  # a prompt of 4 rows fills its one block: its next row takes another
     runner.submit([running])
     seen = {}
@@ -511,7 +511,7 @@ def test_a_prompt_leaves_the_running_streams_the_blocks_their_next_rows_take(mod
 
 
 def test_memory_the_start_could_not_get_is_out_of_memory_not_the_models_failure(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
 
     def exhausted(batch):
         raise MemoryError("the arena has 0 of 4096 bytes free")

@@ -51,7 +51,7 @@ def counting_path(tmp_path_factory):
 
 
 def test_a_padded_batch_gives_each_stream_its_own_outputs_and_writes_nothing_for_the_pad(counting_path):
-    runner = counting_runner(counting_path, np.empty)
+    runner = counting_runner(counting_path)
     runner.engine.min_rows = 4
     controls = StreamControls(stream=True, max_tokens=6, options=RequestOptions())
     one, two = Stream({"x": np.array([3], dtype=np.int64)}, controls, 0.0), \

@@ -99,7 +99,7 @@ def _until(condition, seconds=10.0):
 
 
 def test_a_newcomers_first_output_is_sent_before_the_backlog_of_running_streams(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     (outbox,) = runner.outboxes
     old = stream(14, max_tokens=200)   # done at 50 (counting_stream.py)
     runner.submit([old])
@@ -128,7 +128,7 @@ def test_a_newcomers_first_output_is_sent_before_the_backlog_of_running_streams(
 
 
 def test_a_stream_that_arrives_during_a_step_starts_before_the_steps_outputs_are_posted(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     (outbox,) = runner.outboxes
     posted, newcomer = [], stream(51, max_tokens=3)
     put = outbox.put
@@ -161,7 +161,7 @@ def test_a_stream_that_arrives_during_a_step_starts_before_the_steps_outputs_are
 
 
 def test_with_nothing_to_step_the_loop_sends_a_newcomers_first_output_itself(model_path):
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     (outbox,) = runner.outboxes
     sent_by_loop = []
     runner.send = lambda *emission: sent_by_loop.append((threading.current_thread().name, emission))
@@ -193,7 +193,7 @@ def test_the_loop_makes_the_responses_and_ends_a_stream_whose_output_it_cannot_m
             raise RuntimeError("an output the response cannot carry")
         return ("response", outcome)
 
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     runner.prepare = prepare
     (outbox,) = runner.outboxes
     runner.submit([stream(14, max_tokens=4)])
@@ -249,7 +249,7 @@ def test_a_send_that_fails_ends_that_stream_alone_with_a_final_error():
 def test_a_stream_whose_response_could_not_be_sent_ends_with_that_error_not_as_cancelled(model_path):
     from latte.backend.errors import ModelError
 
-    runner = counting_runner(model_path, np.empty)
+    runner = counting_runner(model_path)
     broken, beside = stream(14, max_tokens=6), stream(30, max_tokens=3)
     runner.submit([broken, beside])
     runner.run_once()  # both start
