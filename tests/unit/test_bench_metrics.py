@@ -3,7 +3,7 @@
 import pytest
 
 from latte.bench.arena import arena_figures
-from latte.bench.prometheus_scrape import MetricsFormatError, parse_prometheus, series_key, total
+from latte.bench.prometheus_scrape import MetricsFormatError, parse_prometheus, series_key, split_key, total
 from latte.bench.triton_stats import StatsError, parse_stats
 
 TRITON_TEXT = """\
@@ -38,16 +38,19 @@ def test_totals_sum_series_by_label():
     assert total(values, "nv_no_such_series") is None
 
 
-def test_labels_with_escapes_and_timestamps_parse():
-    values = parse_prometheus('latte_x{path="a\\"b",z="1"} 2.5 1700000000000\n')
-    assert values == {series_key("latte_x", {"path": 'a\\"b', "z": "1"}): 2.5}
+def test_labels_with_escapes_and_timestamps_parse_and_the_key_gives_the_labels_back():
+    values = parse_prometheus('latte_x{path="a\\"b\\\\c\\nd",z="1"} 2.5 1700000000000\n')
+    labels = {"path": 'a"b\\c\nd', "z": "1"}
+    assert values == {series_key("latte_x", labels): 2.5}
+    assert split_key(next(iter(values))) == ("latte_x", labels)
+    assert total(values, "latte_x", path='a"b\\c\nd') == 2.5
 
 
 def test_a_malformed_line_names_its_line_number():
     with pytest.raises(MetricsFormatError, match="line 2"):
         parse_prometheus("nv_ok 1\nthis is not a metric line at all\n")
-    with pytest.raises(MetricsFormatError, match="non-numeric"):
-        parse_prometheus("nv_bad{a=\"b\"} many\n")
+    with pytest.raises(MetricsFormatError, match="line 3 .*many"):
+        parse_prometheus("# TYPE nv_ok counter\nnv_ok 1\nnv_bad{a=\"b\"} many\n")
 
 
 def test_arena_figures_are_read_per_model_from_the_backends_labelled_series():

@@ -1,4 +1,5 @@
-"""Prometheus text exposition parsing and a background sampler of metrics and process memory."""
+"""Prometheus text exposition parsing (prometheus_client's) and a background sampler of metrics
+and process memory."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from latte.bench import procmem
 
 # Series the reports keep: Triton's own (nv_*) and Latte's (latte_*), whatever exists.
 KEPT_PREFIXES = ("nv_", "latte_")
 
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\d+)?$")
+# The keys' own notation, name{k="v",...}: series_key writes it, split_key reads it back.
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_UNESCAPE = re.compile(r"\\(.)")
 
 
 class MetricsFormatError(ValueError):
@@ -27,28 +31,38 @@ def series_key(name: str, labels: Dict[str, str]) -> str:
     """One flat key per series, e.g. nv_inference_count{model="mlp_onnx",version="1"}."""
     if not labels:
         return name
-    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    inner = ",".join(f'{k}="{_escaped(v)}"' for k, v in sorted(labels.items()))
     return f"{name}{{{inner}}}"
 
 
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def parse_prometheus(text: str, prefixes: Tuple[str, ...] = KEPT_PREFIXES) -> Dict[str, float]:
-    """Parse the text format into {series key: value}, keeping series whose name has a prefix."""
+    """Parse the text format into {series key: value}, keeping series whose name has a prefix.
+
+    prometheus_client's parser reads the samples. The comment lines (HELP, TYPE) are left out
+    first, so every series is read as written: typed, the library would name a counter's samples
+    NAME_total as OpenMetrics does (Triton's nv_inference_count, latte's _bucket counters). It
+    costs about 5x the regular expression this replaced (8.3 ms against 1.7 ms for a page of
+    600 series), read every 0.5 s by a benchmark's sampler and every 5 s by the supervisor.
+    """
+    numbered = [(number, line) for number, line in enumerate(text.splitlines(), 1)
+                if line.strip() and not line.lstrip().startswith("#")]
     values: Dict[str, float] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
-            raise MetricsFormatError(f"metrics line {number} is not 'name{{labels}} value': {line[:120]!r}")
-        name = match["name"]
-        if prefixes and not name.startswith(prefixes):
-            continue
-        labels = dict(_LABEL.findall(match["labels"] or ""))
-        try:
-            values[series_key(name, labels)] = float(match["value"])
-        except ValueError:
-            raise MetricsFormatError(f"metrics line {number} has a non-numeric value: {line[:120]!r}") from None
+    # Untyped, each sample line is a family of its own, so the families count the lines read.
+    families = text_string_to_metric_families("\n".join(line for _, line in numbered))
+    read = 0
+    try:
+        for read, family in enumerate(families, 1):
+            for sample in family.samples:
+                if not prefixes or sample.name.startswith(prefixes):
+                    values[series_key(sample.name, sample.labels)] = float(sample.value)
+    except ValueError as exc:
+        number, line = numbered[read]
+        raise MetricsFormatError(f"metrics line {number} is not 'name{{labels}} value' ({exc}): "
+                                 f"{line.strip()[:120]!r}") from None
     return values
 
 
@@ -58,8 +72,13 @@ def scrape(url: str, timeout: float = 2.0) -> Dict[str, float]:
 
 
 def split_key(key: str) -> Tuple[str, Dict[str, str]]:
+    """series_key's name and labels again."""
     name, _, rest = key.partition("{")
-    return name, dict(_LABEL.findall(rest))
+    return name, {k: _UNESCAPE.sub(_unescape, v) if "\\" in v else v for k, v in _LABEL.findall(rest)}
+
+
+def _unescape(match: "re.Match[str]") -> str:
+    return "\n" if match[1] == "n" else match[1]
 
 
 def total(values: Dict[str, float], name: str, **labels: str) -> Optional[float]:
