@@ -10,23 +10,23 @@ Python backend's side of the IPC), the model's own stub processes, and the load 
 
 from __future__ import annotations
 
-import os
 import re
 import resource
 from dataclasses import dataclass
 from typing import Dict, List
 
+import psutil
+
 from latte.bench import procmem
 
-_TICKS = os.sysconf("SC_CLK_TCK")
 
-
+@procmem.os_errors
 def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads) so far."""
-    stat = (procmem.PROC / str(pid) / "stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()
-    # After the parenthesised name: state is field 3, utime field 14, stime field 15.
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    """User + system CPU seconds of a process (all its threads) so far: /proc/PID/stat's utime
+    and stime, through psutil. That costs 18 µs a call against 12 µs for reading the file by
+    hand; the supervisor reads it once a second per stub, the benchmarks at a measurement's ends."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def box_busy_seconds() -> float:
@@ -34,9 +34,8 @@ def box_busy_seconds() -> float:
     /proc/stat's user, nice, system, irq and softirq. Idle and iowait are not work, and neither
     is steal (the hypervisor running another guest on this one's core); guest time is counted
     in user and nice already."""
-    user, nice, system, _idle, _iowait, irq, softirq = (
-        int(v) for v in (procmem.PROC / "stat").read_text().split("\n", 1)[0].split()[1:8])
-    return (user + nice + system + irq + softirq) / _TICKS
+    times = psutil.cpu_times()
+    return times.user + times.nice + times.system + times.irq + times.softirq
 
 
 def children_cpu_seconds() -> float:
