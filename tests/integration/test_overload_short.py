@@ -1,11 +1,11 @@
 """A short overload step in the default suite: 3x capacity, two priority classes, abandoned sessions.
 
 Checks: every request sent got exactly one answer (success or error); the server's queue sheds
-low-priority requests and never a high-priority one, and high-priority requests are not starved
-(their median, not their tail: see HIGH_MEDIAN_MS); the server is ready afterwards,
-every arena block and session the step took is given back, and memory is back near the pre-step
-baseline: the model's stub within 10 %, tritonserver within 40 % (see SERVER_RSS_GROWTH; the
-30 s run of benchmarks/overload.py gives the figures).
+low-priority requests and never a high-priority one, and high-priority requests are served ahead
+of the low class's (their median below its, see the step's test); the server is ready afterwards,
+every arena block and session the step took is given back, and neither tritonserver nor the
+model's stub kept the step's requests (see KEPT_SHARE; the 30 s run of benchmarks/overload.py
+gives the figures).
 """
 
 import json
@@ -26,25 +26,25 @@ MODEL = "sequence_onnx"
 # What the load generator records for a request it had no slot for: not sent, so not the server's shedding.
 CLIENT_SHED = "client in-flight limit reached"
 # Each run measures capacity afresh; one measured while the model was cold or neighbours held
-# the cores makes "3x" no overload (the server's queue sheds nothing), and the step runs again.
+# the cores makes "3x" no overload (the server's queue sheds little or nothing), and the step
+# runs again. An overloaded step keeps the low class's queue full: whatever the box, it sheds
+# the low class's excess, 0.73 of it on a quiet box at 3x. A fifth shed means the queue stayed
+# full through the step, so its requests waited their turn behind it.
 ATTEMPTS = 3
+OVERLOADED_SHED = 0.2
 # A tenth of the step at high priority, 0.3x the capacity measured: that measurement, 3 s in
 # closed loop, ranged over 135-406 req/s across our runs on a quiet or busy box, and a high class
 # above what the server then sustains queues without end (it is never shed), whatever the priority.
 HIGH_SHARE = 0.1
-# The high class's tail is the benchmark's objective (500 ms), not a bound here: one instance
-# serves it, which Triton 2.51's batcher stalls ~500 ms at a time behind priority levels
-# (docs/backend.md, Priorities), more often on a busy box, and a stall holds every high request
-# that arrives meanwhile, so one stall in the step can make the P99. Its median is held instead:
-# 10-14 ms quiet, 15-32 ms with one of the 2 cores busy (114-486 ms at twice HIGH_SHARE), far
-# below the 6 s step that high requests starved behind the low class would wait out.
-HIGH_MEDIAN_MS = 1000
-# glibc keeps part of what the step's queued requests used, more when a slow box keeps more of
-# them queued at once (the client's 512 in flight bound it): of a ~47 MiB tritonserver, +2-6 %
-# quiet or with one of the 2 cores busy, +30 % once at twice HIGH_SHARE on the busy box. Each
-# request carries 8 KiB of tokens: a server that kept them would grow by 20 MiB (over 40 %)
-# across a step's 2,500 or more requests.
-SERVER_RSS_GROWTH = 0.40
+# Each request carries 8 rows of 128 int64 tokens. A process that kept each of the step's
+# requests grows by at least the bytes they carried (12,000 requests, 94 MiB, on a quiet box;
+# 2,400, 19 MiB, where capacity measured 135 req/s). What glibc keeps of the step's queued
+# requests is bounded by how many were queued at once (the client's 512 in flight), not by how
+# many were sent: tritonserver grew 9 MiB (19 %) on a quiet box, the stub under 1 %. So each
+# process's growth is held to half the bytes the step's requests carried, a bound that a busy
+# box, which sends fewer requests and queues no more at once, leaves as wide.
+REQUEST_BYTES = 8 * 128 * 8
+KEPT_SHARE = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,10 @@ def test_the_variant_config_has_two_priority_levels_and_a_shedding_queue(overloa
     assert 'key: "session_input"' in config and 'key: "session_ttl_s"' in config
 
 
+def server_shed_rate(report: dict) -> float:
+    return server_shed(report) / report["sent"] if report["sent"] else 0.0
+
+
 def test_a_three_times_capacity_step_sheds_only_low_priority(overload_server):
     server = overload_server
     target = Target(server.http_url, server.grpc_url, server.metrics_url, server.process.pid, started_here=True)
@@ -89,7 +93,7 @@ def test_a_three_times_capacity_step_sheds_only_low_priority(overload_server):
                                     lengths=LengthDistribution.parse("fixed:length=128"))
         result = run_overload(target, settings)
         print(json.dumps({k: v for k, v in result.items() if k != "memory"}, indent=1))
-        if server_shed(result["per_phase"]["step"]["low"]):
+        if server_shed_rate(result["per_phase"]["step"]["low"]) >= OVERLOADED_SHED:
             break
     whole = result["whole_run"]
     assert whole["every_request_answered_once"], whole
@@ -98,14 +102,19 @@ def test_a_three_times_capacity_step_sheds_only_low_priority(overload_server):
         assert step[cls]["answered"] == step[cls]["sent"] == step[cls]["succeeded"] + step[cls]["failed"]
     # The overload fell on the low class: its queue shed, level 1's policy never does. The
     # client's own limit, when a slow box fills it, sheds both classes alike.
-    assert server_shed(step["low"]) > 0, step["low"]
+    assert server_shed_rate(step["low"]) >= OVERLOADED_SHED, step["low"]
     assert server_shed(step["high"]) == 0, step["high"]
     assert step["low"]["shed_rate"] > step["high"]["shed_rate"]
-    assert step["high"]["p50_ms"] <= HIGH_MEDIAN_MS, step["high"]
+    # Served ahead of the low class's full queue, not starved behind it: its median below the
+    # low class's (10-32 ms against 90 ms or more, the low requests that waited their turn).
+    assert step["high"]["succeeded"] > 0 and step["high"]["p50_ms"] < step["low"]["p50_ms"], step
     assert result["server_alive_after"]
     # The vanished clients' sessions were open during the step and reclaimed by their idle TTL.
     assert result["abandoned_sessions"] == 16
     assert result["sessions_peak"] >= 16 and result["live_sessions_after"] == 0
     assert arena_live_bytes(server) == 0      # every block the step's batches and sessions took is back
-    assert result["memory_return"]["server_rss_after_vs_baseline"] <= SERVER_RSS_GROWTH, result["memory"]
-    assert result["memory_return"]["stubs_rss_after_vs_baseline"] <= 0.10, result["memory"]
+    carried_mib = (step["high"]["sent"] + step["low"]["sent"]) * REQUEST_BYTES / 2**20
+    memory = result["memory"]
+    for process in ("server", "stubs"):
+        grown = memory["after"][f"{process}_rss_mb"] - memory["baseline"][f"{process}_rss_mb"]
+        assert grown <= KEPT_SHARE * carried_mib, (process, grown, carried_mib, memory)
