@@ -1,6 +1,7 @@
-"""docs/benchmarks.md is rendered from benchmarks/results/*.json: the page, its charts and
-README's figures agree with the results files, and a results file the page could not show
-faithfully is refused with a line that names it."""
+"""docs/benchmarks.md and its areas' pages (docs/benchmarks/<area>.md) are rendered from
+benchmarks/results/*.json: the pages, their charts and README's figures agree with the results
+files, the main page reads in a minute, every link between the pages resolves, and a results
+file the pages could not show faithfully is refused with a line that names it."""
 
 import os
 import re
@@ -8,13 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from latte.bench.page import chart_file, render_markdown
+from latte.bench.page import anchor, chart_file, render_area, render_markdown, render_pages
 from latte.bench.results import (AREAS, Chart, Results, ResultsError, Series, Table, Target, read_all, read_results,
                                  write_results)
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-PAGE = ROOT / "docs" / "benchmarks.md"
+DOCS = ROOT / "docs"
+PAGE = DOCS / "benchmarks.md"
+AREA_PAGES = DOCS / "benchmarks"
+# A reader takes the main page in at a glance; a cell stays within a line or two.
+MAIN_PAGE_LINES = 150
+CELL_CHARS = 200
 # A ratio (3.78x), a percentage (+0.2 %), or a range of either (3.28-4.46x).
 FIGURE = re.compile(r"([+\-−]?\d[\d,]*(?:\.\d+)?)(?:[-–]([+\-−]?\d[\d,]*(?:\.\d+)?))?(x\b|\s?%)")
 
@@ -37,34 +43,93 @@ def appears(figure: str, page: str) -> bool:
     return re.search(r"(?<![\d.,])[+\-]?" + re.escape(unsigned) + r"(?![\d])", page) is not None
 
 
-def test_the_page_is_what_its_results_render():
-    rendered = render_markdown(read_all(RESULTS))
-    assert PAGE.read_text() == rendered, \
-        "docs/benchmarks.md differs from benchmarks/results: run .venv/bin/python -m latte.bench.page"
+def test_the_pages_are_what_their_results_render():
+    rendered = render_pages(read_all(RESULTS))
+    for relative, text in rendered.items():
+        assert (DOCS / relative).read_text() == text, \
+            f"docs/{relative} differs from benchmarks/results: run .venv/bin/python -m latte.bench.page"
+    on_disk = {f"benchmarks/{p.name}" for p in AREA_PAGES.glob("*.md")}
+    assert on_disk == set(rendered) - {"benchmarks.md"}, "an area page no results file renders"
 
 
-def test_every_chart_the_page_shows_is_on_disk():
-    charts = [chart_file(c) for r in read_all(RESULTS) for c in r.charts]
-    assert charts, "the page has no charts"
-    for relative in charts:
-        assert (PAGE.parent / relative).is_file(), relative
-        assert f"]({relative})" in PAGE.read_text()
+def test_every_chart_is_on_disk_and_shown_on_its_areas_page():
+    results = read_all(RESULTS)
+    assert any(r.charts for r in results), "the pages have no charts"
+    for r in results:
+        for chart in r.charts:
+            assert (DOCS / chart_file(chart)).is_file(), chart_file(chart)
+            assert f"](../{chart_file(chart)})" in (AREA_PAGES / f"{r.area}.md").read_text()
 
 
-def test_the_page_covers_every_area_a_reader_looks_for():
-    areas = {r.area for r in read_all(RESULTS)}
-    assert {"serving", "pipelines", "generator", "allocator", "gpu", "soak", "overload", "cache"} <= areas
-    for r in read_all(RESULTS):
-        assert r.command and r.machine and r.revision and r.date, r.benchmark
+def table_cells(text: str):
+    """Every cell of every markdown table of `text` (an escaped pipe stays inside its cell)."""
+    return [cell.strip() for line in text.splitlines() if line.startswith("|")
+            for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
 
 
-def test_each_figure_readme_states_is_on_the_page():
+def test_the_main_page_is_short_and_links_each_areas_page():
+    main = PAGE.read_text()
+    assert len(main.splitlines()) <= MAIN_PAGE_LINES
+    for area in {r.area for r in read_all(RESULTS)}:
+        assert f"](benchmarks/{area}.md)" in main, area
+        assert (AREA_PAGES / f"{area}.md").is_file(), area
+    assert "Measured " not in main and "    .venv/bin/python" not in main  # the runs are on their areas' pages
+
+
+def test_no_cell_of_any_page_runs_over_a_line_or_two():
+    for page in [PAGE, *AREA_PAGES.glob("*.md")]:
+        cells = table_cells(page.read_text())
+        assert cells, page.name
+        longest = max(cells, key=len)
+        assert len(longest) <= CELL_CHARS, f"{page.name}: a cell of {len(longest)} characters: {longest[:80]}..."
+
+
+def test_table_cells_are_split_at_unescaped_pipes_only():
+    assert table_cells("| a | b \\| c |\n|---|---|\ntext | not a row\n") == ["a", "b \\| c", "---", "---"]
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def headings_anchors(text: str):
+    return {anchor(line.lstrip("#").strip()) for line in text.splitlines() if re.match(r"#{1,6} ", line)}
+
+
+def links_to_the_pages():
+    """(page, target) of every link on the benchmark pages, and of README's and the docs' links to them."""
+    for page in [PAGE, *AREA_PAGES.glob("*.md")]:
+        yield from ((page, target) for target in LINK.findall(page.read_text()) if "://" not in target)
+    for page in [ROOT / "README.md", *(p for p in DOCS.glob("*.md") if p != PAGE)]:
+        yield from ((page, target) for target in LINK.findall(page.read_text()) if "benchmarks.md" in target
+                    or "benchmarks/" in target and target.endswith(".md"))
+
+
+def test_every_link_to_and_between_the_pages_resolves():
+    checked = 0
+    for page, target in links_to_the_pages():
+        path, _, fragment = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        assert resolved.is_file(), f"{page.name}: {target}"
+        if fragment:
+            assert fragment in headings_anchors(resolved.read_text()), f"{page.name}: {target}"
+        checked += 1
+    assert checked > 100, checked  # the summary's rows, the areas' pages, their charts
+
+
+def test_a_link_to_a_heading_that_is_not_there_is_caught():
+    text = "# Serving benchmarks\n\n## Serving ranker: latte against the stock Python backend\n"
+    assert "serving-ranker-latte-against-the-stock-python-backend" in headings_anchors(text)
+    assert "serving-ranker" not in headings_anchors(text)
+    assert LINK.findall("[a](benchmarks/gpu.md#x) and ![c](../img/b.svg)") == ["benchmarks/gpu.md#x", "../img/b.svg"]
+
+
+def test_each_figure_readme_states_is_on_the_pages():
     readme = (ROOT / "README.md").read_text()
-    page = normalized(PAGE.read_text())
+    pages = normalized("\n".join(p.read_text() for p in [PAGE, *AREA_PAGES.glob("*.md")]))
     stated = figures_of(readme)
     assert len(stated) >= 10, stated
-    missing = [f for f in stated if not appears(f, page)]
-    assert not missing, f"README states figures that docs/benchmarks.md does not hold: {missing}"
+    missing = [f for f in stated if not appears(f, pages)]
+    assert not missing, f"README states figures that docs/benchmarks.md and its areas' pages do not hold: {missing}"
 
 
 def test_a_figure_not_on_the_page_is_caught():
@@ -129,18 +194,24 @@ def test_a_file_named_otherwise_than_its_benchmark_is_refused(tmp_path):
         read_results(tmp_path / "other.json")
 
 
-def test_the_summary_links_each_target_to_its_section_and_lists_what_is_not_met():
-    page = render_markdown([example(targets=[Target("a", "0.9x", "no", why="the box"), Target("b", "2x", "yes")])])
-    assert "| [Serving](#an-example) | a | 0.9x | no: the box |" in page
-    assert "| [Serving](#an-example) | b | 2x | yes |" in page
-    assert "- a: no, 0.9x. Why: the box." in page
-    assert "### An example" in page and "    .venv/bin/python x.py" in page
-    assert "![t](img/benchmarks/serving-example.svg)" in page
+def test_the_summary_links_each_target_to_its_run_whose_areas_page_says_why_it_is_not_met():
+    run = example(targets=[Target("a", "0.9x", "no", why="the box"), Target("b", "2x", "yes")])
+    main = render_markdown([run])
+    assert "| [Serving](benchmarks/serving.md#an-example) | a | 0.9x | no |" in main
+    assert "| [Serving](benchmarks/serving.md#an-example) | b | 2x | yes |" in main
+    assert "the box" not in main
+    area = render_pages([run])["benchmarks/serving.md"]
+    assert area.startswith("# Serving benchmarks: latte against Triton's stock Python backend\n")
+    assert "[All areas](../benchmarks.md)" in area
+    assert "- a: no, 0.9x. Why: the box." in area
+    assert "## An example" in area and "    .venv/bin/python x.py" in area
+    assert "![t](../img/benchmarks/serving-example.svg)" in area
 
 
-def test_a_load_above_the_quiet_line_is_said_on_the_page():
-    assert "load average at the start 0.80 (above 0.5: not a quiet machine)" in render_markdown([example(load_at_start=0.8)])
-    assert "load average at the start 0.30;" in render_markdown([example()])
+def test_a_load_above_the_quiet_line_is_said_on_the_areas_page():
+    assert "load average at the start 0.80 (above 0.5: not a quiet machine)" in \
+        render_area("Serving", [example(load_at_start=0.8)])
+    assert "load average at the start 0.30;" in render_area("Serving", [example()])
 
 
 def commands_of_the_page():
@@ -209,16 +280,16 @@ def test_the_page_opens_with_each_areas_targets_counted():
                                              Target("c", "1.1x", "partly")]),
                             example(benchmark="other", area="soak", title="A soak")])
     assert page.index("## At a glance") < page.index("## Summary")
-    assert "| [Serving](#serving-latte-against-tritons-stock-python-backend) | 1 of 3 | 1 | 1 |" in page
-    assert "| [Soak](#soak) | 1 of 1 | 0 | 0 |" in page
+    assert "| [Serving](benchmarks/serving.md) | 1 of 3 | 1 | 1 |" in page
+    assert "| [Soak](benchmarks/soak.md) | 1 of 1 | 0 | 0 |" in page
 
 
 def test_a_runs_first_table_shows_and_the_rest_fold_away():
     tables = [Table("", ["model", "ratio"], [["ranker", "1.20x"]]),
               Table("Level by level:", ["level", "ratio"], [["1", "0.9x"]]),
               Table("CPU per request:", ["level", "us"], [["1", "300"]])]
-    page = render_markdown([example(tables=tables)])
+    page = render_area("Serving", [example(tables=tables)])
     headline, folded = page.index("| ranker | 1.20x |"), page.index("<details>")
     assert headline < folded < page.index("Level by level:") < page.index("CPU per request:") < page.index("</details>")
     assert "<summary>2 more tables</summary>" in page
-    assert "<details>" not in render_markdown([example()])  # one table: nothing to fold
+    assert "<details>" not in render_area("Serving", [example()])  # one table: nothing to fold

@@ -1,11 +1,13 @@
-"""docs/benchmarks.md, rendered from benchmarks/results/*.json with its charts.
+"""docs/benchmarks.md and a page per area (docs/benchmarks/<area>.md), rendered from
+benchmarks/results/*.json with their charts.
 
     .venv/bin/python -m latte.bench.page
 
-The page holds today's figures only: a summary of every target, then one section per area,
-each benchmark's tables with the command, machine, load and revision that produced them, its
-charts, and what is not met and why. A test renders it again and compares (a figure typed
-into the page by hand fails it).
+The pages hold today's figures only. docs/benchmarks.md counts each area's targets met and
+lists every target with its figure, each linked to its run on the area's page. An area's page
+has each of its benchmarks: the command, machine, load and revision that produced it, its
+tables and charts, its notes, and what is not met and why. A test renders them again and
+compares (a figure typed into a page by hand fails it).
 """
 
 from __future__ import annotations
@@ -18,14 +20,16 @@ from typing import Dict, List, Sequence, Tuple
 from latte.bench.quiet import QUIET_LOAD
 from latte.bench.results import AREAS, Chart, Results, ResultsError, Table, by_area, read_all
 
-IMAGES = "img/benchmarks"       # relative to the page
-HEADER = """# Benchmarks
+MAIN = "benchmarks.md"
+AREA_PAGES = "benchmarks"       # the areas' pages, relative to the main page
+IMAGES = "img/benchmarks"       # relative to the main page
+RENDERED = "Today's figures, rendered from `benchmarks/results/*.json` by\n`.venv/bin/python -m latte.bench.page`"
+HEADER = f"""# Benchmarks
 
-Today's figures, rendered from `benchmarks/results/*.json` by
-`.venv/bin/python -m latte.bench.page`; do not edit this page by hand. Each benchmark run
-rewrites its results file, and git keeps the earlier runs. Every figure names the command
-that reproduces it, the machine, the 1-minute load average when it started, the date (UTC) and
-the revision it ran on.
+{RENDERED}; do not edit these pages by hand. Each area has a page
+of its own: every run's command (run from the repository root), the machine, the 1-minute load
+average when it started, the date (UTC) and the revision, its tables and charts, and why a
+target is not met. Each benchmark run rewrites its results file, and git keeps the earlier runs.
 """
 
 
@@ -45,13 +49,26 @@ def anchor(heading: str) -> str:
     return kept.replace(" ", "-")
 
 
+def area_page(area: str) -> str:
+    """An area's page, relative to the main page: benchmarks/serving.md."""
+    return f"{AREA_PAGES}/{area}.md"
+
+
+def area_title(heading: str) -> str:
+    """'Serving: latte against ...' -> 'Serving benchmarks: latte against ...'."""
+    name, colon, rest = heading.partition(":")
+    return f"{name} benchmarks{colon}{rest}"
+
+
+def short_name(area: str) -> str:
+    return dict(AREAS)[area].split(":")[0]
+
+
 def summary_table(results: Sequence[Results]) -> Table:
     rows = []
-    headings = dict(AREAS)
     for r in results:
-        link = f"[{headings[r.area].split(':')[0]}](#{anchor(r.title)})"
-        for t in r.targets:
-            rows.append([link, t.target, t.measured, t.met + (f": {t.why}" if t.why and t.met != "yes" else "")])
+        link = f"[{short_name(r.area)}]({area_page(r.area)}#{anchor(r.title)})"
+        rows += [[link, t.target, t.measured, t.met] for t in r.targets]
     return Table("", ["area", "target", "measured", "met"], rows)
 
 
@@ -63,23 +80,25 @@ def glance_table(results: Sequence[Results]) -> Table:
         for t in r.targets:
             tally[t.met] += 1
     rows = []
-    for area, heading in AREAS:
+    for area, _ in AREAS:
         if area in counts:
             tally = counts[area]
             total = sum(tally.values())
-            rows.append([f"[{heading.split(':')[0]}](#{anchor(heading)})", f"{tally['yes']} of {total}",
+            rows.append([f"[{short_name(area)}]({area_page(area)})", f"{tally['yes']} of {total}",
                          str(tally["partly"]), str(tally["no"])])
     return Table("", ["area", "targets met", "partly", "not met"], rows)
 
 
 def chart_file(chart: Chart) -> str:
+    """The chart's image, relative to the main page."""
     return f"{IMAGES}/{chart.name}.svg"
 
 
 def section(r: Results) -> List[str]:
+    """One run on its area's page."""
     load = "not recorded as one figure" if r.load_at_start is None else f"{r.load_at_start:.2f}"
     quiet = "" if r.load_at_start is None or r.load_at_start < QUIET_LOAD else f" (above {QUIET_LOAD}: not a quiet machine)"
-    lines = [f"### {r.title}", "",
+    lines = [f"## {r.title}", "",
              f"Measured {r.date} UTC on {r.machine}; load average at the start {load}{quiet}; revision "
              f"{r.revision}.", "",
              f"    {r.command}", ""]
@@ -96,7 +115,7 @@ def section(r: Results) -> List[str]:
     if len(r.tables) > 1:
         lines += ["</details>", ""]
     for chart in r.charts:
-        lines += [f"![{chart.title}]({chart_file(chart)})", ""]
+        lines += [f"![{chart.title}](../{chart_file(chart)})", ""]
     lines += [f"- {note}" for note in r.notes] + ([""] if r.notes else [])
     missed = [t for t in r.targets if t.met != "yes"]
     if missed:
@@ -107,17 +126,35 @@ def section(r: Results) -> List[str]:
     return lines
 
 
+def _page(lines: List[str]) -> str:
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
 def render_markdown(results: Sequence[Results]) -> str:
+    """The main page: each area's targets counted, then every target with its figure."""
     lines = [HEADER, "## At a glance", ""] + markdown_table(glance_table(results)) + [""]
-    lines += ["## Summary", ""] + markdown_table(summary_table(results)) + [""]
+    lines += ["## Summary", "", "Each target links to its run, where a target not met says why.", ""]
+    lines += markdown_table(summary_table(results))
+    return _page(lines)
+
+
+def render_area(heading: str, results: Sequence[Results]) -> str:
+    """An area's page: each of its runs in full."""
+    lines = [f"# {area_title(heading)}", "",
+             f"[All areas](../{MAIN}). {RENDERED}; every command runs from the repository root.", ""]
+    for r in results:
+        lines += section(r)
+    return _page(lines)
+
+
+def render_pages(results: Sequence[Results]) -> Dict[str, str]:
+    """Every page by its path relative to the main page's folder: benchmarks.md, benchmarks/<area>.md."""
+    pages = {MAIN: render_markdown(results)}
     grouped = by_area(results)
     for area, heading in AREAS:
-        if area not in grouped:
-            continue
-        lines += [f"## {heading}", ""]
-        for r in grouped[area]:
-            lines += section(r)
-    return "\n".join(lines).rstrip("\n") + "\n"
+        if area in grouped:
+            pages[area_page(area)] = render_area(heading, grouped[area])
+    return pages
 
 
 def draw(chart: Chart) -> bytes:
@@ -157,10 +194,18 @@ def draw(chart: Chart) -> bytes:
     return out.getvalue()
 
 
-def render(results: Sequence[Results]) -> Tuple[str, Dict[str, bytes]]:
-    """The page and its images (path relative to the page -> SVG bytes)."""
+def render(results: Sequence[Results]) -> Tuple[Dict[str, str], Dict[str, bytes]]:
+    """The pages and their images, each by its path relative to the main page's folder."""
     images = {chart_file(c): draw(c) for r in results for c in r.charts}
-    return render_markdown(results), images
+    return render_pages(results), images
+
+
+def _remove_stale(folder: Path, pattern: str, kept: Dict[str, object], root: Path) -> None:
+    """Files of an area or a chart no results file has any more."""
+    if folder.exists():
+        for old in folder.glob(pattern):
+            if old.relative_to(root).as_posix() not in kept:
+                old.unlink()
 
 
 def main(argv=None) -> int:
@@ -168,7 +213,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=Path("benchmarks/results"),
                         help="the results files (default: %(default)s)")
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="default: %(default)s")
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"),
+                        help="the main page; the areas' pages go to benchmarks/ beside it (default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         results = read_all(args.results)
@@ -178,19 +224,19 @@ def main(argv=None) -> int:
     if not results:
         print(f"latte.bench.page: error: no results files in {args.results}", file=sys.stderr)
         return 2
-    page, images = render(results)
-    image_dir = args.out.parent / IMAGES
-    if image_dir.exists():
-        for old in image_dir.glob("*.svg"):
-            if f"{IMAGES}/{old.name}" not in images:
-                old.unlink()
+    pages, images = render(results)
+    root = args.out.parent
+    _remove_stale(root / IMAGES, "*.svg", images, root)
+    _remove_stale(root / AREA_PAGES, "*.md", pages, root)
     for relative, data in images.items():
-        path = args.out.parent / relative
+        path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(page)
-    print(f"wrote {args.out} ({len(results)} results files, {len(images)} charts)")
+    for relative, text in pages.items():
+        path = args.out if relative == MAIN else root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    print(f"wrote {args.out} and {len(pages) - 1} area pages ({len(results)} results files, {len(images)} charts)")
     return 0
 
 
