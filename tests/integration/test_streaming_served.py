@@ -203,4 +203,10 @@ def test_latte_bench_measures_a_decoupled_model_as_streams(streaming_server, tmp
     assert [p["concurrent"] for p in result["points"]] == [1, 4]
     for point in result["points"]:
         assert point["tokens_per_s"] > 0 and point["errors"] == 0 and point["ttft_p50_ms"] > 0
-        assert point["in_flight"] == pytest.approx(point["concurrent"], rel=0.5) and point["started"] > 0
+        assert point["started"] > 0
+        # Streams open at once, on average: never more than the clients, and at 4 clients more
+        # than one (4 clients that each spent as much time between streams as in one would still
+        # hold 2), which streams sent one at a time cannot reach, however slow the box.
+        assert 0 < point["in_flight"] <= point["concurrent"] + 0.01
+    one, four = (p["in_flight"] for p in result["points"])
+    assert four > 1.0 and four > one
