@@ -37,29 +37,59 @@ def targets(summary):
     return {t.target: t for t in summary["targets"]}
 
 
-def test_the_paged_arena_without_an_oom_under_the_cap_meets_that_target(gpu_allocator):
-    found = targets(gpu_allocator.summarize(encoder_runs(), "a GPU", 6000))
-    oom = found["paged arena: 0 OOMs under the cap (caching and expandable alongside)"]
-    assert (oom.met, oom.measured) == ("yes", "encoder: 0 (caching 2, expandable 0)")
-    plain = found["under a cap, no more OOMs than the caching allocator"]
-    assert plain.met == "no" and "power-of-two pieces" in plain.why and "its targets below" in plain.why
+HELD = "arena-backed torch holds ≤ 0.8x the caching allocator's reserved memory"
+P99 = "P99 per step ≤ 1.0x the caching allocator's"
+CAPPED = "under a cap, no more OOMs than the caching allocator"
+PAGED_OOM = "paged arena: 0 OOMs under the cap (caching and expandable alongside)"
+PAGED = "paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's"
+CAP = 396 * MIB
 
 
-def test_a_paged_arena_holding_more_than_half_the_caching_allocators_says_why(gpu_allocator):
-    held = targets(gpu_allocator.summarize(encoder_runs(), "a GPU", 6000))[
-        "paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's"]
-    assert (held.met, held.measured) == ("no", "encoder 0.52x / 1.00x")
-    assert "up to half the pages in use" in held.why and "a smaller share holds less and waits more" in held.why
+# No round had both a caching run and an arena run.
+UNPAIRED = [{**run("caching", 992), "round": 0, "error": "CUDA error"}, {**run("arena", 358), "round": 0},
+            {**run("arena_paged", 400), "round": 0}, {**run("caching", 992), "round": 1},
+            {**run("arena", 358), "round": 1, "error": "CUDA error"},
+            {**run("arena_paged", 400), "round": 1, "error": "CUDA error"},
+            run("caching", 368, ooms=2, cap=CAP), run("arena_paged", 396, cap=CAP)]
+
+
+# Each target's figure and verdict, from the runs that decide them (encoder_runs: caching holds
+# 992 MiB; under the cap, caching 2 OOMs, expandable 0, arena 9).
+VERDICTS = [
+    # the paged arena without an OOM under the cap meets that target; the plain arena's 9 do not
+    (encoder_runs(), PAGED_OOM, "encoder: 0 (caching 2, expandable 0)", "yes"),
+    (encoder_runs(paged_ooms=1), PAGED_OOM, "encoder: 1 (caching 2, expandable 0)", "no"),
+    (encoder_runs(), CAPPED, None, "no"),
+    # held over the caching allocator's: 512 / 992 = 0.52x misses 0.5x, 400 / 992 = 0.40x meets it
+    (encoder_runs(), PAGED, "encoder 0.52x / 1.00x", "no"),
+    (encoder_runs(paged_held=400), PAGED, "encoder 0.40x / 1.00x", "yes"),
+    (encoder_runs(paged_held=400, paged_p99=1.02), PAGED, "encoder 0.40x / 1.02x", "no"),
+    # a ratio that two digits would round to 1.00x shows its third, and misses
+    (encoder_runs(arena_p99=1.002), P99, "encoder 1.002x", "no"),
+    # judged on the ratio, not on the ratio as printed: 0.803x prints as 0.80x with two digits
+    ([run("caching", 1000), run("arena", 803)], HELD, "encoder 0.803x", "no"),
+    ([run("caching", 1000), run("arena", 358)], HELD, "encoder 0.36x", "yes"),
+    # a round without its caching run has no P99 ratio: shown as none, and missed
+    (UNPAIRED, P99, "encoder -", "no"),
+    (UNPAIRED, PAGED, "encoder 0.40x / -", "no"),
+]
+
+
+@pytest.mark.parametrize("results,target,measured,met", VERDICTS)
+def test_each_target_is_judged_on_its_figure(gpu_allocator, results, target, measured, met):
+    found = targets(gpu_allocator.summarize(results, "a GPU", 6000))[target]
+    assert found.met == met
+    if measured is not None:
+        assert found.measured == measured
+
+
+def test_a_missed_paged_target_gives_the_figures_that_bound_it(gpu_allocator):
+    held = targets(gpu_allocator.summarize(encoder_runs(), "a GPU", 6000))[PAGED]
     # The bound in figures: 992 / 360 MiB against 512 / 360 MiB.
     assert held.why.endswith("held ≤ 0.5x needs the caching allocator to hold at least twice the paged arena's own "
                              "held / live: encoder caching 2.76x, paged 1.42x")
-    assert targets(gpu_allocator.summarize(encoder_runs(paged_held=400), "a GPU", 6000))[
-        "paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's"].met == "yes"
-
-
-def test_an_oom_of_the_paged_arena_misses_its_target(gpu_allocator):
-    assert targets(gpu_allocator.summarize(encoder_runs(paged_ooms=1), "a GPU", 6000))[
-        "paged arena: 0 OOMs under the cap (caching and expandable alongside)"].met == "no"
+    slower = targets(gpu_allocator.summarize(encoder_runs(paged_held=400, paged_p99=1.02), "a GPU", 6000))[PAGED]
+    assert "encoder 1,695 map and 31 unmap calls in 6,000 steps" in slower.why
 
 
 def test_the_capped_runs_have_a_table_of_their_own(gpu_allocator):
@@ -70,18 +100,7 @@ def test_the_capped_runs_have_a_table_of_their_own(gpu_allocator):
                                                  ["arena_paged", "0"]]
 
 
-def test_a_paged_arena_slower_at_p99_names_its_map_and_unmap_calls(gpu_allocator):
-    slower = targets(gpu_allocator.summarize(encoder_runs(paged_held=400, paged_p99=1.02), "a GPU", 6000))[
-        "paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's"]
-    assert (slower.met, slower.measured) == ("no", "encoder 0.40x / 1.02x")
-    assert "encoder 1,695 map and 31 unmap calls in 6,000 steps" in slower.why
-    assert "up to half the pages in use" not in slower.why
-
-
-def test_a_ratio_that_two_digits_would_round_to_one_shows_the_third(gpu_allocator):
-    found = targets(gpu_allocator.summarize(encoder_runs(arena_p99=1.002), "a GPU", 6000))
-    p99 = found["P99 per step ≤ 1.0x the caching allocator's"]
-    assert (p99.met, p99.measured) == ("no", "encoder 1.002x")
+def test_a_ratio_is_written_with_the_digits_that_tell_it_from_its_target():
     assert ratio_against(0.996) == "0.996x"
     assert ratio_against(1.0) == "1.00x"
     assert ratio_against(1.03) == "1.03x"
@@ -111,7 +130,10 @@ def test_rounds_give_one_row_per_contender_and_the_median_of_each_rounds_p99_rat
     assert table.caption == "encoder, 3,000 steps per contender, medians of 3 interleaved rounds:"
     assert table.columns[-1] == "P99 vs caching, each round"
     assert table.rows[1][-2:] == ["0", "0.98, 0.95, 1.03"]
-    assert targets(summary)["P99 per step ≤ 1.0x the caching allocator's"].measured == "encoder 0.98x"
+    assert targets(summary)[P99].measured == "encoder 0.98x"
+    # One round keeps the table it had: no column of rounds.
+    one = gpu_allocator.summarize(encoder_runs(), "a GPU", 6000)["tables"][0]
+    assert (one.caption, one.columns[-1]) == ("encoder, 6,000 steps per contender:", "OOMs")
 
 
 def test_a_round_without_its_caching_run_gives_no_ratio_of_its_own(gpu_allocator):
@@ -120,12 +142,6 @@ def test_a_round_without_its_caching_run_gives_no_ratio_of_its_own(gpu_allocator
     rows = {r["contender"]: r for r in gpu_allocator.by_contender(results, "encoder")}
     assert rows["arena"]["p99_rounds"] == pytest.approx([0.9])
     assert rows["caching"]["rounds"] == 1
-
-
-def test_one_round_keeps_the_table_it_had(gpu_allocator):
-    table = gpu_allocator.summarize(encoder_runs(), "a GPU", 6000)["tables"][0]
-    assert table.caption == "encoder, 6,000 steps per contender:"
-    assert table.columns[-1] == "OOMs"
 
 
 def test_the_parent_interleaves_the_rounds_then_runs_the_cap_once(gpu_allocator, monkeypatch, tmp_path):
@@ -166,29 +182,3 @@ def test_a_round_the_budget_cut_short_is_left_out_of_the_medians(gpu_allocator):
     assert rows["caching"]["rounds"] == 1 and rows["caching"]["p99_ms"] == pytest.approx(1.0)
     assert rows["arena"]["p99_vs"] == pytest.approx(0.9)
     assert gpu_allocator.summarize(results, "a GPU", 3000)["tables"][0].caption == "encoder, 3,000 steps per contender:"
-
-
-def test_a_p99_with_no_caching_run_to_pair_with_is_shown_as_none_and_misses(gpu_allocator):
-    cap = 396 * MIB
-    results = [{**run("caching", 992), "round": 0, "error": "CUDA error"}, {**run("arena", 358), "round": 0},
-               {**run("arena_paged", 400), "round": 0}, {**run("caching", 992), "round": 1},
-               {**run("arena", 358), "round": 1, "error": "CUDA error"},
-               {**run("arena_paged", 400), "round": 1, "error": "CUDA error"},
-               run("caching", 368, ooms=2, cap=cap), run("arena_paged", 396, cap=cap)]
-    found = targets(gpu_allocator.summarize(results, "a GPU", 3000))
-    assert (found["P99 per step ≤ 1.0x the caching allocator's"].measured,
-            found["P99 per step ≤ 1.0x the caching allocator's"].met) == ("encoder -", "no")
-    paged = found["paged arena: held ≤ 0.5x and P99 ≤ 1.0x the caching allocator's"]
-    assert paged.measured == "encoder 0.40x / -" and paged.met == "no"
-    assert "no round of encoder had a caching run to compare its P99 with" in paged.why
-
-
-def test_the_arenas_held_memory_is_judged_on_its_ratio_not_on_the_ratio_as_printed(gpu_allocator):
-    # 0.803x prints as 0.80x with two digits, and is over the 0.8x target.
-    results = [run("caching", 1000), run("arena", 803)]
-    held = targets(gpu_allocator.summarize(results, "a GPU", 6000))[
-        "arena-backed torch holds ≤ 0.8x the caching allocator's reserved memory"]
-    assert (held.measured, held.met) == ("encoder 0.803x", "no")
-    under = targets(gpu_allocator.summarize([run("caching", 1000), run("arena", 358)], "a GPU", 6000))[
-        "arena-backed torch holds ≤ 0.8x the caching allocator's reserved memory"]
-    assert (under.measured, under.met) == ("encoder 0.36x", "yes")
