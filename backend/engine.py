@@ -3,83 +3,21 @@ model calls, splitting, and isolation of failures."""
 
 from __future__ import annotations
 
-import collections
 import time
-from typing import Callable, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from latte.backend.batching import (Batch, affinity_key, assemble, assemble_columns, conform_outputs, ragged_length,
-                                    row_views, split)
+from latte.backend.batch_runner import BatchRunner, isolated, out_of_memory, request_failure
+from latte.backend.batching import Batch, affinity_key, assemble, assemble_columns, ragged_length, row_views, split
 from latte.backend.config import ModelSpec
-from latte.backend.errors import DeadlineExceeded, ModelError, OutOfMemory, RequestError, device_out_of_memory
+from latte.backend.errors import DeadlineExceeded, RequestError
 from latte.backend.options import DEFAULT_OPTIONS, RequestOptions
 from latte.backend.planner import BatchPlanner
 from latte.backend.requests import Call, ParsedRequest, requests_call
 from latte.backend.sessions import SessionStore, Turn
 
 Result = Union[Dict[str, np.ndarray], Exception]
-
-
-def failure_text(exc: BaseException) -> str:
-    """'Type: the line that says what went wrong' (a TorchScript error opens with a generic line
-    and a traceback and ends with the exception raised inside the model)."""
-    text = str(exc).strip()
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    traceback_like = len(lines) > 1 and ("Traceback" in text or "TorchScript" in lines[0])
-    first = (lines[-1] if traceback_like else lines[0]) if lines else ""
-    if len(first) > 300:
-        first = first[:297] + "..."
-    return type(exc).__name__ + (f": {first}" if first else "")
-
-
-def _drained(records: Deque[tuple]) -> List[tuple]:
-    """Every record in the deque now, taken out; safe while other threads append or take."""
-    taken = []
-    try:
-        while True:
-            taken.append(records.popleft())
-    except IndexError:
-        return taken
-
-
-def model_failure(model: str, exc: BaseException) -> ModelError:
-    """The client's one line for an exception raised by the model: its type and the line that
-    says what went wrong. A step of a graph that failed is worded already, with the step."""
-    if isinstance(exc, ModelError):
-        return ModelError(f"model {model!r}: {exc}", detail=exc.detail)
-    return ModelError(f"model {model!r} failed: {failure_text(exc)}", detail=f"{type(exc).__name__}: {str(exc).strip()}")
-
-
-def out_of_memory(model: str, exc: BaseException) -> Optional[OutOfMemory]:
-    """The arena or the device running out of memory, as latte's OutOfMemory (UNAVAILABLE: not
-    the request's fault nor the model's); None for any other exception."""
-    if isinstance(exc, OutOfMemory):
-        return exc
-    if isinstance(exc, MemoryError):
-        return OutOfMemory(str(exc))
-    if device_out_of_memory(exc):
-        return OutOfMemory(f"model {model!r}: {failure_text(exc)}")
-    return None
-
-
-def request_failure(model: str, exc: BaseException) -> Exception:
-    """What a request that `exc` ended is answered: its own fault as raised, memory that ran
-    out as OutOfMemory, anything else as the model's failure."""
-    if isinstance(exc, RequestError):
-        return exc
-    return out_of_memory(model, exc) or model_failure(model, exc)
-
-
-class BatchRecord(NamedTuple):
-    """What one model call did, for metrics; the runner appends it as a plain tuple (a call
-    on the request path costs more than the record) and take_records names its fields."""
-    rows: int
-    requests: int
-    padded_length: Optional[int]
-    seconds: float                # the whole batch: packing, the model call, splitting
-    failed: bool
-    model_seconds: float = 0.0    # inside the model runtime alone
 
 
 class BatchAnswer(NamedTuple):
@@ -133,9 +71,8 @@ class Work:
 _NEVER = float("inf")
 
 
-# Records a caller has not taken are dropped past this many (the oldest first), so an engine
-# whose caller never takes them (a tool's, a benchmark's) cannot grow without bound.
-_MAX_RECORDS = 1 << 16
+def _failed_with(request: ParsedRequest, failure: Exception) -> Result:
+    return failure
 
 
 class BatchEngine:
@@ -147,18 +84,13 @@ class BatchEngine:
                  sessions: Optional[SessionStore] = None, session_input: Optional[str] = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.spec = spec
-        self.graph = graph
         self.planner = planner or graph.planner or BatchPlanner(spec)
         self.sessions = sessions
         self.session_input = session_input
         self.clock = clock
-        # What each batch run did, for the caller to take (take_records): the engine records,
-        # it calls nothing back. Lanes append from their threads; a deque takes that.
-        self.records: Deque[tuple] = collections.deque(maxlen=_MAX_RECORDS)
-        self.recording = True  # off while the cost model is timed: timing calls are not traffic
+        # Runs every batch and records what each did, for the caller to take (runner.take_records).
+        self.runner = BatchRunner(graph, clock)
         self.dispatcher = None  # a LaneDispatcher runs batches on scheduler lanes when set
-        self._out_dtypes = {t.name: t.dtype for t in spec.signature.outputs}
-        self._batched = spec.signature.batched
         # Whether a batch's answers are views of its rows: batched, and no output declared to be
         # cut back to each request's length; a batch whose runtime says its rows' own lengths of a
         # ragged output is cut back by split instead.
@@ -336,21 +268,25 @@ class BatchEngine:
                 batch = assemble_columns(self.spec, call.arrays, call.rows, call.lengths, self.planner.buckets)
             else:
                 batch = self._columns_batch(call, members)
-            outputs, own = ran = self.run(batch, started)
+            outputs, own = ran = self.runner.run(batch, started)
             if own is None and self._views:
                 return _new_tuple(BatchAnswer, (members, None, outputs, batch.member_rows, None))
             return BatchAnswer(members, split(self.spec, batch, outputs, own))
         except Exception as exc:
-            memory = out_of_memory(self.spec.signature.name, exc)
-            if memory is None and batch is not None and ran is None:  # one recorded as run is not again
-                self._record_failed(batch, len(members), started)
+            # One recorded as run is not again; a full arena is no failure of the model's.
+            if batch is not None and ran is None and out_of_memory(self.spec.signature.name, exc) is None:
+                self.runner.record_failed(batch, len(members), started)
             # The failed batch's arena buffers go back before its requests run alone, its own
             # and those the exception's frames hold: on a tight arena the retries need them.
             batch = ran = outputs = own = None
             exc.__traceback__ = None
-            return BatchAnswer(members, self._isolated(exc, memory, call, members))
+            return BatchAnswer(members, isolated(self.spec.signature.name, exc, call.requests(members),
+                                                 self._alone, _failed_with))
         finally:
             del batch  # arena-backed input buffers go back as soon as the call is over
+
+    def _alone(self, request: ParsedRequest) -> List[Result]:
+        return self.run_batch([request])
 
     def _columns_batch(self, call: Call, members: Sequence[int]) -> Batch:
         """The batch of the requests at `members` of a call read by input: each input packed
@@ -359,43 +295,6 @@ class BatchEngine:
         rows = [call.rows[i] for i in members]
         lengths = [call.lengths[i] for i in members] if call.lengths is not None else None
         return assemble_columns(self.spec, arrays, rows, lengths, self.planner.buckets)
-
-    def _isolated(self, exc: Exception, memory: Optional[OutOfMemory], call: Call,
-                  members: Sequence[int]) -> List[Result]:
-        """The outcomes of the batch of the call's requests at `members` that raised `exc`: a
-        full arena (`memory`) fails them all (not the model's fault, nor the requests');
-        otherwise each request runs alone, so only those the model fails on fail."""
-        count = len(members)
-        if memory is not None:
-            return [memory] * count
-        if count == 1:
-            # A step of a graph that refuses what this request brought answers it as a bad request.
-            return [request_failure(self.spec.signature.name, exc)]
-        return [result for request in call.requests(members) for result in self.run_batch([request])]
-
-    def run(self, batch: Batch, started: Optional[float] = None
-            ) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, Sequence[int]]]]:
-        """The one batch runner: the batch through the model's graph (the one place a batch
-        meets the model; a plain model's graph is its one step), its outputs conformed to the
-        declared types and checked to hold its rows, and recorded. Gives the outputs and each
-        row's own length of ragged ones where the graph says them. Raises when the model
-        fails; callers isolate what failed."""
-        called = self.clock()
-        outputs, lengths = self.graph.run_batch(batch)
-        ran = self.clock()
-        conform_outputs(outputs, self._out_dtypes, batch.rows if self._batched else None)
-        if self.recording:
-            self.records.append((batch.rows, len(batch.member_rows), batch.padded_length,
-                                 ran - (called if started is None else started), False, ran - called))
-        return outputs, lengths
-
-    def _record_failed(self, batch: Batch, requests: int, started: float) -> None:
-        if self.recording:
-            self.records.append((batch.rows, requests, batch.padded_length, self.clock() - started, True, 0.0))
-
-    def take_records(self) -> List[BatchRecord]:
-        """The records of the batches run since the last take, oldest first."""
-        return [BatchRecord(*record) for record in _drained(self.records)]
 
     # -- sessions -------------------------------------------------------------------------
     def _with_session(self, request: ParsedRequest, opts: RequestOptions) -> Tuple[ParsedRequest, Turn]:

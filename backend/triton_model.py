@@ -16,7 +16,9 @@ import numpy as np
 from latte.backend import autocomplete, device_memory, memory_resource, vitals
 from latte.backend.config import (ARENA_PAGE_BYTES, parse_args, parse_model_config, thread_budget_warning,
                                   usable_core_ids)
-from latte.backend.engine import BatchEngine, ModelError, model_failure
+from latte.backend.batch_runner import model_failure
+from latte.backend.engine import BatchEngine
+from latte.backend.errors import ModelError
 from latte.backend.lanes import LaneDispatcher
 from latte.backend.metrics import BackendMetrics, TritonPublisher, outcome_label
 from latte.backend.graph.graph import load_model
@@ -171,7 +173,7 @@ class LatteModel:
         """The cost model measured, the collector told to leave what loaded alone, and the
         ready line logged."""
         signature, serving = self.spec.signature, self.spec.serving
-        self.engine.take_records()  # load's own batches are not served ones
+        self.engine.runner.take_records()  # load's own batches are not served ones
         self._serving = True
         if serving.warmup and self.engine.planner.cost_model is not None:
             measured = measure_cost_model(self.engine)
@@ -344,7 +346,7 @@ class LatteModel:
     def _record_plain(self, requests: int, read_s: float, engine_s: float, respond_s: float) -> None:
         """The figures of the common call, folded with its likes: one model call answered every
         request with outputs at default priority."""
-        records = self.engine.records
+        records = self.engine.runner.records
         if len(records) != 1:  # the batch went unrecorded (a cost model being timed), or others wait
             self.metrics.call(requests, read_s, engine_s, respond_s, [({_SUCCESS: requests}, read_s + engine_s)],
                               self._take_batches())
@@ -358,7 +360,7 @@ class LatteModel:
         running a call's batches record them before the call's last answer is in); each one's
         time also feeds the estimate of when early answers pay."""
         batches = []
-        for rows, count, _, seconds, failed, model_s in self.engine.take_records():
+        for rows, count, _, seconds, failed, model_s in self.engine.runner.take_records():
             self.early.batch_done(count, seconds)
             batches.append((rows, model_s, failed))
         return batches

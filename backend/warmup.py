@@ -98,7 +98,7 @@ def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Optional
         return None  # one row per call: there is no choice to make
     rows = max(2, min(rows, spec.signature.max_batch_size))
     # Timing calls are not served traffic: keep them out of the batch metrics.
-    recording, engine.recording = engine.recording, False
+    recording, engine.runner.recording = engine.runner.recording, False
     try:
         with exclusive_timing():
             edges = engine.planner.buckets.edges
@@ -106,7 +106,7 @@ def measure_cost_model(engine, repeats: int = 7, rows: int = 16, clock: Optional
             shorter = shorter_lengths(edges[0]) if any(t.ragged for t in spec.signature.inputs) else []
             seconds = _time_shapes(engine, spec, repeats, shapes + [(length, 1) for length in shorter], clock)
     finally:
-        engine.recording = recording
+        engine.runner.recording = recording
     timings: Dict[int, List[Tuple[int, float]]] = {}
     for (length, size), value in seconds.items():
         if length not in shorter:

@@ -128,9 +128,9 @@ def interleaved_round(engines: dict, trace, rotation: int) -> dict:
 
 def batch_shape(engine: BatchEngine, trace):
     """Model calls per execute and padded positions per row of the variant's plans."""
-    engine.take_records()
+    engine.runner.take_records()
     replay(engine, trace)
-    records = engine.take_records()
+    records = engine.runner.take_records()
     rows = sum(r.rows for r in records)
     return len(records) / len(trace), sum(r.rows * (r.padded_length or 0) for r in records) / rows
 

@@ -23,8 +23,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from latte.backend.batching import Batch
-from latte.backend.engine import failure_text
+from latte.backend.batching import Batch, conform_outputs
+from latte.backend.batch_runner import failure_text
 from latte.backend.config import ModelSpec, TensorSpec, parameters_of, parse_model_config, parse_tensors
 from latte.backend.precision import AccuracyReport
 from latte.backend.dtypes import NUMPY_TO_TRITON, to_numpy, wire_name
@@ -106,7 +106,7 @@ class Graph:
         graph.notes = list(getattr(step.runtime, "notes", ()))
         graph.planner = step.planner
         graph._branches = None
-        graph.run_batch = step.runtime.run_batch  # the walk of one step: its call on the batch as packed
+        graph.run_batch = step.run_batch  # the walk of one step: its call on the batch as packed
         return graph
 
     def __init__(self, path, input_names: Sequence[str], output_names: Sequence[str], intra_op_threads: int,
@@ -145,6 +145,7 @@ class Graph:
         self._input_axes = {name: variable_axes(spec.dims) for name, spec in self._inputs.items()}
         self._ragged_inputs = any(self._input_axes.values())
         self._ragged_outputs = [t.name for t in graph.outputs if -1 in t.dims]
+        self._out_dtypes = {name: spec.dtype for name, spec in self._outputs.items()}
         self._wiring = [(tuple(d.inputs.items()), tuple(d.outputs.items())) for d in graph.steps]
         self._levels = self._plan_levels(graph)
         self._keep_tensors(graph)
@@ -364,19 +365,21 @@ class Graph:
         self._unfolded.append((spent, batch.rows))
         if len(self._unfolded) >= UNFOLDED_BATCHES:
             self.step_figures()
-        return self._graph_outputs(values, check)
+        return self._graph_outputs(values, batch.rows, check)
 
-    def _graph_outputs(self, values: Dict[str, Value], check: bool
+    def _graph_outputs(self, values: Dict[str, Value], rows: int, check: bool
                        ) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, np.ndarray]]]:
-        """The graph's outputs, checked against the config on the first batch, and each row's
-        own length of every ragged one."""
+        """The graph's outputs, checked against the config on the first batch, conformed to
+        their declared types and checked to hold the batch's rows on every batch; and each
+        row's own length of every ragged one."""
         if check:
             for name, spec in self._outputs.items():
                 if not _agrees(values[name], spec):
                     raise ConfigError(f"{self.definition.path.name}: graph output {name!r} comes out "
                                       f"{_value_text(values[name])}; the model config declares {_declared_text(spec)}")
         lengths = {name: values[name].lengths for name in self._ragged_outputs if values[name].lengths is not None}
-        return {name: values[name].array for name in self.output_names}, lengths or None
+        return conform_outputs({name: values[name].array for name in self.output_names}, self._out_dtypes,
+                               rows), lengths or None
 
     # -- checks at load -----------------------------------------------------------------
     def _producer(self, tensor: str) -> str:

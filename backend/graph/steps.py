@@ -73,6 +73,7 @@ class ModelStep(Step):
         self.planner = BatchPlanner(spec)
         self.max_length = serving.max_sequence_length
         self._out_dtypes = {t.name: t.dtype for t in signature.outputs}
+        self._batched = signature.batched
         # A torch runtime takes tensors, and hands its outputs on as tensors on its device when
         # every reader of them is a torch step of that device (the graph decides: keeps_tensors).
         self.device = str(runtime.device)
@@ -102,6 +103,14 @@ class ModelStep(Step):
         measured = measure_cost_model(BatchEngine(self.spec, Graph.of_step(self)))
         if measured is not None:
             self.planner.cost_model = measured
+
+    def run_batch(self, batch: Batch) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, np.ndarray]]]:
+        """One call of the model on a batch as packed: its outputs conformed to the declared
+        types and checked to hold the batch's rows, and each row's own length of ragged ones
+        where the runtime says them. A plain model's walk is this call on the batch the engine
+        packed; inside a larger graph `run` makes each of its sub-batches this call."""
+        outputs, lengths = self.runtime.run_batch(batch)
+        return conform_outputs(outputs, self._out_dtypes, batch.rows if self._batched else None), lengths
 
     def plan(self, lengths: Optional[np.ndarray], rows: int) -> List[Optional[np.ndarray]]:
         """Row indices of each sub-batch (the served model's plan of one-row requests); [None]
@@ -139,11 +148,10 @@ class ModelStep(Step):
             expected = rows if group is None else len(group)
             if self.keeps_tensors:  # tensors on the step's device: rows checked, types as they are
                 outputs = conform_outputs(self.runtime.run_tensors(feed), None, expected)
-            else:  # as the engine runs a served batch: declared types, rows checked
+            else:  # the call a served batch is: declared types, rows checked
                 rows_lengths = None if lengths is None else (lengths if group is None else lengths[group])
-                outputs, _ = self.runtime.run_batch(Batch(inputs=feed, member_rows=[expected], lengths=rows_lengths,
-                                                          padded_length=length, rows=expected))
-                outputs = conform_outputs(outputs, self._out_dtypes, expected)
+                outputs, _ = self.run_batch(Batch(inputs=feed, member_rows=[expected], lengths=rows_lengths,
+                                                  padded_length=length, rows=expected))
             parts.append((group, length, outputs))
             del feed  # arena-backed sub-batches go back as soon as the call is over
         return {t.name: self._output(t.name, parts, rows, lengths) for t in self.outputs}

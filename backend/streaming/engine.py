@@ -3,8 +3,10 @@ step graph on every stream already running, each as one batch; their state kept 
 (blocks.py) between iterations. It answers with emissions, (stream, outcome, final), and calls
 nothing back: the runner decides who joins, the model sends.
 
-A batch that fails is run again stream by stream, so only the streams the model fails on end
-(with an error naming the step); the others go on.
+Each batch runs through a BatchRunner (batch_runner.py), which records it as a served model's
+batches are; a batch that fails follows the one rule for failed batches (batch_runner.isolated):
+it is run again stream by stream, so only the streams the model fails on end (with an error
+naming the step), and the others go on.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 
 from latte.backend.batching import Batch
 from latte.backend.dtypes import to_numpy
-from latte.backend.engine import request_failure
+from latte.backend.batch_runner import BatchRunner, isolated, out_of_memory, request_failure
 from latte.backend.errors import OutOfMemory
 from latte.backend.streaming.blocks import BlockPool, ShortOfBlocks, StatePool
 from latte.backend.streaming.definition import StreamDefinition
@@ -33,6 +35,7 @@ class StreamEngine:
         self.name = name
         self.definition = definition
         self.start_graph, self.step_graph = start_graph, step_graph
+        self.starts, self.steps = BatchRunner(start_graph), BatchRunner(step_graph)
         self.output_names = list(outputs)
         made = {t.name: t for t in definition.start.outputs}
         self.state = StatePool(options.max_streams, {s: (made[s].dims, to_numpy(made[s].data_type))
@@ -51,11 +54,9 @@ class StreamEngine:
     def start(self, streams: Sequence[Stream]) -> List[Emission]:
         """The start graph on the joining streams, as one batch: each gets its state and first output."""
         try:
-            outputs, lengths = self.start_graph.run_batch(self._start_batch(streams))
+            outputs, lengths = self._run(self.starts, self._start_batch(streams), len(streams))
         except Exception as exc:
-            if len(streams) == 1:
-                return [self._failed(streams[0], exc)]
-            return [emission for stream in streams for emission in self.start([stream])]
+            return isolated(self.name, exc, streams, self._start_alone, self._ended_with)
         emissions = []
         for i, stream in enumerate(streams):
             try:  # what one stream's rows hold fails that stream alone
@@ -65,6 +66,20 @@ class StreamEngine:
             except Exception as exc:
                 emissions.append(self._failed(stream, exc))
         return emissions
+
+    def _start_alone(self, stream: Stream) -> List[Emission]:
+        return self.start([stream])
+
+    def _run(self, runner: BatchRunner, batch: Batch, streams: int):
+        """The batch run and recorded as `streams` members (the rows past them pad it); a
+        failure of the model's is recorded as a failed batch, and raised."""
+        started = runner.clock()
+        try:
+            return runner.run(batch, started, streams)
+        except Exception as exc:
+            if out_of_memory(self.name, exc) is None:
+                runner.record_failed(batch, streams, started)
+            raise
 
     def _start_batch(self, streams: Sequence[Stream]) -> Batch:
         rows = [{name: stream.inputs[name][None] for name in self._start_inputs} for stream in streams]
@@ -143,11 +158,9 @@ class StreamEngine:
     def _step(self, streams: Sequence[Stream]) -> List[Emission]:
         slots = np.fromiter((s.slot for s in streams), dtype=np.int64, count=len(streams))
         try:
-            outputs, _ = self.step_graph.run_batch(self._step_batch(streams, slots))
+            outputs, _ = self._run(self.steps, self._step_batch(streams, slots), len(streams))
         except Exception as exc:
-            if len(streams) == 1:
-                return [self._failed(streams[0], exc)]
-            return [emission for stream in streams for emission in self._step([stream])]
+            return isolated(self.name, exc, streams, self._step_alone, self._ended_with)
         definition, count = self.definition, len(streams)  # rows past count pad the batch
         try:  # state that does not fit leaves every stream of the batch without a consistent state
             self.state.write(slots, {name: outputs[following][:count] for name, following in definition.state.items()},
@@ -169,6 +182,9 @@ class StreamEngine:
             except Exception as exc:
                 emissions.append(self._failed(stream, exc))
         return emissions
+
+    def _step_alone(self, stream: Stream) -> List[Emission]:
+        return self._step([stream])
 
     def _step_batch(self, streams: Sequence[Stream], slots: np.ndarray) -> Batch:
         # Padding rows (min_rows) are the first stream's again, picked by the gathers themselves:
@@ -213,8 +229,12 @@ class StreamEngine:
         return [(stream, outcome, final)]
 
     def _failed(self, stream: Stream, exc: BaseException) -> Emission:
+        return self._ended_with(stream, request_failure(self.name, exc))
+
+    def _ended_with(self, stream: Stream, failure: Exception) -> Emission:
+        """The stream's last emission, the error it is answered with; it leaves."""
         self.drop(stream)
-        return stream, request_failure(self.name, exc), True
+        return stream, failure, True
 
     def drop(self, stream: Stream) -> None:
         """The stream leaves: its state and cache blocks go back to the pools (idempotent)."""

@@ -282,6 +282,11 @@ class StreamingModel:
 
     def _refresh_gauges(self) -> None:
         self.metrics.streams(self.figures())
+        # Each start and step batch, as a served model's batches are counted (its rows, padding
+        # included, and the time inside the model).
+        for runner in (self.engine.starts, self.engine.steps):
+            for record in runner.take_records():
+                self.metrics.batch(record.rows, record.model_seconds, record.failed)
         # Each graph's per-step times, by program (reading them also folds what each batch recorded).
         self.metrics.steps({f"{program}.{step}": figures
                             for program, graph in (("start", self.start_graph), ("step", self.step_graph))

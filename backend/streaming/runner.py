@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Callable, Deque, List, NamedTuple, Optional, Sequence
 
-from latte.backend.engine import failure_text
+from latte.backend.batch_runner import failure_text
 from latte.backend.errors import DeadlineExceeded, ModelError, Overloaded, RequestCancelled
 from latte.backend.streaming.engine import Emission, Outcome, StreamEngine
 from latte.backend.streaming.outbox import Outbox

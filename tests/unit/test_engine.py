@@ -130,7 +130,7 @@ def test_ragged_inputs_pad_to_their_batch_and_per_token_outputs_come_back_unpadd
     for n, result in zip(lengths, results):
         assert result["vectors"].shape == (1, n, 2)
         np.testing.assert_array_equal(result["vectors"][0, :, 0], np.arange(1, n + 1))
-    assert sorted((r.rows, r.padded_length) for r in engine.take_records()) == [(1, 20), shared_batch]
+    assert sorted((r.rows, r.padded_length) for r in engine.runner.take_records()) == [(1, 20), shared_batch]
 
 
 def test_a_ragged_batch_pads_to_its_longest_member_unless_the_runtime_wants_its_bucket_edge(tmp_path):
@@ -195,7 +195,7 @@ def test_a_device_out_of_memory_is_answered_as_out_of_memory_and_the_next_batch_
     """latte's device arena refuses through torch with a RuntimeError, not a MemoryError; the
     request is answered as the host arena's refusal is (UNAVAILABLE: retry), not as a model error."""
     spec, engine = example_engine("cnn_onnx")
-    runtime = engine.graph.steps[0].runtime
+    runtime = engine.runner.graph.steps[0].runtime
     original_run = runtime.run
     refusals = iter([RuntimeError("CUDA out of memory: latte device arena on device 0: BuddyArena: cannot "
                                   "allocate 25165824 bytes: no free run holds it")])
@@ -217,7 +217,7 @@ def test_each_result_is_handed_over_as_its_batch_finishes_high_priority_first(ex
     """What lets the backend answer a request before later batches of the same call run."""
     # One batch per bucket, so the call runs two batches.
     spec, engine = example_engine("sequence_onnx", bucketed=True, batch_planning="bucket")
-    batches_run = engine.records  # what each batch run did, as the engine records it
+    batches_run = engine.runner.records  # what each batch run did, as the engine records it
     rng = np.random.default_rng(4)
     short = [ParsedRequest(inputs=EXAMPLES["sequence"].sample(1, rng, length=n), rows=1) for n in (5, 6, 7)]
     long = ParsedRequest(inputs=EXAMPLES["sequence"].sample(1, rng, length=120), rows=1)
@@ -250,7 +250,7 @@ def test_cost_planning_lets_short_requests_ride_in_a_longer_bucket_and_unpads_th
     for n, result in zip(lengths, results):
         assert result["vectors"].shape == (1, n, 2)
         np.testing.assert_array_equal(result["vectors"][0, :, 1], np.arange(1, n + 1) * 10.0)
-    assert [(r.rows, r.padded_length) for r in engine.take_records()] == [(4, 64)]
+    assert [(r.rows, r.padded_length) for r in engine.runner.take_records()] == [(4, 64)]
 
 
 @pytest.mark.parametrize("model", ["sequence_onnx", "sequence_torchscript"])
@@ -263,7 +263,7 @@ def test_cost_planned_batches_give_each_request_exactly_its_output_alone(example
     rng = np.random.default_rng(5)
     feeds = [EXAMPLES["sequence"].sample(1, rng, length=n) for n in (3, 17, 40, 90, 128, 1, 64, 33)]
     results = engine.infer([ParsedRequest(inputs=f, rows=1) for f in feeds])
-    assert [(r.rows, r.padded_length) for r in engine.take_records()] == [(8, 128)]
+    assert [(r.rows, r.padded_length) for r in engine.runner.take_records()] == [(8, 128)]
     alone = [engine.infer([ParsedRequest(inputs=f, rows=1)])[0] for f in feeds]
     reference = reference_runner(example_repo, model)
     for feed, together, single in zip(feeds, results, alone):
@@ -285,7 +285,7 @@ def test_the_warmup_timings_give_a_cost_model_for_every_bucket(example_engine):
     # Lone requests shorter than the first edge run at their own length, and are timed so.
     first = spec.serving.bucket_edges[0]
     assert set(model.single_s) == set(spec.serving.bucket_edges) | {first // 2, first // 4, first // 8, first // 16} - {0}
-    assert engine.take_records() == [] and engine.recording  # timing calls are not counted as traffic
+    assert engine.runner.take_records() == [] and engine.runner.recording  # timing calls are not counted as traffic
 
 
 def test_batch_planning_is_a_checked_config_parameter(example_engine):
@@ -319,7 +319,7 @@ def test_cost_planned_batches_still_run_highest_priority_first(tmp_path):
     short, long = (ParsedRequest(inputs={"tokens": np.ones((1, n), np.int64)}, rows=1) for n in (3, 40))
     engine.infer([short, short, long], [RequestOptions(), RequestOptions(), RequestOptions(priority=2)])
     # Each alone at its own length (cheaper than padding), the high-priority one first.
-    assert [(r.rows, r.padded_length) for r in engine.take_records()] == [(1, 40), (1, 3), (1, 3)]
+    assert [(r.rows, r.padded_length) for r in engine.runner.take_records()] == [(1, 40), (1, 3), (1, 3)]
 
 
 def test_models_loading_side_by_side_time_themselves_one_at_a_time():

@@ -64,7 +64,7 @@ def test_a_call_is_counted_once_with_its_batches_and_outcomes(mlp):
 
 
 @pytest.mark.parametrize("broken_part, with_a_bad_request", [("planner.plan_call", True), ("planner.plan", False),
-                                                              ("run", False)],
+                                                              ("runner.run", False)],
                          ids=["planning-a-call-read-by-request", "planning-a-call-read-by-input", "the-batch"])
 def test_a_fault_outside_any_batch_answers_every_request_with_one_line(example_repo, broken_part, with_a_bad_request):
     model = load(example_repo, "mlp_onnx")
@@ -309,7 +309,7 @@ def marked_requests(marks, rows=32):
 def test_a_call_whose_second_batch_fails_runs_its_first_batch_once(example_repo):
     model = load(example_repo, "mlp_onnx", warmup="false")
     try:
-        counting = model.engine.graph = CountingRuntime(model.engine.graph)
+        counting = model.engine.runner.graph = CountingRuntime(model.engine.runner.graph)
         # 64 rows a batch: the plan is [1, 2] then [3, 99], and only the second batch fails.
         responses = model.execute(marked_requests([1.0, 2.0, 3.0, CountingRuntime.FAILS]))
 
@@ -326,7 +326,7 @@ def test_a_call_whose_second_batch_fails_runs_its_first_batch_once(example_repo)
 def test_a_failed_batch_shows_as_failed_in_the_metrics(example_repo):
     model = load(example_repo, "mlp_onnx", warmup="false")
     try:
-        model.engine.graph = CountingRuntime(model.engine.graph)
+        model.engine.runner.graph = CountingRuntime(model.engine.runner.graph)
         served = counter(model, "latte_batch_size_count")
         model.execute(marked_requests([1.0, 2.0, 3.0, CountingRuntime.FAILS]))
 

@@ -87,7 +87,7 @@ def test_cost_planned_batches_on_the_lanes_answer_like_the_model_in_process(exam
         for feed, result in zip(feeds, results):
             np.testing.assert_allclose(result["embedding"], reference(feed)["embedding"], rtol=1e-5, atol=1e-6)
         assert engine.dispatcher.metrics()["completed"] == len(feeds)
-        assert sum(r.rows for r in engine.take_records()) == len(feeds)
+        assert sum(r.rows for r in engine.runner.take_records()) == len(feeds)
     finally:
         engine.dispatcher.close()
 
@@ -210,7 +210,7 @@ def test_a_higher_priority_level_overtakes_the_requests_queued_before_it(example
     answers = PipelinedAnswers()
     try:
         send(engine, answers, 0)
-        assert engine.graph.steps[0].runtime.started.wait(10.0)  # the lane holds call 0; the rest queue
+        assert engine.runner.graph.steps[0].runtime.started.wait(10.0)  # the lane holds call 0; the rest queue
         for call in (1, 2, 3, 4):
             send(engine, answers, call)
         send(engine, answers, 5, RequestOptions(priority=3))
@@ -219,7 +219,7 @@ def test_a_higher_priority_level_overtakes_the_requests_queued_before_it(example
     finally:
         gate.set()
         engine.dispatcher.close()
-    assert engine.graph.steps[0].runtime.ran == [0, 5, 1, 2, 3, 4]
+    assert engine.runner.graph.steps[0].runtime.ran == [0, 5, 1, 2, 3, 4]
     assert answers.order == [0, 5, 1, 2, 3, 4]
     assert all(not isinstance(outcome, Exception) for outcome in answers.outcomes.values())
 
@@ -230,7 +230,7 @@ def test_a_full_queue_sheds_the_lowest_priority_first_with_one_unavailable_line(
     high = RequestOptions(priority=1)
     try:
         send(engine, answers, 0)
-        assert engine.graph.steps[0].runtime.started.wait(10.0)
+        assert engine.runner.graph.steps[0].runtime.started.wait(10.0)
         send(engine, answers, 1)
         send(engine, answers, 2)         # the queue of two is full
         send(engine, answers, 3, high)   # sheds the newest default-priority request, at once
@@ -240,7 +240,7 @@ def test_a_full_queue_sheds_the_lowest_priority_first_with_one_unavailable_line(
         send(engine, answers, 5, high)   # sheds the last default-priority request
         send(engine, answers, 6, high)   # nothing of a lower priority is left to shed
         refused_high = answers.of(6)
-        assert engine.graph.steps[0].runtime.ran == []  # all of the above was answered while the lane was held
+        assert engine.runner.graph.steps[0].runtime.ran == []  # all of the above was answered while the lane was held
         gate.set()
         answers.wait_for(7)
     finally:
@@ -255,7 +255,7 @@ def test_a_full_queue_sheds_the_lowest_priority_first_with_one_unavailable_line(
     assert failed == {1, 2, 4, 6}
     assert answers.of(1) is not None and "shed from its full queue" in str(answers.of(1))
     assert {(error_class(answers.of(c)).code, outcome_label(answers.of(c))) for c in failed} == {("UNAVAILABLE", "overloaded")}
-    assert engine.graph.steps[0].runtime.ran == [0, 3, 5]
+    assert engine.runner.graph.steps[0].runtime.ran == [0, 3, 5]
 
 
 def test_requests_whose_deadline_passes_in_the_queue_time_out_without_running(example_engine):
@@ -263,7 +263,7 @@ def test_requests_whose_deadline_passes_in_the_queue_time_out_without_running(ex
     answers = PipelinedAnswers()
     try:
         send(engine, answers, 0)
-        assert engine.graph.steps[0].runtime.started.wait(10.0)
+        assert engine.runner.graph.steps[0].runtime.started.wait(10.0)
         send(engine, answers, 1, read_options({"timeout_ms": 30}))
         send(engine, answers, 2, read_options({}, triton_timeout_us=30_000))  # Triton's own request timeout
         send(engine, answers, 3)
@@ -278,14 +278,14 @@ def test_requests_whose_deadline_passes_in_the_queue_time_out_without_running(ex
         assert isinstance(late, DeadlineExceeded), late
         assert str(late).startswith("timed out: timeout_ms=30 ran out before a lane could run the request (it waited ")
         assert error_class(late).code == "UNAVAILABLE"
-    assert engine.graph.steps[0].runtime.ran == [0, 3]
+    assert engine.runner.graph.steps[0].runtime.ran == [0, 3]
 
 
 def test_a_request_the_full_queue_cannot_take_is_answered_overloaded_and_unavailable(example_engine):
     spec, engine = example_engine("mlp_onnx")
     gate = threading.Event()
     # The lane holds its first batch, so the queue stays full.
-    engine.graph = Graph.of_step(ModelStep("mlp", spec, GatedMlp(gate)))
+    engine.runner.graph = Graph.of_step(ModelStep("mlp", spec, GatedMlp(gate)))
     engine.dispatcher = LaneDispatcher(engine, lanes=1, queue_capacity=1)
 
     results = [None] * 4

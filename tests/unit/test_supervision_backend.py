@@ -57,13 +57,13 @@ def wait_landed(path, deadline_s=10.0):
 def watch_flights(model, path):
     """Each batch the model runs sees the flight file as the supervisor would read it then."""
     seen = []
-    run = model.engine.run
+    run = model.engine.runner.run
 
-    def run_watched(batch, started=None):
+    def run_watched(batch, started=None, requests=None):
         seen.append(read_flights(path))
-        return run(batch, started)
+        return run(batch, started, requests)
 
-    model.engine.run = run_watched
+    model.engine.runner.run = run_watched
     return seen
 
 

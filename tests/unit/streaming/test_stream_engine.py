@@ -521,3 +521,19 @@ def test_memory_the_start_could_not_get_is_out_of_memory_not_the_models_failure(
     runner.submit([s])
     (error,) = run(runner)[s][2]
     assert type(error) is OutOfMemory and str(error) == "the arena has 0 of 4096 bytes free"
+
+
+def test_each_start_and_step_batch_is_recorded_as_a_served_batch_is_and_a_failed_one_as_failed(model_path):
+    runner = counting_runner(model_path)
+    healthy, unlucky = stream(2, max_tokens=4), stream(12, max_tokens=4)  # the step fails on token 13
+    runner.submit([healthy, unlucky])
+    seen = run(runner)
+
+    assert seen[healthy][0] == [2, 3, 4, 5]
+    (error,) = seen[unlucky][2]
+    assert str(error) == "model 'counting': step 'count' failed: RuntimeError: unlucky thirteen"
+    assert [(r.rows, r.requests, r.failed) for r in runner.engine.starts.take_records()] == [(2, 2, False)]
+    # Both step on; the batch with token 13 fails and each stream runs alone: the healthy one
+    # on, the unlucky one failed; then the healthy one alone to its end.
+    assert [(r.rows, r.requests, r.failed) for r in runner.engine.steps.take_records()] == [
+        (2, 2, False), (2, 2, True), (1, 1, False), (1, 1, True), (1, 1, False)]
