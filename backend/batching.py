@@ -27,23 +27,26 @@ from latte.backend.requests import UNMEASURED, ParsedRequest
 
 @dataclass
 class Batch:
-    """One model call's inputs. Ragged data has one representation on the whole path, here,
+    """One model call's inputs. A row's length has one representation on the whole path, here,
     in a graph's values (graph/values.py) and in what a runtime answers (Runtime.run_batch):
-    each row's own length along the variable dimensions (`lengths`), None when every row is
-    the full width."""
+    each row's own length along the variable dimensions, an int64 array (`lengths`), None
+    when every row is the full width. (A request's length, the longest of its rows, is what
+    the reader measures and the planner plans by: ParsedRequest.length, or Call.lengths for a
+    call read by input.)"""
     inputs: Dict[str, np.ndarray]
     member_rows: List[int]                          # each member's rows, in the order of the requests
-    lengths: Optional[Sequence[int]] = None         # each row's own ragged length; None: nothing ragged
+    lengths: Optional[np.ndarray] = None            # each row's own ragged length; None: nothing ragged
     padded_length: Optional[int] = None             # the ragged length the batch was padded to
     rows: int = 0                                   # all members' rows together
 
 
-def row_lengths(lengths: Sequence[Optional[int]], member_rows: Sequence[int], padded: int) -> Sequence[int]:
+def row_lengths(lengths: Sequence[Optional[int]], member_rows: Sequence[int], padded: int) -> np.ndarray:
     """Each row's length from each member's (a member without a ragged input is the full
-    `padded` width): the members' own list when each brings one row and all have one."""
+    `padded` width)."""
     if len(lengths) == sum(member_rows):
-        return lengths if None not in lengths else [padded if n is None else n for n in lengths]
-    return [padded if n is None else n for n, rows in zip(lengths, member_rows) for _ in range(rows)]
+        return np.array(lengths if None not in lengths else [padded if n is None else n for n in lengths],
+                        dtype=np.int64)
+    return np.repeat(np.array([padded if n is None else n for n in lengths], dtype=np.int64), member_rows)
 
 
 def member_lengths(lengths: Sequence[int], member_rows: Sequence[int]) -> List[int]:

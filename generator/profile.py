@@ -215,7 +215,8 @@ def served_call(runtime, length: Optional[int]):
 
     def call(feed: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         rows = len(next(iter(feed.values())))
-        return runtime.run_batch(Batch(inputs=feed, member_rows=[1] * rows, lengths=[length] * rows,
+        lengths = None if length is None else np.full(rows, length, dtype=np.int64)
+        return runtime.run_batch(Batch(inputs=feed, member_rows=[1] * rows, lengths=lengths,
                                        padded_length=length, rows=rows))[0]
     return call
 

@@ -293,7 +293,7 @@ class Graph:
     def _values(self, batch: Batch) -> Dict[str, Value]:
         if not self._ragged_inputs:
             return {name: Value(array) for name, array in batch.inputs.items()}
-        lengths = np.asarray(batch.lengths, dtype=np.int64) if batch.lengths is not None else None
+        lengths = batch.lengths
         values = {}
         for name, array in batch.inputs.items():
             axes = self._input_axes.get(name, ())
@@ -434,18 +434,14 @@ class Graph:
     def batch_of(self, requests: Sequence[Mapping[str, np.ndarray]]) -> Batch:
         """One batch of requests that bring one row each (every graph input, rows first): variable
         dimensions padded to the longest, each row's length kept where any is variable."""
-        inputs, lengths = {}, [None] * len(requests)
+        inputs, lengths = {}, None
         for name in self._inputs:
-            axes = self._input_axes[name]
-            parts = [request[name] for request in requests]
-            if axes:
-                inputs[name] = stack_members(parts, axes, 0.0).array
-                lengths = [max(n or 0, part.shape[axes[0]]) for n, part in zip(lengths, parts)]
-            else:
-                inputs[name] = np.concatenate(parts)
-        ragged = any(n is not None for n in lengths)
-        return Batch(inputs=inputs, member_rows=[1] * len(requests), lengths=lengths if ragged else None,
-                     padded_length=max(lengths) if ragged else None, rows=len(requests))
+            value = stack_members([request[name] for request in requests], self._input_axes[name], 0.0)
+            inputs[name] = value.array
+            if value.lengths is not None:
+                lengths = value.lengths if lengths is None else np.maximum(lengths, value.lengths)
+        return Batch(inputs=inputs, member_rows=[1] * len(requests), lengths=lengths,
+                     padded_length=None if lengths is None else int(lengths.max()), rows=len(requests))
 
     def check(self) -> None:
         """Run a sample batch through the graph and check every edge; raises ConfigError. When

@@ -17,7 +17,7 @@ import numpy as np
 
 from latte._native import row_lengths
 from latte.backend import memory_resource
-from latte.backend.batching import pad_bytes
+from latte.backend.batching import packed, pad_bytes
 from latte.backend.dtypes import is_string
 
 
@@ -160,29 +160,22 @@ def measure_lengths(array: np.ndarray, axes: Tuple[int, ...], pad: float) -> np.
 
 def stack_members(parts: Sequence[np.ndarray], axes: Tuple[int, ...], pad: float,
                   ) -> Value:
-    """One value from each request's own array (a Python model step answers per request):
-    rows one after another, variable axes padded to the longest, each row's length that of
-    its request's array."""
-    member_lengths = [part.shape[axes[0]] if axes else 0 for part in parts]
-    rows = [part.shape[0] for part in parts]
+    """One value from each request's own array (a Python model step answers per request; a
+    stream's start batch is made of its streams' inputs): rows one after another, variable
+    axes padded to the longest by the one packing of batches (batching.packed), each row's
+    length that of its request's array."""
     if not axes:
         return Value(parts[0] if len(parts) == 1 else np.concatenate(parts))
-    width = max(member_lengths)
     first = parts[0]
-    shape = [sum(rows), *first.shape[1:]]
-    for axis in axes:
-        shape[axis] = width
     if is_string(first.dtype):
         raise TypeError("strings are not padded; a ragged output must be numeric")
-    out = memory_resource.empty(tuple(shape), first.dtype)
-    out.fill(pad)
-    at = 0
-    for part, count in zip(parts, rows):
-        index = [slice(at, at + count)] + [slice(0, n) for n in part.shape[1:]]
-        out[tuple(index)] = part
-        at += count
-    lengths = np.repeat(np.asarray(member_lengths, dtype=np.int64), rows)
-    return Value(out, axes, lengths, pad)
+    member_lengths = np.fromiter((part.shape[axes[0]] for part in parts), dtype=np.int64, count=len(parts))
+    rows = [part.shape[0] for part in parts]
+    shape = [sum(rows), *first.shape[1:]]
+    for axis in axes:
+        shape[axis] = int(member_lengths.max())
+    out = packed(parts, tuple(shape), first.dtype, pad)
+    return Value(out, axes, np.repeat(member_lengths, rows), pad)
 
 
 def scatter(parts: Sequence[Tuple[np.ndarray, np.ndarray]], total: int, axes: Tuple[int, ...], pad: float,
