@@ -100,27 +100,19 @@ class BatchEngine:
     def answers(self, call: Call) -> Iterable[BatchAnswer]:
         """plan -> run: the call's answers a batch at a time, as each batch finishes, the
         refused requests first, so the caller can answer early requests before later batches
-        run. Every request appears exactly once. A call at the default options runs the
-        planner's batches as planned (a plan of one batch is run at once: nothing to wait
-        for); any other has its sessions continued, deadlines and priorities ordering the
-        same planner's batches, inline or on the lanes."""
-        if call.options is None and self.dispatcher is None:
-            if call.items is not None:
-                return self._planned(call)
-            plan = self.planner.plan(call.rows, call.lengths)  # read by input: planned by its rows and lengths
+        run. Every request appears exactly once.
+
+        The reader's layout decides what is left to do, not the way through: a call read by
+        input is every request plain and readable, so its batches run as the planner planned
+        them (a plan of one batch at once: nothing to wait for); a call read request by
+        request has its refusals answered, its sessions continued, and the same planner's
+        batches ordered by priority and deadline, run inline or on the lanes."""
+        if call.items is None:
+            plan = self.planner.plan(call.rows, call.lengths)
             if len(plan) == 1:
                 return (self._run_members(call, plan[0]),)
-            return self._planned(call, plan)
+            return (self._run_members(call, members) for members in plan)
         return self._ordered(call)
-
-    def _planned(self, call: Call, plan: Optional[List[Sequence[int]]] = None) -> Iterator[BatchAnswer]:
-        if plan is None:  # read request by request: the refused ones are answered before anything is planned
-            refused = [(i, item) for i, item in enumerate(call.items) if type(item) is not ParsedRequest]
-            if refused:
-                yield answered(refused)
-            plan = self.planner.plan_call(call)
-        for members in plan:
-            yield self._run_members(call, members)
 
     def _ordered(self, call: Call) -> Iterator[BatchAnswer]:
         now = self.clock()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from latte.backend.batching import plan_batches, plan_rows, uniform_shapes
-from latte.backend.requests import Call, ParsedRequest
+from latte.backend.requests import ParsedRequest
 from latte.backend.buckets import BucketPlan
 from latte.backend.config import ModelSpec
 from latte.backend.planning import CostModel
@@ -50,18 +50,6 @@ class BatchPlanner:
         plan = plan_rows(self.spec, rows, lengths, self.buckets, self.cost_model)
         if len(plan) == 1 and len(plan[0]) == len(rows):
             return [range(len(rows))]  # one batch of all: packed and answered in the call's order
-        return plan
-
-    def plan_call(self, call: Call) -> List[Sequence[int]]:
-        """The positions of a call's readable requests in batches: by the rows and lengths
-        the reader measured for a call read by input, else request by request. A `range` is
-        the whole call, in order."""
-        if call.items is None:
-            return self.plan(call.rows, call.lengths)
-        readable = [(i, item) for i, item in enumerate(call.items) if type(item) is ParsedRequest]
-        plan = [[position for position, _ in batch] for batch in self.plan_requests(readable)]
-        if len(plan) == 1 and len(plan[0]) == call.count:
-            return [range(call.count)]  # one batch of all: packed and answered in the call's order
         return plan
 
     def plan_requests(self, pairs: Sequence[Tuple[int, ParsedRequest]]) -> List[List[Tuple[int, ParsedRequest]]]:

@@ -436,7 +436,7 @@ def test_the_requests_of_a_failed_batch_run_alone_after_its_buffers_went_back(tm
     run_alone = engine.run_batch
 
     def retry(requests):
-        live_at_retries.append(arena.stats()["live"])
+        live_at_retries.append((len(requests), arena.stats()["live"]))
         return run_alone(requests)
 
     engine.run_batch = retry
@@ -448,4 +448,4 @@ def test_the_requests_of_a_failed_batch_run_alone_after_its_buffers_went_back(tm
         memory_resource.release(arena.empty)
     assert isinstance(failed, ModelError) and ok1["y"].tolist() == [[2.0, 2.0]] and ok2["y"].tolist() == [[6.0, 6.0]]
     # The batch of three failed on -1; each then ran alone, with nothing of the batch held.
-    assert live_at_retries == [0, 0, 0]
+    assert live_at_retries == [(3, 0), (1, 0), (1, 0), (1, 0)]

@@ -63,7 +63,7 @@ def test_a_call_is_counted_once_with_its_batches_and_outcomes(mlp):
     assert counter(mlp, "latte_requests_total", outcome="bad_request") == bad_before + 1
 
 
-@pytest.mark.parametrize("broken_part, with_a_bad_request", [("planner.plan_call", True), ("planner.plan", False),
+@pytest.mark.parametrize("broken_part, with_a_bad_request", [("planner.plan_requests", True), ("planner.plan", False),
                                                               ("runner.run", False)],
                          ids=["planning-a-call-read-by-request", "planning-a-call-read-by-input", "the-batch"])
 def test_a_fault_outside_any_batch_answers_every_request_with_one_line(example_repo, broken_part, with_a_bad_request):
