@@ -124,11 +124,15 @@ class StreamEngine:
         # The running streams whose last block is full take one at their next step: a prompt
         # leaves them that many, so that joining never makes a running stream run short.
         kept = sum(1 for s in self.live if s.length == len(s.blocks) * self.cache.block_rows)
+        needed = self.cache.blocks_for(max(count, 1))
         try:
-            stream.blocks = self.cache.take(self.cache.blocks_for(max(count, 1)), kept)
+            stream.blocks = self.cache.take(needed, kept)
         except ShortOfBlocks as exc:
-            raise OutOfMemory(f"the stream's cache does not fit: {exc}; it is refused (the pool holds "
-                              f"cache_blocks={self.cache.capacity})") from None
+            if needed > self.cache.capacity:
+                raise OutOfMemory(f"the stream's cache does not fit: {exc}; it is refused (the pool holds "
+                                  f"cache_blocks={self.cache.capacity})") from None
+            raise OutOfMemory(f"the stream's cache is held by the running streams: {exc}; it is refused, retry "
+                              f"once some end") from None
         self.cache.write_rows(stream.blocks, rows[:count])
         stream.length = count
 

@@ -131,6 +131,24 @@ def test_a_stream_whose_cache_does_not_fit_is_refused_saying_so(model_path):
     assert runner.engine.cache.taken == 0
 
 
+def test_a_stream_that_would_fit_alone_is_refused_while_running_streams_hold_the_cache(model_path):
+    runner = counting_runner(model_path, cache_blocks=6)
+    holder = stream(16, max_tokens=6)   # 16 rows: 4 of the 6 blocks
+    runner.submit([holder])
+    first = runner.run_once()
+    later = stream(12, max_tokens=2)    # 12 rows: 3 blocks, 2 free
+    runner.submit([later])
+    seen = run(runner)
+    (error,) = seen[later][2]
+    assert isinstance(error, OutOfMemory)
+    assert str(error).startswith("the stream's cache is held by the running streams: cache blocks: 3 needed")
+    assert str(error).endswith("it is refused, retry once some end")
+    assert [int(o["y"][0]) for _, o, _ in first] + seen[holder][0] == list(range(16, 22))
+    later_alone = stream(12, max_tokens=2)
+    runner.submit([later_alone])
+    assert run(runner)[later_alone][0] == [12, 13]
+
+
 def test_a_stream_that_outgrows_the_cache_ends_saying_so(model_path):
     runner = counting_runner(model_path, cache_blocks=6)
     growing = stream(20, max_tokens=40)  # 20 rows fill 5 blocks of 4; the 6th holds 4 more
