@@ -36,8 +36,8 @@ HERE = Path(__file__).resolve().parent
 
 from latte.bench import cpu  # noqa: E402
 from latte.bench.quiet import wait_until_quiet  # noqa: E402
-from latte.bench.results import (Chart, Series, Table, Target, command_line, cut_load, new_results,  # noqa: E402
-                                 paired_ratios, ratio_against, write_summary)
+from latte.bench.results import (Chart, Series, Table, Target, command_line, new_results, paired_ratios,  # noqa: E402
+                                 ratio_against, record_run)
 from latte.bench.streams import (harmonic_bound, in_process_beside_echo, in_process_model,  # noqa: E402
                                  in_process_tokens_per_s, measure_streams, pooled_ms)
 
@@ -390,11 +390,8 @@ def main(argv=None) -> int:
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
     started = new_results("streaming", "streaming", "Streaming: continuous batching against a stock decoupled model",
-                          command_line("benchmarks/streaming.py", argv if argv is not None else sys.argv[1:]), None,
-                          HERE.parent)
-    result = run(args)
-    started.load_at_start = cut_load(result["load_average_at_start"])
-    print(f"wrote {write_summary(started, summarize(result), args.results_dir, result)}")
+                          command_line("benchmarks/streaming.py", argv), None, HERE.parent)
+    print(f"wrote {record_run(started, lambda: run(args), summarize, args.results_dir)}")
     return 0
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 from latte.bench.quiet import wait_until_quiet  # noqa: E402
-from latte.bench.results import Table, Target, command_line, cut_load, new_results, write_summary  # noqa: E402
+from latte.bench.results import Table, Target, command_line, new_results, record_run  # noqa: E402
 
 PROMPTS = [b"Once upon a time", b"The quick brown fox jumps", b"hello", b"Streams join and leave between steps",
            b"a b c d e f g", b"Triton serves models", b"what comes next?", b"0123456789"]
@@ -214,11 +214,8 @@ def main(argv=None) -> int:
     parser.add_argument("--results-dir", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
     started = new_results("streaming-soak", "streaming", "Streaming: a long run with cancellations",
-                          command_line("benchmarks/streaming_soak.py", argv if argv is not None else sys.argv[1:]),
-                          None, HERE.parent)
-    result = run(args)
-    started.load_at_start = cut_load(result["load_average_at_start"])
-    print(f"wrote {write_summary(started, summarize(result), args.results_dir, result)}")
+                          command_line("benchmarks/streaming_soak.py", argv), None, HERE.parent)
+    print(f"wrote {record_run(started, lambda: run(args), summarize, args.results_dir)}")
     return 0
 
 

@@ -268,6 +268,18 @@ def test_a_summary_fills_the_results_and_an_unknown_field_is_refused(tmp_path):
         write_summary(example(), {"speed": "fast"}, tmp_path)
 
 
+def test_a_recorded_run_keeps_its_start_date_and_the_load_it_measured(tmp_path):
+    from latte.bench.results import record_run
+
+    started = example(targets=[], load_at_start=None, date="2026-11-25 09:00")
+    path = record_run(started, lambda: {"load_average_at_start": 0.4956, "rate": 7},
+                      lambda figures: {"summary": f"rate {figures['rate']}"}, tmp_path)
+    written = read_results(path)
+    assert (written.date, written.load_at_start, written.summary) == ("2026-11-25 09:00", 0.49, "rate 7")
+    assert written.figures == {"load_average_at_start": 0.4956, "rate": 7}
+    assert started.load_at_start is None  # the started record is left as it was
+
+
 def test_a_load_just_under_the_quiet_line_is_not_shown_above_it():
     from latte.bench.results import cut_load
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from latte.backend.config import cpu_model, usable_cores
 
@@ -181,6 +181,16 @@ def write_summary(results: Results, summary: Mapping, directory: Path, figures: 
     """`results` completed with what a benchmark made of its run (a mapping of `summary`,
     `targets`, `tables`, `charts`, `notes`) and its raw figures, written to `directory`."""
     return write_results(dataclasses.replace(results, **summary, figures=figures), directory)
+
+
+def record_run(started: Results, run: Callable[[], dict], summarize: Callable[[dict], Mapping],
+               directory: Path) -> Path:
+    """Run a benchmark whose record was started before it (its date is the run's start) and write
+    its results to `directory`: the load average the run measured at its start
+    (`load_average_at_start` of its figures), what `summarize` makes of the figures, and the figures."""
+    figures = run()
+    measured = dataclasses.replace(started, load_at_start=cut_load(figures["load_average_at_start"]))
+    return write_summary(measured, summarize(figures), directory, figures)
 
 
 def write_results(results: Results, directory: Path) -> Path:
