@@ -47,7 +47,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from latte.bench import cpu
-from latte.bench.budget import another_round_fits
+from latte.bench.budget import rounds_within
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
 from latte.bench.quiet import wait_until_quiet
@@ -203,12 +203,7 @@ def run(args, work: Path) -> dict:
         errors = answer_errors(server.http_url, names, source)
         print("  answers against fp32 on the CPU (worst relative L2): "
               + ", ".join(f"{role} {e:.1e}" for role, e in errors.items()), flush=True)
-        measuring_since = time.monotonic()
-        for window in range(args.windows):
-            if not another_round_fits(measuring_since, window, args.budget_s):
-                print(f"  stopping after {window} window(s): another would pass --budget-s {args.budget_s:g}",
-                      flush=True)
-                break
+        for window in rounds_within(args.windows, args.budget_s, unit="window"):
             order = roles[window % len(roles):] + roles[:window % len(roles)]
             for role in order:
                 (point,) = run_perf_analyzer(names[role], server.grpc_url, concurrency=[CONCURRENCY], input_data=data,

@@ -45,18 +45,17 @@ from typing import Dict, List
 from google.protobuf import text_format
 
 from latte.bench import cpu
-from latte.bench.budget import another_round_fits
+from latte.bench.budget import rounds_within
 from latte.bench.prometheus_scrape import scrape, split_key
 from latte.bench.quiet import wait_until_quiet
 from latte.bench.results import Chart, Series, Table, Target, command_line, cut_load, new_results, write_summary
-from latte.bench.triton_stats import fetch_stats
 from latte.examples.pipeline import PIPELINES, InProcess, side_by_side
 from latte.generator.validate import parse_config_file
 from latte.triton import TritonServer
 from latte.triton.perf import write_input_data
 
 # benchmarks/serving.py: one level measured, a stable median, each of a run's parts in one folder
-from serving import measure, median, p99_throughput_curve, run_each
+from serving import measure_served, median, p99_throughput_curve, run_each
 
 HERE = Path(__file__).resolve().parent
 SLO_MS = 50.0
@@ -151,11 +150,8 @@ def run_pipeline(name: str, args, work: Path) -> dict:
     cpu_us = {role: {level: [] for level in levels} for role in names}
     decomposed = []
     with TritonServer(repo, log_path=work / f"{name}-tritonserver.log") as server:
-        measuring_since, rounds_done = time.monotonic(), 0
-        for round_ in range(args.rounds):
-            if not another_round_fits(measuring_since, round_, args.budget_s):
-                print(f"  stopping after {round_} round(s): another would pass --budget-s {args.budget_s:g}", flush=True)
-                break
+        rounds_done = 0
+        for round_ in rounds_within(args.rounds, args.budget_s):
             rounds_done += 1
             order = list(ROLES[round_ % 3:] + ROLES[:round_ % 3])
             for role in order + ["echo"]:
@@ -165,13 +161,9 @@ def run_pipeline(name: str, args, work: Path) -> dict:
                     before = step_counters(server.metrics_url, model) if decompose else None
                     print(f"  round {round_ + 1}/{args.rounds}: {model} at concurrency {level} ...", flush=True)
                     stubs = [pid for m in stub_models[role] for pid in cpu.model_stub_pids(server.process.pid, m)]
-                    served_before = fetch_stats(server.http_url, model).success_count
-                    cpu_before = cpu.sample(server.process.pid, stubs)
-                    point = measure(model, server.grpc_url, level, data, args.measurement_ms)
-                    used = cpu.sample(server.process.pid, stubs).minus(cpu_before)
-                    served = fetch_stats(server.http_url, model).success_count - served_before
+                    point, used = measure_served(server, model, stubs, level, data, args.measurement_ms)
                     points[role][level].append(point)
-                    cpu_us[role][level].append(cpu.per_request_us(used, served)["total"])
+                    cpu_us[role][level].append(used["total"])
                     if decompose:
                         time.sleep(1.2)  # latte publishes its counters once a second
                         after = step_counters(server.metrics_url, model)

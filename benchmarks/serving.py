@@ -53,7 +53,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from latte.bench import cpu
-from latte.bench.budget import another_round_fits
+from latte.bench.budget import rounds_within
 from latte.bench.lengths import LengthDistribution
 from latte.bench.prometheus_scrape import scrape, total
 from latte.bench.quiet import wait_until_quiet
@@ -217,6 +217,17 @@ def measure(model: str, url: str, level: int, data: Path, measurement_ms: int):
         return point
 
 
+def measure_served(server, model: str, stubs: Sequence[int], level: int, data: Path, measurement_ms: int):
+    """One level of `model` on `server` (measure), and the CPU time a request answered meanwhile
+    cost the server and the processes `stubs` (cpu.per_request_us)."""
+    served_before = fetch_stats(server.http_url, model).success_count
+    cpu_before = cpu.sample(server.process.pid, stubs)
+    point = measure(model, server.grpc_url, level, data, measurement_ms)
+    used = cpu.sample(server.process.pid, stubs).minus(cpu_before)
+    served = fetch_stats(server.http_url, model).success_count - served_before
+    return point, cpu.per_request_us(used, served)
+
+
 STAGES = ("read", "engine", "respond")
 
 
@@ -277,11 +288,7 @@ def run_model(name: str, args, work: Path) -> dict:
     extra = [f"--backend-config={value}" for value in args.backend_config]
     rounds_done = 0
     with TritonServer(repo, log_path=work / f"{name}-tritonserver.log", extra_args=extra) as server:
-        measuring_since = time.monotonic()
-        for round_ in range(args.rounds):
-            if not another_round_fits(measuring_since, round_, args.budget_s):
-                print(f"  stopping after {round_} round(s): another would pass --budget-s {args.budget_s:g}", flush=True)
-                break
+        for round_ in rounds_within(args.rounds, args.budget_s):
             rounds_done += 1
             order = ["latte", "stock"] if round_ % 2 == 0 else ["stock", "latte"]
             ablations = [role for role in names if role.startswith("latte_")]
@@ -291,13 +298,9 @@ def run_model(name: str, args, work: Path) -> dict:
                     before = latte_counters(server.metrics_url, names["latte"]) if decompose else None
                     print(f"  round {round_ + 1}/{args.rounds}: {names[role]} at concurrency {level} ...", flush=True)
                     stubs = cpu.model_stub_pids(server.process.pid, names[role])
-                    served_before = fetch_stats(server.http_url, names[role]).success_count
-                    cpu_before = cpu.sample(server.process.pid, stubs)
-                    point = measure(names[role], server.grpc_url, level, data, args.measurement_ms)
-                    used = cpu.sample(server.process.pid, stubs).minus(cpu_before)
-                    served = fetch_stats(server.http_url, names[role]).success_count - served_before
+                    point, used = measure_served(server, names[role], stubs, level, data, args.measurement_ms)
                     points[role][level].append(point)
-                    cpu_points[role][level].append(cpu.per_request_us(used, served))
+                    cpu_points[role][level].append(used)
                     if decompose:
                         time.sleep(1.2)  # latte publishes its counters once a second
                         decomposed.append(per_request(before, latte_counters(server.metrics_url, names["latte"])))
