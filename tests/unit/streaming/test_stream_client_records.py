@@ -39,16 +39,21 @@ class ScriptedStream:
 def test_a_stream_ended_before_the_final_response_is_that_requests_error(monkeypatch):
     scripts = [[(result(b"a"), None), (result(b"b"), None)],          # ends with no final response
                [(result(b"c", request="1"), None), (result(b"", final=True, request="1"), None)]]
-    opened = []
+    records, opened = run_client(monkeypatch, scripts)
+    assert records == [(b"one", [b"a", b"b"], "the stream ended before the request's final response"),
+                       (b"two", [b"c", b""], None)]
+    assert len(opened) == 2
 
+
+def run_client(monkeypatch, scripts):
+    """The client's (prompt, pieces, error) records of two requests, one and two, sent over
+    streams that play `scripts` in turn; and the scripts of the streams it opened."""
+    opened = []
     monkeypatch.setattr(aioclient, "InferenceServerClient", scripted_client(scripts, opened))
     records = []
     asyncio.run(streams._client("localhost:0", "textgen", [b"one", b"two"], {"max_tokens": 2}, True, records,
                                 until=time.perf_counter() + 60))
-    assert [(r.prompt, r.pieces, r.error) for r in records] == [
-        (b"one", [b"a", b"b"], "the stream ended before the request's final response"),
-        (b"two", [b"c", b""], None)]
-    assert len(opened) == 2
+    return [(r.prompt, r.pieces, r.error) for r in records], opened
 
 
 def scripted_client(scripts, opened):
@@ -70,11 +75,6 @@ def test_what_a_request_sends_after_its_error_is_not_counted_for_the_next_reques
     # A server may send an error that is not the request's final response, then more of it.
     scripts = [[(None, "the model refused a token"), (result(b"late"), None), (result(b"", final=True), None),
                 (result(b"c", request="1"), None), (result(b"", final=True, request="1"), None)]]
-    opened = []
-    monkeypatch.setattr(aioclient, "InferenceServerClient", scripted_client(scripts, opened))
-    records = []
-    asyncio.run(streams._client("localhost:0", "textgen", [b"one", b"two"], {"max_tokens": 2}, True, records,
-                                until=time.perf_counter() + 60))
-    assert [(r.prompt, r.pieces, r.error) for r in records] == [
-        (b"one", [], "the model refused a token"), (b"two", [b"c", b""], None)]
+    records, opened = run_client(monkeypatch, scripts)
+    assert records == [(b"one", [], "the model refused a token"), (b"two", [b"c", b""], None)]
     assert len(opened) == 1
