@@ -27,6 +27,15 @@ def plain_repo(sequence_pipeline, tmp_path):
     return tmp_path / "plain"
 
 
+def spec_with(sequence_pipeline, name, lines):
+    """The pipeline spec with `lines` added to the encoder after its `slo_ms: 20`, written to `name`."""
+    text = (sequence_pipeline / "pipeline.yaml").read_text()
+    assert text.count("    slo_ms: 20\n") == 1
+    path = sequence_pipeline / name
+    path.write_text(text.replace("    slo_ms: 20\n", "    slo_ms: 20\n" + lines))
+    return path
+
+
 @pytest.mark.parametrize("model", ["embed_text", "encoder", "tokenize", "normalize"])
 def test_rendered_config_matches_golden_and_parses(repo, model):
     text = (repo / model / "config.pbtxt").read_text()
@@ -36,12 +45,8 @@ def test_rendered_config_matches_golden_and_parses(repo, model):
 
 
 def test_health_rules_come_from_the_slo_and_the_spec_and_overrides_win(sequence_pipeline, tmp_path):
-    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
-        "    slo_ms: 20\n",
-        "    slo_ms: 20\n    health_rss_growth_mib_per_min: 4\n"
-        "    overrides: {parameters: {execute_timeout_s: 30}}\n")
-    path = sequence_pipeline / "health.yaml"
-    path.write_text(spec)
+    path = spec_with(sequence_pipeline, "health.yaml",
+                     "    health_rss_growth_mib_per_min: 4\n    overrides: {parameters: {execute_timeout_s: 30}}\n")
     generate(path, tmp_path / "repo", fuse=False)
     params = {k: v.string_value for k, v in
               parse_config((tmp_path / "repo" / "encoder" / "config.pbtxt").read_text()).parameters.items()}
@@ -71,12 +76,9 @@ def test_repository_layout_has_versions_model_files_and_warmup(repo):
 
 
 def test_overrides_win_over_derived_values(sequence_pipeline, tmp_path):
-    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
-        "    slo_ms: 20\n",
-        "    slo_ms: 20\n    overrides: {max_batch_size: 4, instance_count: 2, "
-        "dynamic_batching: {max_queue_delay_microseconds: 100}, parameters: {pad_value: 7}}\n")
-    path = sequence_pipeline / "override.yaml"
-    path.write_text(spec)
+    path = spec_with(sequence_pipeline, "override.yaml",
+                     "    overrides: {max_batch_size: 4, instance_count: 2, "
+                     "dynamic_batching: {max_queue_delay_microseconds: 100}, parameters: {pad_value: 7}}\n")
     generate(path, tmp_path / "repo")
     generate(path, tmp_path / "plain", fuse=False)
     config = parse_config((tmp_path / "repo" / "encoder" / "config.pbtxt").read_text())
@@ -103,9 +105,7 @@ def test_priority_levels_render_lattes_queue_that_the_backend_loads(sequence_pip
 
     from latte.backend.config import parse_model_config
 
-    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace("    slo_ms: 20\n", "    slo_ms: 20\n    priority_levels: 2\n")
-    path = sequence_pipeline / "priorities.yaml"
-    path.write_text(spec)
+    path = spec_with(sequence_pipeline, "priorities.yaml", "    priority_levels: 2\n")
     generate(path, tmp_path / "repo")
     config = parse_config((tmp_path / "repo" / "encoder" / "config.pbtxt").read_text())
     # Triton's queue holds neither priorities nor a policy, so it cannot stall; latte's holds both.
@@ -120,21 +120,16 @@ def test_priority_levels_render_lattes_queue_that_the_backend_loads(sequence_pip
 
 
 def test_multi_threaded_override_beyond_cores_is_refused(sequence_pipeline, tmp_path):
-    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
-        "    slo_ms: 20\n", "    slo_ms: 20\n    overrides: {instance_count: 2, parameters: {intra_op_threads: 2}}\n")
-    path = sequence_pipeline / "threads.yaml"
-    path.write_text(spec)
+    path = spec_with(sequence_pipeline, "threads.yaml",
+                     "    overrides: {instance_count: 2, parameters: {intra_op_threads: 2}}\n")
     with pytest.raises(ValueError, match=r"threads.yaml:\d+: models\[1\].overrides: 2 instance\(s\) x "
                                          r"intra_op_threads 2 exceed the 2 core.*multi-threaded instances must fit"):
         generate(path, tmp_path / "repo")
 
 
 def test_single_instance_behind_a_queue_policy_is_not_written(sequence_pipeline, tmp_path):
-    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
-        "    slo_ms: 20\n", "    slo_ms: 20\n    overrides: {instance_count: 1, "
-        "dynamic_batching: {default_queue_policy: {max_queue_size: 32}}}\n")
-    path = sequence_pipeline / "one_instance.yaml"
-    path.write_text(spec)
+    path = spec_with(sequence_pipeline, "one_instance.yaml",
+                     "    overrides: {instance_count: 1, dynamic_batching: {default_queue_policy: {max_queue_size: 32}}}\n")
     with pytest.raises(ValueError, match=r"encoder/config.pbtxt not written: encoder: one instance with "
                                          r"dynamic_batching priority_levels or a default_queue_policy limit "
                                          r"stalls up to 500 ms"):
@@ -143,10 +138,7 @@ def test_single_instance_behind_a_queue_policy_is_not_written(sequence_pipeline,
 
 
 def test_single_threaded_instances_beyond_cores_are_generated(sequence_pipeline, tmp_path):
-    spec = (sequence_pipeline / "pipeline.yaml").read_text().replace(
-        "    slo_ms: 20\n", "    slo_ms: 20\n    overrides: {instance_count: 3}\n")
-    path = sequence_pipeline / "instances.yaml"
-    path.write_text(spec)
+    path = spec_with(sequence_pipeline, "instances.yaml", "    overrides: {instance_count: 3}\n")
     generate(path, tmp_path / "repo")
     config = parse_config((tmp_path / "repo" / "encoder" / "config.pbtxt").read_text())
     assert config.instance_group[0].count == 3
