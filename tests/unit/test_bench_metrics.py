@@ -88,14 +88,3 @@ def test_batch_sizes_come_from_statistics_deltas():
 def test_statistics_of_another_model_are_an_error():
     with pytest.raises(StatsError, match="'other'"):
         parse_stats(_stats(1, 1, []), "other")
-
-
-def test_perf_analyzer_average_latency_is_rebuilt_from_its_parts_when_the_column_is_missing(tmp_path):
-    from latte.triton.perf import parse_csv
-
-    header = ("Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,"
-              "Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,"
-              "p50 latency,p90 latency,p95 latency,p99 latency")
-    (tmp_path / "r.csv").write_text(header + "\n2,1000.5,10,100,50,5,400,5,30,1500,1800,1900,2500\n")
-    (point,) = parse_csv(tmp_path / "r.csv")
-    assert point.avg_ms == pytest.approx(0.6)
