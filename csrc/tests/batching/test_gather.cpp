@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "../memory/check.hpp"
+#include "../check.hpp"
 #include "latte/batching/gather.hpp"
 #include "latte/error.hpp"
 

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "../memory/check.hpp"
+#include "../check.hpp"
 #include "latte/batching/partition.hpp"
 #include "latte/error.hpp"
 

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "check.hpp"
+#include "../check.hpp"
 #include "stress_loop.hpp"
 #include "latte/memory/buddy_arena.hpp"
 #include "latte/error.hpp"

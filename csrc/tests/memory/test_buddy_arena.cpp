@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "check.hpp"
+#include "../check.hpp"
 #include "latte/error.hpp"
 #include "latte/memory/arena_statistics.hpp"
 #include "latte/memory/buddy_arena.hpp"

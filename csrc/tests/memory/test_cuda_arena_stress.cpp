@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "check.hpp"
+#include "../check.hpp"
 #include "stress_loop.hpp"
 #include "latte/error.hpp"
 #include "latte/memory/buddy_arena.hpp"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "check.hpp"
+#include "../check.hpp"
 #include "stress_loop.hpp"
 #include "latte/error.hpp"
 #include "latte/memory/arena_stack.hpp"

@@ -12,7 +12,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "check.hpp"
+#include "../check.hpp"
 #include "latte/scheduling/affinity_scheduler.hpp"
 
 using namespace latte::scheduling;
@@ -150,4 +150,4 @@ TEST_CASE("every request is answered exactly once when shut down mid-traffic") {
   for (unsigned seed = 4; seed <= 6; ++seed) round(seed, false, 4, 1500);
 }
 
-int main() { return latte_test::run_all(); }
+int main() { return latte::testing::run_all(); }

@@ -5,7 +5,7 @@
 #include <random>
 #include <set>
 
-#include "check.hpp"
+#include "../check.hpp"
 #include "latte/error.hpp"
 #include "latte/scheduling/scheduler_core.hpp"
 
@@ -138,12 +138,12 @@ TEST_CASE("a full queue makes room for higher priority by displacing the least u
 
 TEST_CASE("malformed requests raise logic_error naming the problem") {
   SchedulerCore core(no_window(1));
-  CHECK_THROWS(core.submit(make(1, ""), 0), latte::logic_error);
-  CHECK_THROWS(core.submit(make(1, "k", kPriorityLevels), 0), latte::logic_error);
-  CHECK_THROWS(core.submit(make(1, "k", -1), 0), latte::logic_error);
+  CHECK_THROWS_AS(core.submit(make(1, ""), 0), latte::logic_error);
+  CHECK_THROWS_AS(core.submit(make(1, "k", kPriorityLevels), 0), latte::logic_error);
+  CHECK_THROWS_AS(core.submit(make(1, "k", -1), 0), latte::logic_error);
   CHECK(!core.submit(make(7, "k"), 0));
-  CHECK_THROWS(core.submit(make(7, "k"), 0), latte::logic_error);  // id still open
-  CHECK_THROWS(core.next_batch(3, 0), latte::logic_error);
+  CHECK_THROWS_AS(core.submit(make(7, "k"), 0), latte::logic_error);  // id still open
+  CHECK_THROWS_AS(core.next_batch(3, 0), latte::logic_error);
   bool named = false;
   try {
     core.submit(make(2, "k", kPriorityLevels + 1), 0);
@@ -153,7 +153,7 @@ TEST_CASE("malformed requests raise logic_error naming the problem") {
   CHECK(named);
   SchedulerConfig bad;
   bad.max_batch_size = 0;
-  CHECK_THROWS(SchedulerCore{bad}, latte::logic_error);
+  CHECK_THROWS_AS(SchedulerCore{bad}, latte::logic_error);
 }
 
 TEST_CASE("an id can be reused once its request was answered") {
@@ -569,4 +569,4 @@ TEST_CASE("seeded random operations keep every request answered exactly once") {
   CHECK(core.metrics().steals > 0);
 }
 
-int main() { return latte_test::run_all(); }
+int main() { return latte::testing::run_all(); }

@@ -1,10 +1,13 @@
 #pragma once
-// Minimal test harness: CHECK records a failure with file:line and keeps going; SKIP ends a test
-// case that cannot run here (no device) and says why. The executable exits 1 when a check failed,
-// else SKIPPED_EXIT (77, which CTest's SKIP_RETURN_CODE counts as skipped) when a case was
-// skipped, else 0.
+// The C++ suites' test harness: CHECK (and CHECK_EQ, which prints both values, and
+// CHECK_THROWS_AS) records a failure with file:line and keeps going; SKIP ends a test case that
+// cannot run here (no device) and says why. The executable exits 1 when a check failed, else
+// SKIPPED_EXIT (77, which CTest's SKIP_RETURN_CODE counts as skipped) when a case was skipped,
+// else 0.
+#include <atomic>
 #include <cstdio>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,8 +21,9 @@ struct Skipped {
   std::string reason;
 };
 
-inline int& failures() {
-  static int count = 0;
+// Failed checks so far; a check may fail on any thread.
+inline std::atomic<int>& failures() {
+  static std::atomic<int> count{0};
   return count;
 }
 
@@ -56,7 +60,7 @@ inline int run_all() {
     }
     std::printf("%s %s\n", failures() == before ? "PASS" : "FAIL", test.name);
   }
-  std::printf("%zu tests, %zu skipped, %d failed checks\n", registry().size(), skipped, failures());
+  std::printf("%zu tests, %zu skipped, %d failed checks\n", registry().size(), skipped, failures().load());
   if (failures() != 0) return 1;
   return skipped == 0 ? 0 : SKIPPED_EXIT;
 }
@@ -78,6 +82,21 @@ inline int run_all() {
   do {                                                                                  \
     if (!(condition)) {                                                                 \
       std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #condition); \
+      ++::latte::testing::failures();                                                   \
+    }                                                                                   \
+  } while (0)
+
+// Operands are copied: `core.metrics().steals` is a member of a temporary that a reference
+// would outlive.
+#define CHECK_EQ(a, b)                                                                  \
+  do {                                                                                  \
+    const auto check_a = (a);                                                           \
+    const auto check_b = (b);                                                           \
+    if (!(check_a == check_b)) {                                                        \
+      std::ostringstream check_os;                                                      \
+      check_os << check_a << " != " << check_b;                                         \
+      std::fprintf(stderr, "%s:%d: CHECK_EQ(%s, %s) failed: %s\n", __FILE__, __LINE__,  \
+                   #a, #b, check_os.str().c_str());                                     \
       ++::latte::testing::failures();                                                   \
     }                                                                                   \
   } while (0)
