@@ -3,9 +3,12 @@
 // blocks of mixed sizes and stamp them, free a random live block after checking its stamp, and
 // at the end check and free the rest. What a stamp is (words written in host memory, or words
 // copied to the device) is the caller's.
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "latte/error.hpp"
@@ -74,6 +77,39 @@ StressCounts stress_thread(latte::memory::BuddyArena& arena, std::uint64_t seed,
     arena.deallocate(block.ptr, block.bytes);
   }
   return counts;
+}
+
+// A setting of the stress tests from the environment (LATTE_STRESS_SEED, LATTE_STRESS_OPS), else
+// `fallback`.
+inline int stress_setting(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value ? std::atoi(value) : fallback;
+}
+
+// `threads` threads running stress_thread on one arena at once, thread t seeded with seed + t and
+// stamping with the id first_id + t, each calling `start` first; their counts added up.
+template <class Stamp, class Intact, class Start>
+StressCounts stress_threads(latte::memory::BuddyArena& arena, unsigned threads, std::uint64_t seed,
+                            std::uint64_t first_id, int ops, const StressShape& shape, Stamp stamp, Intact intact,
+                            Start start) {
+  std::atomic<int> corrupted{0}, refusals{0};
+  std::vector<std::thread> running;
+  for (unsigned t = 0; t < threads; ++t) {
+    running.emplace_back([&, t] {
+      start();
+      const StressCounts counts = stress_thread(arena, seed + t, first_id + t, ops, shape, stamp, intact);
+      corrupted.fetch_add(counts.corrupted);
+      refusals.fetch_add(counts.refusals);
+    });
+  }
+  for (std::thread& thread : running) thread.join();
+  return StressCounts{corrupted.load(), refusals.load()};
+}
+
+// The same on host memory, stamped with stamp_host.
+inline StressCounts stress_host_threads(latte::memory::BuddyArena& arena, unsigned threads, std::uint64_t seed,
+                                        int ops, const StressShape& shape) {
+  return stress_threads(arena, threads, seed, 0, ops, shape, stamp_host, host_stamp_intact, [] {});
 }
 
 }  // namespace latte::testing

@@ -47,34 +47,24 @@ bool device_present() {
 
 TEST_CASE("threads hammering one device arena never share a block") {
   if (!device_present()) SKIP("no CUDA device: nothing to stress");
-  const unsigned seed = std::getenv("LATTE_STRESS_SEED") ? std::atoi(std::getenv("LATTE_STRESS_SEED")) : 20261125;
-  const int ops_per_thread = std::getenv("LATTE_STRESS_OPS") ? std::atoi(std::getenv("LATTE_STRESS_OPS")) : 2000;
+  const unsigned seed = latte::testing::stress_setting("LATTE_STRESS_SEED", 20261125);
+  const int ops_per_thread = latte::testing::stress_setting("LATTE_STRESS_OPS", 2000);
   std::printf("device stress seed %u, %d ops per thread\n", seed, ops_per_thread);
   CudaDeviceResource device(0);
   BuddyArena arena(device, 64 * 1024 * 1024);
   // Blocks of 256 B to 2 MiB, mostly under 16 KiB: the mix of a variable-length batch.
   const latte::testing::StressShape shape{48, 256, 64, 8192};
-  std::atomic<int> corrupted{0};
   std::atomic<int> copy_errors{0};
-  std::atomic<int> refusals{0};
-  std::vector<std::thread> threads;
-  for (unsigned t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      cudaSetDevice(0);  // the runtime's current device is per thread
-      const auto stamp = [&](const StressBlock& b) {
-        if (!write_stamp(b)) copy_errors.fetch_add(1);
-      };
-      const auto counts = latte::testing::stress_thread(arena, seed + t, t + 1, ops_per_thread, shape, stamp, stamp_intact);
-      corrupted.fetch_add(counts.corrupted);
-      refusals.fetch_add(counts.refusals);
-    });
-  }
-  for (auto& thread : threads) thread.join();
+  const auto stamp = [&](const StressBlock& b) {
+    if (!write_stamp(b)) copy_errors.fetch_add(1);
+  };
+  const auto counts = latte::testing::stress_threads(arena, 4, seed, 1, ops_per_thread, shape, stamp, stamp_intact,
+                                                     [] { cudaSetDevice(0); });  // the current device is per thread
   CHECK(copy_errors.load() == 0);
-  CHECK(corrupted.load() == 0);
+  CHECK(counts.corrupted == 0);
   arena.check_invariants();
   CHECK(arena.usage().allocated == 0);
-  std::printf("out-of-memory refusals: %d\n", refusals.load());
+  std::printf("out-of-memory refusals: %d\n", counts.refusals);
 }
 
 int main() { return latte::testing::run_all(); }

@@ -395,29 +395,18 @@ TEST_CASE("two paged arenas cannot both count on the same room below the process
 }
 
 TEST_CASE("threads hammering one paged arena never share a block, and evictions keep live pages") {
-  const unsigned seed = std::getenv("LATTE_STRESS_SEED") ? std::atoi(std::getenv("LATTE_STRESS_SEED")) : 20261126;
-  const int ops_per_thread = std::getenv("LATTE_STRESS_OPS") ? std::atoi(std::getenv("LATTE_STRESS_OPS")) : 4000;
+  const unsigned seed = latte::testing::stress_setting("LATTE_STRESS_SEED", 20261126);
+  const int ops_per_thread = latte::testing::stress_setting("LATTE_STRESS_OPS", 4000);
   std::printf("paged stress seed %u, %d ops per thread\n", seed, ops_per_thread);
   auto arena = paged_arena(64, true);  // 4 MiB in pages of 64 KiB
   // Blocks of 8 B to 256 KiB: small ones share pages, large ones span several.
   const latte::testing::StressShape shape{48, 8, 512, 32768};
-  std::atomic<int> corrupted{0}, refusals{0};
-  std::vector<std::thread> threads;
-  for (unsigned t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      const auto counts = latte::testing::stress_thread(*arena, seed + t, t, ops_per_thread, shape,
-                                                        latte::testing::stamp_host,
-                                                        latte::testing::host_stamp_intact);
-      corrupted.fetch_add(counts.corrupted);
-      refusals.fetch_add(counts.refusals);
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  CHECK(corrupted.load() == 0);
+  const auto counts = latte::testing::stress_host_threads(*arena, 4, seed, ops_per_thread, shape);
+  CHECK(counts.corrupted == 0);
   arena->check_invariants();
   CHECK(arena->usage().allocated == 0);
   CHECK(arena->usage().unmap_calls > 0);  // the run needed evictions: the case under test
-  std::printf("out-of-memory refusals: %d, map calls %llu, unmap calls %llu\n", refusals.load(),
+  std::printf("out-of-memory refusals: %d, map calls %llu, unmap calls %llu\n", counts.refusals,
               static_cast<unsigned long long>(arena->usage().map_calls),
               static_cast<unsigned long long>(arena->usage().unmap_calls));
 }
