@@ -55,7 +55,7 @@ from latte.triton import TritonServer
 from latte.triton.perf import write_input_data
 
 # benchmarks/serving.py: one level measured, a stable median, each of a run's parts in one folder
-from serving import measure_served, median, p99_throughput_curve, run_each
+from serving import best_level, level_figures, measure_served, median, p99_throughput_curve, run_each
 
 HERE = Path(__file__).resolve().parent
 SLO_MS = 50.0
@@ -180,13 +180,10 @@ def run_pipeline(name: str, args, work: Path) -> dict:
 
     result = {"pipeline": name, "load_average_at_start": load_at_start, "slo_ms": SLO_MS, "levels": levels,
               "rounds": rounds_done, "models": names, "in_process": limit, "variant": results_variant(args),
-              "points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
-                         for role, by_level in points.items()},
-              "cpu_us_per_request": {role: {str(level): ps for level, ps in by_level.items()}
-                                     for role, by_level in cpu_us.items()}}
+              **level_figures(points, cpu_us)}
     for role in ROLES:
-        ok = [level for level in levels if (summary(role, level, "p99_ms") or 1e9) <= SLO_MS]
-        best = max(ok, key=lambda level: summary(role, level, "throughput")) if ok else None
+        best = best_level(levels, SLO_MS, lambda level: summary(role, level, "p99_ms"),
+                          lambda level: summary(role, level, "throughput"))
         result[role] = {"throughput": summary(role, best, "throughput") if best else 0.0, "concurrency": best,
                         "p99_ms": summary(role, best, "p99_ms") if best else None,
                         "p50_ms_lowest_level": summary(role, levels[0], "p50_ms")}

@@ -228,6 +228,21 @@ def measure_served(server, model: str, stubs: Sequence[int], level: int, data: P
     return point, cpu.per_request_us(used, served)
 
 
+def level_figures(points: Dict[str, Dict[int, list]], cpu: Dict[str, Dict[int, list]]) -> Dict[str, dict]:
+    """Each contender's points and CPU a request at each level, by round, as the results keep them."""
+    return {"points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
+                       for role, by_level in points.items()},
+            "cpu_us_per_request": {role: {str(level): ps for level, ps in by_level.items()}
+                                   for role, by_level in cpu.items()}}
+
+
+def best_level(levels: Sequence[int], slo_ms: float, p99_ms, throughput) -> Optional[int]:
+    """The level of most throughput (`throughput(level)`) among those whose P99 (`p99_ms(level)`,
+    None where not measured) is within slo_ms; None where none is."""
+    ok = [level for level in levels if (p99_ms(level) or 1e9) <= slo_ms]
+    return max(ok, key=throughput) if ok else None
+
+
 STAGES = ("read", "engine", "respond")
 
 
@@ -312,16 +327,12 @@ def run_model(name: str, args, work: Path) -> dict:
 
     result = {"model": name, "runtime": args.runtime, "kind": args.kind, "started": started, "load_average_at_start": load_at_start, "slo_ms": setting.slo_ms, "levels": levels,
               "rounds": rounds_done,
-              "in_process_limit": limit, "in_process_batch": limit_batch,
-              "points": {role: {str(level): [p.as_dict() for p in ps] for level, ps in by_level.items()}
-                         for role, by_level in points.items()},
-              "cpu_us_per_request": {role: {str(level): ps for level, ps in by_level.items()}
-                                     for role, by_level in cpu_points.items()}}
+              "in_process_limit": limit, "in_process_batch": limit_batch, **level_figures(points, cpu_points)}
     for role in names:
         if role == "echo":
             continue
-        ok = [level for level in levels if (summary(role, level, "p99_ms") or 1e9) <= setting.slo_ms]
-        best = max(ok, key=lambda level: summary(role, level, "throughput")) if ok else None
+        best = best_level(levels, setting.slo_ms, lambda level: summary(role, level, "p99_ms"),
+                          lambda level: summary(role, level, "throughput"))
         figures = {"throughput": summary(role, best, "throughput") if best else 0.0, "concurrency": best,
                    "p50_ms": summary(role, best, "p50_ms") if best else None,
                    "p99_ms": summary(role, best, "p99_ms") if best else None,
