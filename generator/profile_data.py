@@ -79,8 +79,7 @@ class Profile:
         return data
 
     def save(self, path: Path) -> Path:
-        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        return Path(path)
+        return write_profile(path, self.to_json())
 
     @classmethod
     def from_json(cls, data: dict, source: str = "profile") -> "Profile":
@@ -111,11 +110,22 @@ class Profile:
 
     @classmethod
     def load(cls, path: Path) -> "Profile":
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ProfileError(f"profile {path} does not exist; create it with `latte profile MODEL_FILE`") from None
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{path}: not JSON ({exc})") from None
-        return cls.from_json(data, str(path))
+        return cls.from_json(read_profile(path, "MODEL_FILE"), str(Path(path)))
+
+
+def write_profile(path: Path, data: dict) -> Path:
+    """A profile's JSON (`to_json`) written to `path`."""
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+    return Path(path)
+
+
+def read_profile(path: Path, made_from: str) -> dict:
+    """The JSON of the profile at `path`; where there is none, the error says how to make one
+    (`latte profile MADE_FROM`)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"profile {path} does not exist; create it with `latte profile {made_from}`") from None
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: not JSON ({exc})") from None

@@ -16,7 +16,6 @@ the profile.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from latte.generator.profile_data import ProfileError
+from latte.generator.profile_data import ProfileError, read_profile, write_profile
 
 STREAM_PROFILE_FORMAT = "latte-stream-profile/1"
 DEFAULT_LEVELS = (1, 2, 4, 8, 16, 32, 64)
@@ -113,8 +112,7 @@ class StreamProfile:
         return data
 
     def save(self, path: Path) -> Path:
-        Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        return Path(path)
+        return write_profile(path, self.to_json())
 
     @classmethod
     def from_json(cls, data: dict, source: str = "profile") -> "StreamProfile":
@@ -139,14 +137,7 @@ class StreamProfile:
 
     @classmethod
     def load(cls, path: Path) -> "StreamProfile":
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ProfileError(f"profile {path} does not exist; create it with `latte profile STREAM_JSON`") from None
-        except json.JSONDecodeError as exc:
-            raise ProfileError(f"{path}: not JSON ({exc})") from None
-        return cls.from_json(data, str(path))
+        return cls.from_json(read_profile(path, "STREAM_JSON"), str(Path(path)))
 
 
 def profile_inputs(definition) -> List[Dict[str, np.ndarray]]:

@@ -231,3 +231,16 @@ def test_a_profile_times_the_runtime_as_serving_calls_it(exported, monkeypatch):
     assert {length for length, *_ in seen} == {8, 32}
     assert all(lengths == {length} and members == {1} for length, lengths, members, _ in seen)
     assert {rows for *_, rows in seen} == {1, 2, 4}
+
+
+def test_a_missing_or_broken_profile_file_says_how_to_make_one(tmp_path):
+    from latte.generator.profile_data import Profile, ProfileError
+    from latte.generator.stream_profile import StreamProfile
+
+    with pytest.raises(ProfileError, match=r"does not exist; create it with `latte profile MODEL_FILE`"):
+        Profile.load(tmp_path / "none.json")
+    with pytest.raises(ProfileError, match=r"does not exist; create it with `latte profile STREAM_JSON`"):
+        StreamProfile.load(tmp_path / "none.json")
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ProfileError, match=r"broken.json: not JSON"):
+        Profile.load(tmp_path / "broken.json")
