@@ -115,19 +115,18 @@ class BatchRunner:
         self.records: Deque[tuple] = collections.deque(maxlen=_MAX_RECORDS)
         self.recording = True  # off while the cost model is timed: timing calls are not traffic
 
-    def run(self, batch: Batch, started: Optional[float] = None, requests: Optional[int] = None
+    def run(self, batch: Batch, started: Optional[float] = None
             ) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, Sequence[int]]]]:
         """The batch through the graph: its outputs, and each row's own length of ragged ones
-        where the graph says them; recorded as `requests` members (the batch's, unless told),
-        timed from `started` (when its packing began) or from the call. Raises when the model
-        fails; callers isolate what failed."""
+        where the graph says them; recorded with its members, timed from `started` (when its
+        packing began) or from the call. Raises when the model fails; callers isolate what
+        failed."""
         called = self.clock()
         outputs, lengths = self.graph.run_batch(batch)
         ran = self.clock()
         if self.recording:
-            self.records.append((batch.rows, len(batch.member_rows) if requests is None else requests,
-                                 batch.padded_length, ran - (called if started is None else started), False,
-                                 ran - called))
+            self.records.append((batch.rows, len(batch.member_rows), batch.padded_length,
+                                 ran - (called if started is None else started), False, ran - called))
         return outputs, lengths
 
     def record_failed(self, batch: Batch, requests: int, started: float) -> None:

@@ -273,8 +273,8 @@ class LatteModel:
         try:
             for answer in self.engine.answers(call):
                 begun = time.perf_counter()
-                built = self._built(answer)
-                positions, results, _, _, _ = answer
+                positions, results, _, _, turns = answer
+                built = self.responses.answer(answer) if turns is None else self._built(answer)
                 pending -= len(positions)
                 if not pending and responses is None and results is None and options is None \
                         and type(positions) is range:
@@ -301,8 +301,6 @@ class LatteModel:
         """The responses of one batch's answer, its session turns settled once they are built:
         committed where the response carries outputs, released where it could not be built."""
         turns = answer.turns
-        if not turns:
-            return self.responses.answer(answer)
         built = None
         try:
             built = self.responses.answer(answer)

@@ -104,13 +104,14 @@ class ModelStep(Step):
         if measured is not None:
             self.planner.cost_model = measured
 
-    def run_batch(self, batch: Batch) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, np.ndarray]]]:
+    def run_batch(self, batch: Batch) -> Tuple[Dict[str, np.ndarray], None]:
         """One call of the model on a batch as packed: its outputs conformed to the declared
-        types and checked to hold the batch's rows, and each row's own length of ragged ones
-        where the runtime says them. A plain model's walk is this call on the batch the engine
-        packed; inside a larger graph `run` makes each of its sub-batches this call."""
-        outputs, lengths = self.runtime.run_batch(batch)
-        return conform_outputs(outputs, self._out_dtypes, batch.rows if self._batched else None), lengths
+        types and checked to hold the batch's rows; no row's own length (a model's outputs are
+        every row's full width, or cut back by the config's declared dims: Runtime.run_batch).
+        A plain model's walk is this call on the batch the engine packed; inside a larger graph
+        `run` makes each of its sub-batches this call."""
+        return conform_outputs(self.runtime.run(batch.inputs), self._out_dtypes,
+                               batch.rows if self._batched else None), None
 
     def plan(self, lengths: Optional[np.ndarray], rows: int) -> List[Optional[np.ndarray]]:
         """Row indices of each sub-batch (the served model's plan of one-row requests); [None]

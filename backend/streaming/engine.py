@@ -54,7 +54,7 @@ class StreamEngine:
     def start(self, streams: Sequence[Stream]) -> List[Emission]:
         """The start graph on the joining streams, as one batch: each gets its state and first output."""
         try:
-            outputs, lengths = self._run(self.starts, self._start_batch(streams), len(streams))
+            outputs, lengths = self._run(self.starts, self._start_batch(streams))
         except Exception as exc:
             return isolated(self.name, exc, streams, self._start_alone, self._ended_with)
         emissions = []
@@ -70,15 +70,15 @@ class StreamEngine:
     def _start_alone(self, stream: Stream) -> List[Emission]:
         return self.start([stream])
 
-    def _run(self, runner: BatchRunner, batch: Batch, streams: int):
-        """The batch run and recorded as `streams` members (the rows past them pad it); a
-        failure of the model's is recorded as a failed batch, and raised."""
+    def _run(self, runner: BatchRunner, batch: Batch):
+        """The batch run and recorded (its padding rows counted among its members); a failure
+        of the model's is recorded as a failed batch, and raised."""
         started = runner.clock()
         try:
-            return runner.run(batch, started, streams)
+            return runner.run(batch, started)
         except Exception as exc:
             if out_of_memory(self.name, exc) is None:
-                runner.record_failed(batch, streams, started)
+                runner.record_failed(batch, len(batch.member_rows), started)
             raise
 
     def _start_batch(self, streams: Sequence[Stream]) -> Batch:
@@ -162,7 +162,7 @@ class StreamEngine:
     def _step(self, streams: Sequence[Stream]) -> List[Emission]:
         slots = np.fromiter((s.slot for s in streams), dtype=np.int64, count=len(streams))
         try:
-            outputs, _ = self._run(self.steps, self._step_batch(streams, slots), len(streams))
+            outputs, _ = self._run(self.steps, self._step_batch(streams, slots))
         except Exception as exc:
             return isolated(self.name, exc, streams, self._step_alone, self._ended_with)
         definition, count = self.definition, len(streams)  # rows past count pad the batch
