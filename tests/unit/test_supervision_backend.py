@@ -59,9 +59,9 @@ def watch_flights(model, path):
     seen = []
     run = model.engine.runner.run
 
-    def run_watched(batch, started=None, requests=None):
+    def run_watched(batch, started=None):
         seen.append(read_flights(path))
-        return run(batch, started, requests)
+        return run(batch, started)
 
     model.engine.runner.run = run_watched
     return seen
