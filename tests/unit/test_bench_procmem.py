@@ -56,17 +56,25 @@ def test_a_stub_is_found_below_its_server_by_its_program_name(tmp_path):
     model_file.write_text("import time\ntime.sleep(30)\n")
     argv = [f"/opt/tritonserver/backends/python/{procmem.STUB_NAME}", str(model_file),
             "shm", "1048576", "1048576", "1", "/opt/tritonserver/backends/python", "0", "mlp_onnx_0_1"]
-    stub = subprocess.Popen(argv, executable=sys.executable)
+    # A process of its own stands for the server: below the test's own process, the stubs of
+    # servers other tests started may still run.
+    server = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               f"stub = subprocess.Popen({argv!r}, executable=sys.executable)\n"
+                               "print(stub.pid, flush=True)\ntime.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
     try:
-        assert procmem.stub_pids(os.getpid()) == [stub.pid]
-        assert procmem.stub_instance(stub.pid) == "mlp_onnx_0_1"
-        assert cpu.model_stub_pids(os.getpid(), "mlp_onnx") == [stub.pid]
-        assert cpu.model_stub_pids(os.getpid(), "mlp") == []
-        memory = procmem.server_memory(os.getpid())
-        assert [m.name for m in memory] == ["tritonserver", f"stub:{stub.pid}:mlp_onnx_0_1"]
+        stub_pid = int(server.stdout.readline())
+        assert procmem.stub_pids(server.pid) == [stub_pid]
+        assert procmem.stub_instance(stub_pid) == "mlp_onnx_0_1"
+        assert cpu.model_stub_pids(server.pid, "mlp_onnx") == [stub_pid]
+        assert cpu.model_stub_pids(server.pid, "mlp") == []
+        memory = procmem.server_memory(server.pid)
+        assert [m.name for m in memory] == ["tritonserver", f"stub:{stub_pid}:mlp_onnx_0_1"]
     finally:
-        stub.kill()
-        stub.wait()
+        for process in procmem.descendants(server.pid):
+            os.kill(process, 9)
+        server.kill()
+        server.wait()
 
 
 def test_a_zombie_holds_no_memory_and_a_process_gone_is_an_os_error():
