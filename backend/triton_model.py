@@ -274,7 +274,8 @@ class LatteModel:
             for answer in self.engine.answers(call):
                 begun = time.perf_counter()
                 positions, results, _, _, turns = answer
-                built = self.responses.answer(answer) if turns is None else self._built(answer)
+                built = self.responses.answer(answer) if turns is None else \
+                    self._settled(self.responses.answer, answer, positions, turns)
                 pending -= len(positions)
                 if not pending and responses is None and results is None and options is None \
                         and type(positions) is range:
@@ -297,16 +298,18 @@ class LatteModel:
         self.metrics.call(call.count, read - started, engine_s, responding, answered, self._take_batches())
         return responses
 
-    def _built(self, answer) -> List:
-        """The responses of one batch's answer, its session turns settled once they are built:
-        committed where the response carries outputs, released where it could not be built."""
-        turns = answer.turns
+    def _settled(self, build, made_of, positions, turns) -> List:
+        """The responses `build(made_of)` makes, the session turns among `positions` settled
+        once they are made: committed where a response carries outputs, released where it could
+        not be made."""
+        if not turns:
+            return build(made_of)
         built = None
         try:
-            built = self.responses.answer(answer)
+            built = build(made_of)
             return built
         finally:
-            self.engine.settle(turns, self._carrying_outputs(answer.positions, built, turns))
+            self.engine.settle(turns, self._carrying_outputs(positions, built, turns))
 
     @staticmethod
     def _carrying_outputs(positions, responses, turns) -> List[int]:
@@ -398,21 +401,7 @@ class LatteModel:
             with lock:
                 fresh = [(position, outcome) for position, outcome in outcomes if position not in answered]
                 answered.update(position for position, _ in fresh)
-            positions = [position for position, _ in fresh]
-            counts = self._tally(positions, [outcome for _, outcome in fresh], options)
-            self.metrics.requests(counts, time.perf_counter() - started)
-            built = None
-            try:
-                built = [self.responses.build(outcome) for _, outcome in fresh]
-            finally:
-                if turns:  # settled before the responses go: the session's next request finds this prefix
-                    self.engine.settle(turns, self._carrying_outputs(positions, built, turns))
-            # Each send is a round trip to the server: a thread of its own makes them, so the
-            # lane goes on to its next batch.
-            if fresh:
-                self._outbox.put((-_top_priority(positions, options), next(self._sequence),
-                                  [(senders[position], response) for position, response in zip(positions, built)],
-                                  landing))
+            self._queue_answers(fresh, turns, senders, options, started, landing)
 
         try:
             self.engine.submit(items, options, answer)
@@ -422,6 +411,24 @@ class LatteModel:
             answer([(position, failure) for position in range(len(requests))])
         self.metrics.execute(len(requests), read - started, time.perf_counter() - read, 0.0)
         return None
+
+    def _queue_answers(self, fresh, turns, senders, options, started: float,
+                       landing: Optional[vitals.Landing]) -> None:
+        """(position, outcome) pairs answered by a lane, counted, made into responses (their
+        session turns settled before the responses go, so a session's next request finds this
+        prefix) and queued for the sender thread: each send is a round trip to the server, and
+        the lane goes on to its next batch meanwhile."""
+        positions = [position for position, _ in fresh]
+        outcomes = [outcome for _, outcome in fresh]
+        self.metrics.requests(self._tally(positions, outcomes, options), time.perf_counter() - started)
+        built = self._settled(self._build_each, outcomes, positions, turns)
+        if fresh:
+            self._outbox.put((-_top_priority(positions, options), next(self._sequence),
+                              [(senders[position], response) for position, response in zip(positions, built)],
+                              landing))
+
+    def _build_each(self, outcomes) -> List:
+        return [self.responses.build(outcome) for outcome in outcomes]
 
     def _send_responses(self) -> None:
         while True:
